@@ -1,0 +1,161 @@
+//! Command line of the `consumer` binary; every flag also reads an environment variable.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use pipeline_core::db::DbArgs;
+use pipeline_core::kafka::KafkaArgs;
+use pipeline_core::order_events::ORDER_EVENTS_TOPIC;
+use pipeline_core::telemetry::LogArgs;
+
+use crate::group::GroupSettings;
+
+/// Applies order events exactly once, in order per order, for one or more consumer groups.
+#[derive(Debug, Parser)]
+#[command(name = "consumer", version, about)]
+pub struct Cli {
+    #[command(flatten)]
+    pub log: LogArgs,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run consumer groups until SIGTERM or SIGINT.
+    Run(Box<RunArgs>),
+    /// Set the inventory's stock of the demonstration catalogue.
+    SeedStock {
+        #[command(flatten)]
+        db: DbArgs,
+        /// Products sku-00001… to stock.
+        #[arg(long, env = "CATALOG_PRODUCTS", default_value_t = 100)]
+        products: u32,
+        /// Available quantity of each.
+        #[arg(long, env = "STOCK_QUANTITY", default_value_t = 1_000_000)]
+        quantity: i32,
+    },
+    /// Print what the pipeline did: orders, outbox, processed per group, lag.
+    Report(Box<ReportArgs>),
+}
+
+/// The groups this binary knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum GroupKind {
+    Inventory,
+    Notification,
+}
+
+impl GroupKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            GroupKind::Inventory => "inventory",
+            GroupKind::Notification => "notification",
+        }
+    }
+}
+
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    #[command(flatten)]
+    pub kafka: KafkaArgs,
+    /// Consumer group to run, repeatable.
+    #[arg(long = "group", env = "CONSUMER_GROUPS", value_delimiter = ',', required = true)]
+    pub groups: Vec<GroupKind>,
+    /// Prefix of the Kafka group ids (group id = prefix + group name), to run isolated copies.
+    #[arg(long, env = "CONSUMER_GROUP_PREFIX", default_value = "")]
+    pub group_prefix: String,
+    /// Topic to consume, repeatable.
+    #[arg(long = "topic", env = "CONSUMER_TOPICS", value_delimiter = ',', default_value = ORDER_EVENTS_TOPIC)]
+    pub topics: Vec<String>,
+    /// Address of the /metrics, /healthz and /readyz endpoint (port 0 picks one).
+    #[arg(long, env = "METRICS_LISTEN", default_value = "127.0.0.1:9102")]
+    pub metrics_listen: SocketAddr,
+    /// Most messages of one partition applied in one database transaction.
+    #[arg(long, env = "CONSUMER_MAX_BATCH", default_value_t = 500)]
+    pub max_batch: usize,
+    /// Messages queued for one partition before it is paused.
+    #[arg(long, env = "CONSUMER_MAX_QUEUED", default_value_t = 5000)]
+    pub max_queued: usize,
+    /// partition.assignment.strategy.
+    #[arg(long, env = "CONSUMER_ASSIGNMENT_STRATEGY", default_value = "cooperative-sticky")]
+    pub assignment_strategy: String,
+    /// session.timeout.ms.
+    #[arg(long, env = "CONSUMER_SESSION_TIMEOUT_MS", default_value_t = 10_000)]
+    pub session_timeout_ms: u64,
+    /// max.poll.interval.ms. Polling runs on its own thread, so slow batches do not count.
+    #[arg(long, env = "CONSUMER_MAX_POLL_INTERVAL_MS", default_value_t = 60_000)]
+    pub max_poll_interval_ms: u64,
+    /// fetch.wait.max.ms.
+    #[arg(long, env = "CONSUMER_FETCH_WAIT_MAX_MS", default_value_t = 20)]
+    pub fetch_wait_max_ms: u64,
+    /// How long a revoke waits for in-flight batches, in milliseconds.
+    #[arg(long, env = "CONSUMER_REVOKE_TIMEOUT_MS", default_value_t = 10_000)]
+    pub revoke_timeout_ms: u64,
+    /// First retry delay of a batch after a transient failure, in milliseconds.
+    #[arg(long, env = "CONSUMER_RETRY_BASE_MS", default_value_t = 100)]
+    pub retry_base_ms: u64,
+    /// Longest retry delay, in milliseconds.
+    #[arg(long, env = "CONSUMER_RETRY_MAX_MS", default_value_t = 10_000)]
+    pub retry_max_ms: u64,
+}
+
+impl RunArgs {
+    pub fn group_settings(&self) -> GroupSettings {
+        GroupSettings {
+            topics: self.topics.clone(),
+            assignment_strategy: self.assignment_strategy.clone(),
+            session_timeout: Duration::from_millis(self.session_timeout_ms),
+            max_poll_interval: Duration::from_millis(self.max_poll_interval_ms),
+            fetch_wait_max: Duration::from_millis(self.fetch_wait_max_ms),
+            revoke_timeout: Duration::from_millis(self.revoke_timeout_ms),
+            max_queued: self.max_queued,
+        }
+    }
+
+    /// Refuses timeouts that cannot work together.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(self.max_batch > 0, "--max-batch must be positive");
+        anyhow::ensure!(self.max_queued >= self.max_batch, "--max-queued must be at least --max-batch");
+        anyhow::ensure!(
+            self.max_poll_interval_ms >= self.session_timeout_ms,
+            "--max-poll-interval-ms ({}) must be at least --session-timeout-ms ({})",
+            self.max_poll_interval_ms,
+            self.session_timeout_ms
+        );
+        anyhow::ensure!(
+            self.revoke_timeout_ms < self.max_poll_interval_ms,
+            "--revoke-timeout-ms ({}) must be below --max-poll-interval-ms ({}): a revoke blocks polling",
+            self.revoke_timeout_ms,
+            self.max_poll_interval_ms
+        );
+        anyhow::ensure!(
+            self.retry_base_ms > 0 && self.retry_base_ms <= self.retry_max_ms,
+            "--retry-base-ms must be positive and at most --retry-max-ms"
+        );
+        Ok(())
+    }
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ReportArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    #[command(flatten)]
+    pub kafka: KafkaArgs,
+    /// Group to report, repeatable.
+    #[arg(long = "group", env = "CONSUMER_GROUPS", value_delimiter = ',', required = true)]
+    pub groups: Vec<GroupKind>,
+    /// Prefix of the Kafka group ids, as given to `run`.
+    #[arg(long, env = "CONSUMER_GROUP_PREFIX", default_value = "")]
+    pub group_prefix: String,
+    /// Topics whose lag to report.
+    #[arg(long = "topic", env = "CONSUMER_TOPICS", value_delimiter = ',', default_value = ORDER_EVENTS_TOPIC)]
+    pub topics: Vec<String>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}

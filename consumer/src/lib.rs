@@ -1,0 +1,155 @@
+//! Consumer groups that apply order events exactly once and in order per order.
+//!
+//! Each group is a Kafka consumer group with its own handler. Each assigned partition is processed
+//! by one task, in order; a batch's dedupe rows and effects commit in one database transaction,
+//! and only then is its offset committed.
+
+pub mod apply;
+pub mod config;
+pub mod group;
+pub mod handler;
+pub mod inventory;
+pub mod metrics;
+pub mod notification;
+pub mod report;
+pub mod worker;
+
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+use anyhow::Context;
+use pipeline_core::ops_http;
+use pipeline_core::order_events::demo_product_id;
+use prometheus::Registry;
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{GroupKind, RunArgs};
+use crate::handler::Handler;
+use crate::metrics::ConsumerMetrics;
+use crate::notification::{LoggingSender, NotificationSender};
+use crate::worker::{FatalSignal, WorkerShared};
+
+/// The handler of a group kind; `name` is the dedupe scope and Kafka group id.
+pub fn handler_for(kind: GroupKind, name: String) -> Arc<dyn Handler> {
+    match kind {
+        GroupKind::Inventory => Arc::new(inventory::Inventory::new(name)),
+        GroupKind::Notification => Arc::new(notification::Notifications::new(name)),
+    }
+}
+
+/// Runs the configured groups until `shutdown` (or a fatal error, which is returned).
+pub async fn run(args: RunArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
+    run_with_sender(args, Arc::new(LoggingSender), shutdown).await
+}
+
+/// [`run`] with a chosen notification sender.
+pub async fn run_with_sender(
+    args: RunArgs,
+    sender: Arc<dyn NotificationSender>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    args.validate()?;
+    let pool = args.db.connect().await?;
+    let registry = Registry::new();
+    let metrics = ConsumerMetrics::register(&registry).context("registering metrics")?;
+    let addr = ops_http::serve(
+        args.metrics_listen,
+        ops_http::router(registry, ops_http::database_ready(pool.clone())),
+        shutdown.clone(),
+    )
+    .await?;
+    tracing::info!(%addr, "consumer metrics listening on {addr}");
+
+    let fatal = FatalSignal::default();
+    let stop = CancellationToken::new();
+    {
+        let (stop, shutdown, fatal) = (stop.clone(), shutdown.clone(), fatal.token.clone());
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = shutdown.cancelled() => {}
+                _ = fatal.cancelled() => {}
+            }
+            stop.cancel();
+        });
+    }
+
+    let settings = args.group_settings();
+    let mut threads = Vec::new();
+    let mut background = Vec::new();
+    for kind in args.groups.iter().copied() {
+        let name = format!("{}{}", args.group_prefix, kind.name());
+        let handler = handler_for(kind, name.clone());
+        let (progress_tx, progress_rx) = mpsc::channel();
+        let shared = WorkerShared {
+            pool: pool.clone(),
+            handler,
+            metrics: metrics.clone(),
+            progress: progress_tx,
+            fatal: fatal.clone(),
+            max_batch: args.max_batch,
+            retry_base: Duration::from_millis(args.retry_base_ms),
+            retry_max: Duration::from_millis(args.retry_max_ms),
+        };
+        if kind == GroupKind::Notification {
+            background.push(tokio::spawn(notification::dispatch(
+                pool.clone(),
+                sender.clone(),
+                Duration::from_millis(50),
+                stop.clone(),
+            )));
+        }
+        let (kafka, settings, stop, runtime) =
+            (args.kafka.clone(), settings.clone(), stop.clone(), tokio::runtime::Handle::current());
+        let thread = std::thread::Builder::new()
+            .name(format!("poll-{name}"))
+            .spawn(move || group::run_group(&kafka, &settings, shared, progress_rx, runtime, stop))
+            .context("starting poll thread")?;
+        threads.push((name, thread));
+    }
+
+    let mut first_error = None;
+    for (name, thread) in threads {
+        let result = tokio::task::spawn_blocking(move || thread.join())
+            .await
+            .context("joining poll thread")?;
+        match result {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::error!(group = %name, error = %e, "group failed");
+                stop.cancel();
+                first_error.get_or_insert(e);
+            }
+            Err(_) => {
+                stop.cancel();
+                first_error.get_or_insert(anyhow::anyhow!("poll thread of {name} panicked"));
+            }
+        }
+    }
+    for task in background {
+        let _ = task.await;
+    }
+    if let Some(reason) = fatal.reason() {
+        anyhow::bail!("stopped on a fatal error: {reason}");
+    }
+    match first_error {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// Sets the available stock of products 1..=`products` of the demonstration catalogue.
+pub async fn seed_stock(pool: &PgPool, products: u32, quantity: i32) -> anyhow::Result<()> {
+    let ids: Vec<String> = (1..=products).map(demo_product_id).collect();
+    sqlx::query(
+        "INSERT INTO inventory_stock (product_id, available)
+         SELECT p, $2 FROM unnest($1::text[]) AS p
+         ON CONFLICT (product_id) DO UPDATE SET available = EXCLUDED.available",
+    )
+    .bind(&ids)
+    .bind(quantity)
+    .execute(pool)
+    .await
+    .context("seeding stock")?;
+    Ok(())
+}

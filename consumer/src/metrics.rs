@@ -1,0 +1,97 @@
+//! The consumer's Prometheus metrics, registered on a registry passed in.
+
+use prometheus::{
+    exponential_buckets, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry,
+};
+
+/// Metrics of every consumer group in this process, labelled by group.
+#[derive(Clone)]
+pub struct ConsumerMetrics {
+    pub messages: IntCounterVec,
+    pub out_of_sequence: IntCounterVec,
+    pub processing_duration: HistogramVec,
+    pub batch_size: HistogramVec,
+    pub end_to_end: HistogramVec,
+    pub commit_duration: HistogramVec,
+    pub commit_failures: IntCounterVec,
+    pub rebalances: IntCounterVec,
+    pub assigned_partitions: IntGaugeVec,
+    pub batch_retries: IntCounterVec,
+}
+
+impl ConsumerMetrics {
+    pub fn register(registry: &Registry) -> prometheus::Result<Self> {
+        let m = ConsumerMetrics {
+            messages: IntCounterVec::new(
+                Opts::new("consumer_messages_total", "Messages handled, by group and outcome"),
+                &["group", "outcome"],
+            )?,
+            out_of_sequence: IntCounterVec::new(
+                Opts::new(
+                    "consumer_out_of_sequence_events_total",
+                    "Events whose sequence was not the next one of their order",
+                ),
+                &["group"],
+            )?,
+            processing_duration: HistogramVec::new(
+                HistogramOpts::new(
+                    "consumer_batch_duration_seconds",
+                    "Time to process one partition batch, database transaction included",
+                )
+                .buckets(exponential_buckets(0.0005, 2.0, 16)?),
+                &["group"],
+            )?,
+            batch_size: HistogramVec::new(
+                HistogramOpts::new("consumer_batch_size", "Messages per partition batch")
+                    .buckets(exponential_buckets(1.0, 4.0, 7)?),
+                &["group"],
+            )?,
+            end_to_end: HistogramVec::new(
+                HistogramOpts::new(
+                    "pipeline_end_to_end_latency_seconds",
+                    "Event creation in the outbox to the consumer group's database commit",
+                )
+                .buckets(exponential_buckets(0.001, 2.0, 18)?),
+                &["group"],
+            )?,
+            commit_duration: HistogramVec::new(
+                HistogramOpts::new(
+                    "consumer_offset_commit_duration_seconds",
+                    "Time to issue (async) or complete (sync) an offset commit",
+                )
+                .buckets(exponential_buckets(0.0001, 4.0, 10)?),
+                &["group"],
+            )?,
+            commit_failures: IntCounterVec::new(
+                Opts::new("consumer_offset_commit_failures_total", "Offset commits that failed"),
+                &["group"],
+            )?,
+            rebalances: IntCounterVec::new(
+                Opts::new("consumer_rebalances_total", "Rebalance callbacks, by kind"),
+                &["group", "kind"],
+            )?,
+            assigned_partitions: IntGaugeVec::new(
+                Opts::new("consumer_assigned_partitions", "Partitions currently assigned"),
+                &["group"],
+            )?,
+            batch_retries: IntCounterVec::new(
+                Opts::new(
+                    "consumer_batch_retries_total",
+                    "Partition batches retried after a transient failure",
+                ),
+                &["group"],
+            )?,
+        };
+        registry.register(Box::new(m.messages.clone()))?;
+        registry.register(Box::new(m.out_of_sequence.clone()))?;
+        registry.register(Box::new(m.processing_duration.clone()))?;
+        registry.register(Box::new(m.batch_size.clone()))?;
+        registry.register(Box::new(m.end_to_end.clone()))?;
+        registry.register(Box::new(m.commit_duration.clone()))?;
+        registry.register(Box::new(m.commit_failures.clone()))?;
+        registry.register(Box::new(m.rebalances.clone()))?;
+        registry.register(Box::new(m.assigned_partitions.clone()))?;
+        registry.register(Box::new(m.batch_retries.clone()))?;
+        Ok(m)
+    }
+}

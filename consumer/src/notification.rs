@@ -1,0 +1,171 @@
+//! The notification group: records the notification each order event calls for, then a
+//! dispatcher hands recorded notifications to a pluggable sender.
+//!
+//! Recording happens in the event's transaction (exactly once); sending happens after commit, at
+//! least once, from the table, so a crash between the two delays a notification but never loses
+//! it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use pipeline_core::order_events::{ORDER_CANCELLED, ORDER_PAID, ORDER_PLACED, ORDER_SHIPPED};
+use sqlx::{PgConnection, PgPool};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::handler::{order_snapshot, Event, Handler, HandlerError};
+
+/// A notification to deliver.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct Notification {
+    pub id: i64,
+    pub event_id: Uuid,
+    pub order_id: String,
+    pub recipient: String,
+    pub channel: String,
+    pub template: String,
+}
+
+/// Delivers notifications (e-mail, SMS, push…). Errors are retried by the dispatcher.
+pub trait NotificationSender: Send + Sync + 'static {
+    fn send<'a>(&'a self, notification: &'a Notification) -> BoxFuture<'a, Result<(), String>>;
+}
+
+/// The default sender: writes each notification to the log.
+pub struct LoggingSender;
+
+impl NotificationSender for LoggingSender {
+    fn send<'a>(&'a self, n: &'a Notification) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            tracing::info!(
+                notification_id = n.id,
+                event_id = %n.event_id,
+                order_id = %n.order_id,
+                recipient = %n.recipient,
+                channel = %n.channel,
+                template = %n.template,
+                "notification sent"
+            );
+            Ok(())
+        })
+    }
+}
+
+/// The notification handler.
+pub struct Notifications {
+    group: String,
+}
+
+impl Notifications {
+    pub fn new(group: impl Into<String>) -> Self {
+        Notifications {
+            group: group.into(),
+        }
+    }
+}
+
+/// The template for an event type; `None` for types this group does not know.
+pub fn template_for(event_type: &str) -> Option<&'static str> {
+    match event_type {
+        ORDER_PLACED => Some("order-confirmation"),
+        ORDER_PAID => Some("payment-received"),
+        ORDER_CANCELLED => Some("order-cancelled"),
+        ORDER_SHIPPED => Some("order-shipped"),
+        _ => None,
+    }
+}
+
+impl Handler for Notifications {
+    fn group(&self) -> &str {
+        &self.group
+    }
+
+    fn apply<'a>(
+        &'a self,
+        conn: &'a mut PgConnection,
+        event: &'a Event,
+    ) -> BoxFuture<'a, Result<(), HandlerError>> {
+        Box::pin(async move {
+            let template = template_for(&event.envelope.event_type).ok_or_else(|| {
+                HandlerError::Rejected(format!("unknown event type `{}`", event.envelope.event_type))
+            })?;
+            let order = order_snapshot(event)?;
+            let (recipient, channel) = match &order.email {
+                Some(email) if !email.is_empty() => (email.clone(), "email"),
+                _ => (order.customer_id.clone(), "customer-inbox"),
+            };
+            sqlx::query(
+                "INSERT INTO notification (event_id, order_id, recipient, channel, template)
+                 VALUES ($1, $2, $3, $4, $5)",
+            )
+            .bind(event.envelope.event_id)
+            .bind(order.order_id.to_string())
+            .bind(recipient)
+            .bind(channel)
+            .bind(template)
+            .execute(&mut *conn)
+            .await?;
+            Ok(())
+        })
+    }
+}
+
+/// Sends pending notifications until `shutdown`, a batch at a time, oldest first.
+pub async fn dispatch(
+    pool: PgPool,
+    sender: Arc<dyn NotificationSender>,
+    idle_wait: Duration,
+    shutdown: CancellationToken,
+) {
+    while !shutdown.is_cancelled() {
+        let wait = match dispatch_batch(&pool, sender.as_ref(), 200).await {
+            Ok(0) => idle_wait,
+            Ok(_) => Duration::ZERO,
+            Err(e) => {
+                tracing::warn!(error = %e, "notification dispatch failed; retrying");
+                Duration::from_secs(1)
+            }
+        };
+        tokio::select! {
+            _ = shutdown.cancelled() => {}
+            _ = tokio::time::sleep(wait) => {}
+        }
+    }
+}
+
+/// Sends up to `limit` pending notifications; returns how many were handled.
+pub async fn dispatch_batch(
+    pool: &PgPool,
+    sender: &dyn NotificationSender,
+    limit: i64,
+) -> Result<usize, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    let pending: Vec<Notification> = sqlx::query_as(
+        "SELECT id, event_id, order_id, recipient, channel, template FROM notification
+         WHERE status = 'pending' ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED",
+    )
+    .bind(limit)
+    .fetch_all(&mut *tx)
+    .await?;
+    for n in &pending {
+        let (status, error) = match sender.send(n).await {
+            Ok(()) => ("sent", None),
+            Err(e) => ("pending", Some(e)),
+        };
+        sqlx::query(
+            "UPDATE notification SET status = CASE WHEN attempts + 1 >= 10 AND $2 = 'pending'
+                                                   THEN 'failed' ELSE $2 END,
+                    attempts = attempts + 1, last_error = $3,
+                    sent_at = CASE WHEN $2 = 'sent' THEN clock_timestamp() END
+             WHERE id = $1",
+        )
+        .bind(n.id)
+        .bind(status)
+        .bind(error)
+        .execute(&mut *tx)
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(pending.len())
+}

@@ -1,0 +1,115 @@
+//! A snapshot of what the pipeline did, for the run script and for operators.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use pipeline_core::kafka::{group_lag, KafkaArgs};
+use serde::Serialize;
+use sqlx::PgPool;
+
+/// Figures of one consumer group.
+#[derive(Debug, Serialize)]
+pub struct GroupReport {
+    pub group: String,
+    pub processed: i64,
+    pub applied_effects: i64,
+    pub parked: i64,
+    pub dead_lettered: i64,
+    /// Effects recorded more than once for one event: must be zero.
+    pub duplicate_effects: i64,
+    /// Messages between committed and end offsets, over partitions with a commit.
+    pub lag: i64,
+    /// Partitions where the group has not committed yet.
+    pub uncommitted_partitions: usize,
+}
+
+/// The whole pipeline's figures.
+#[derive(Debug, Serialize)]
+pub struct PipelineReport {
+    pub orders: i64,
+    pub outbox_pending: i64,
+    pub outbox_published: i64,
+    pub outbox_failed: i64,
+    pub groups: Vec<GroupReport>,
+}
+
+/// Reads the report; `groups` pairs the dedupe name with the Kafka group id.
+pub async fn build(
+    pool: &PgPool,
+    kafka: &KafkaArgs,
+    groups: &[(String, String)],
+    topics: &[String],
+) -> anyhow::Result<PipelineReport> {
+    let orders: i64 = sqlx::query_scalar("SELECT count(*) FROM orders").fetch_one(pool).await?;
+    let states: Vec<(String, i64)> =
+        sqlx::query_as("SELECT state, count(*) FROM outbox GROUP BY state").fetch_all(pool).await?;
+    let state = |s: &str| states.iter().find(|(k, _)| k == s).map(|(_, n)| *n).unwrap_or(0);
+    let mut out = Vec::new();
+    for (name, kafka_group) in groups {
+        let (processed, parked, dead): (i64, i64, i64) = sqlx::query_as(
+            "SELECT count(*), count(*) FILTER (WHERE outcome = 'parked'),
+                    count(*) FILTER (WHERE outcome = 'dead_lettered')
+             FROM processed_message WHERE group_name = $1",
+        )
+        .bind(name)
+        .fetch_one(pool)
+        .await?;
+        let (effects, duplicate_effects): (i64, i64) = sqlx::query_as(
+            "SELECT COALESCE(sum(n), 0)::bigint, COALESCE(sum(n - 1), 0)::bigint
+             FROM (SELECT count(*) AS n FROM applied_effect WHERE group_name = $1 GROUP BY event_id) e",
+        )
+        .bind(name)
+        .fetch_one(pool)
+        .await?;
+        let kafka = kafka.clone();
+        let kafka_group2 = kafka_group.clone();
+        let topics2 = topics.to_vec();
+        let lag = tokio::task::spawn_blocking(move || {
+            group_lag(&kafka, &kafka_group2, &topics2, Duration::from_secs(10))
+        })
+        .await
+        .context("lag task")??;
+        out.push(GroupReport {
+            group: name.clone(),
+            processed,
+            applied_effects: effects,
+            parked,
+            dead_lettered: dead,
+            duplicate_effects,
+            lag: lag.iter().filter_map(|p| p.lag()).sum(),
+            uncommitted_partitions: lag.iter().filter(|p| p.committed.is_none() && p.end > 0).count(),
+        });
+    }
+    Ok(PipelineReport {
+        orders,
+        outbox_pending: state("pending"),
+        outbox_published: state("published"),
+        outbox_failed: state("failed"),
+        groups: out,
+    })
+}
+
+impl std::fmt::Display for PipelineReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "orders            {}", self.orders)?;
+        writeln!(
+            f,
+            "outbox            published {}  pending {}  failed {}",
+            self.outbox_published, self.outbox_pending, self.outbox_failed
+        )?;
+        writeln!(
+            f,
+            "{:<14} {:>10} {:>10} {:>8} {:>8} {:>10} {:>8} {:>12}",
+            "group", "processed", "effects", "parked", "dead", "dup-effect", "lag", "uncommitted"
+        )?;
+        for g in &self.groups {
+            writeln!(
+                f,
+                "{:<14} {:>10} {:>10} {:>8} {:>8} {:>10} {:>8} {:>12}",
+                g.group, g.processed, g.applied_effects, g.parked, g.dead_lettered,
+                g.duplicate_effects, g.lag, g.uncommitted_partitions
+            )?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,103 @@
+//! PostgreSQL connection and migrations.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::PgPool;
+
+/// The migrations in the workspace's `migrations/` folder, embedded in every binary.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
+
+/// The LISTEN/NOTIFY channel the relay wakes on.
+pub const OUTBOX_CHANNEL: &str = "outbox_pending";
+
+/// Database settings shared by every binary.
+#[derive(clap::Args, Clone)]
+pub struct DbArgs {
+    /// PostgreSQL connection URL.
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/pipeline?sslmode=disable"
+    )]
+    pub database_url: String,
+    /// Largest number of pooled connections.
+    #[arg(long, env = "DATABASE_MAX_CONNECTIONS", default_value_t = 16)]
+    pub database_max_connections: u32,
+    /// Apply pending migrations at start-up.
+    #[arg(long, env = "DATABASE_MIGRATE", default_value_t = true, action = clap::ArgAction::Set)]
+    pub migrate: bool,
+}
+
+impl std::fmt::Debug for DbArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DbArgs")
+            .field("database_url", &redact_url(&self.database_url))
+            .field("database_max_connections", &self.database_max_connections)
+            .field("migrate", &self.migrate)
+            .finish()
+    }
+}
+
+/// A URL with its password replaced, fit for logs.
+pub fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            let userinfo = &url[scheme_end + 3..at];
+            match userinfo.find(':') {
+                Some(colon) => format!(
+                    "{}{}:***{}",
+                    &url[..scheme_end + 3],
+                    &userinfo[..colon],
+                    &url[at..]
+                ),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
+impl DbArgs {
+    /// Connects (waiting up to `acquire_timeout` for the server) and migrates when asked to.
+    pub async fn connect(&self) -> anyhow::Result<PgPool> {
+        let options: PgConnectOptions = self
+            .database_url
+            .parse()
+            .with_context(|| format!("invalid DATABASE_URL {}", redact_url(&self.database_url)))?;
+        let pool = PgPoolOptions::new()
+            .max_connections(self.database_max_connections)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_with(options)
+            .await
+            .with_context(|| {
+                format!(
+                    "cannot connect to PostgreSQL at {}",
+                    redact_url(&self.database_url)
+                )
+            })?;
+        if self.migrate {
+            MIGRATOR
+                .run(&pool)
+                .await
+                .context("applying database migrations")?;
+        }
+        Ok(pool)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact_url;
+
+    #[test]
+    fn hides_passwords() {
+        assert_eq!(
+            redact_url("postgres://app:s3cret@db:5432/x"),
+            "postgres://app:***@db:5432/x"
+        );
+        assert_eq!(redact_url("postgres://app@db/x"), "postgres://app@db/x");
+        assert_eq!(redact_url("postgres:///x"), "postgres:///x");
+    }
+}

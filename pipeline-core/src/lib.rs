@@ -1,0 +1,8 @@
+//! What the order service, the relay and the consumers share.
+
+pub mod db;
+pub mod envelope;
+pub mod kafka;
+pub mod ops_http;
+pub mod order_events;
+pub mod telemetry;

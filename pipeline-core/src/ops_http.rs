@@ -1,0 +1,90 @@
+//! The operations endpoint every binary serves: `/metrics`, `/healthz` and `/readyz`.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use anyhow::Context;
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+use prometheus::{Encoder, Registry, TextEncoder};
+use tokio_util::sync::CancellationToken;
+
+/// Answers whether the service can do its work now (database and broker reachable).
+pub type ReadinessCheck =
+    Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> + Send + Sync>;
+
+#[derive(Clone)]
+struct OpsState {
+    registry: Registry,
+    ready: ReadinessCheck,
+}
+
+/// Routes for the operations endpoint, to serve alone or merge into a service's router.
+pub fn router(registry: Registry, ready: ReadinessCheck) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .with_state(OpsState { registry, ready })
+}
+
+/// Binds `addr` (port 0 picks a free port) and serves `router` until `shutdown`.
+/// Returns the bound address.
+pub async fn serve(
+    addr: SocketAddr,
+    router: Router,
+    shutdown: CancellationToken,
+) -> anyhow::Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding {addr}"))?;
+    let bound = listener.local_addr()?;
+    tokio::spawn(async move {
+        let result = axum::serve(listener, router)
+            .with_graceful_shutdown(async move { shutdown.cancelled().await })
+            .await;
+        if let Err(e) = result {
+            tracing::error!(error = %e, "HTTP server failed");
+        }
+    });
+    Ok(bound)
+}
+
+async fn metrics(State(state): State<OpsState>) -> impl IntoResponse {
+    let mut body = Vec::new();
+    match TextEncoder::new().encode(&state.registry.gather(), &mut body) {
+        Ok(()) => (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, prometheus::TEXT_FORMAT)],
+            body,
+        )
+            .into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
+}
+
+async fn readyz(State(state): State<OpsState>) -> impl IntoResponse {
+    match (state.ready)().await {
+        Ok(()) => (StatusCode::OK, "ready".to_owned()),
+        Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, reason),
+    }
+}
+
+/// A readiness check that pings the database.
+pub fn database_ready(pool: sqlx::PgPool) -> ReadinessCheck {
+    Arc::new(move || {
+        let pool = pool.clone();
+        Box::pin(async move {
+            sqlx::query("SELECT 1")
+                .execute(&pool)
+                .await
+                .map(|_| ())
+                .map_err(|e| format!("database: {e}"))
+        })
+    })
+}

@@ -1,0 +1,80 @@
+//! The order events the order service publishes and the consumer groups apply.
+//!
+//! Every event carries a snapshot of the order after the change, so a consumer needs nothing but
+//! the event to act on it.
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+/// Default topic for order events.
+pub const ORDER_EVENTS_TOPIC: &str = "order-events";
+
+pub const ORDER_PLACED: &str = "order.placed";
+pub const ORDER_PAID: &str = "order.paid";
+pub const ORDER_CANCELLED: &str = "order.cancelled";
+pub const ORDER_SHIPPED: &str = "order.shipped";
+
+/// Order lifecycle states.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OrderStatus {
+    Placed,
+    Paid,
+    Cancelled,
+    Shipped,
+}
+
+impl OrderStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OrderStatus::Placed => "placed",
+            OrderStatus::Paid => "paid",
+            OrderStatus::Cancelled => "cancelled",
+            OrderStatus::Shipped => "shipped",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "placed" => Some(OrderStatus::Placed),
+            "paid" => Some(OrderStatus::Paid),
+            "cancelled" => Some(OrderStatus::Cancelled),
+            "shipped" => Some(OrderStatus::Shipped),
+            _ => None,
+        }
+    }
+
+    /// The event type recorded when an order enters this state.
+    pub fn event_type(self) -> &'static str {
+        match self {
+            OrderStatus::Placed => ORDER_PLACED,
+            OrderStatus::Paid => ORDER_PAID,
+            OrderStatus::Cancelled => ORDER_CANCELLED,
+            OrderStatus::Shipped => ORDER_SHIPPED,
+        }
+    }
+}
+
+/// One line of an order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OrderLine {
+    pub product_id: String,
+    pub quantity: i32,
+}
+
+/// The payload of every order event: the order as it is after the change.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OrderSnapshot {
+    pub order_id: Uuid,
+    pub customer_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub email: Option<String>,
+    pub status: OrderStatus,
+    pub lines: Vec<OrderLine>,
+}
+
+/// Id of the `n`th product of the demonstration catalogue (1-based), shared by the order
+/// service's catalogue seed and the inventory's stock seed.
+pub fn demo_product_id(n: u32) -> String {
+    format!("sku-{n:05}")
+}

@@ -1,0 +1,178 @@
+//! Error responses: every refusal is `{"error": "..."}` JSON with a fitting status code.
+//!
+//! Client mistakes get a 4xx naming the mistake. Server faults get a 500 (or a 503 when a retry
+//! may help) with a generic message; the cause goes to the log, never to the client.
+
+use axum::extract::rejection::{BytesRejection, JsonRejection, PathRejection};
+use axum::extract::{FromRequest, Request};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::de::DeserializeOwned;
+use serde_json::json;
+
+use crate::orders::OrderError;
+use crate::outbox::EnqueueError;
+use crate::validation::ValidationError;
+
+/// A refused request: status code and the message the client sees.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+}
+
+impl ApiError {
+    /// An error answering `status` with `message`.
+    pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+        }
+    }
+
+    fn internal() -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal error")
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, Json(json!({ "error": self.message }))).into_response()
+    }
+}
+
+impl From<ValidationError> for ApiError {
+    fn from(e: ValidationError) -> Self {
+        Self::new(StatusCode::UNPROCESSABLE_ENTITY, e.to_string())
+    }
+}
+
+impl From<OrderError> for ApiError {
+    fn from(e: OrderError) -> Self {
+        match e {
+            OrderError::NotFound(_) => Self::new(StatusCode::NOT_FOUND, e.to_string()),
+            OrderError::IllegalTransition(_) => Self::new(StatusCode::CONFLICT, e.to_string()),
+            OrderError::UnknownProducts(_) | OrderError::IdempotencyKeyReused => {
+                Self::new(StatusCode::UNPROCESSABLE_ENTITY, e.to_string())
+            }
+            OrderError::Database(e) | OrderError::Enqueue(EnqueueError::Database(e)) => {
+                database_error(&e)
+            }
+            OrderError::EventAlreadyRecorded { .. }
+            | OrderError::CorruptStatus(_)
+            | OrderError::Enqueue(_) => {
+                tracing::error!(error = %e, "order change refused: inconsistent data");
+                Self::internal()
+            }
+        }
+    }
+}
+
+/// 503 for faults a retry may get past (pool exhausted, connection lost, serialisation
+/// failure, server shutting down), 500 for the rest.
+fn database_error(e: &sqlx::Error) -> ApiError {
+    let transient = match e {
+        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => true,
+        sqlx::Error::Database(db) => db.code().is_some_and(|code| {
+            matches!(code.as_ref(), "40001" | "40P01")
+                || code.starts_with("08")
+                || code.starts_with("57P")
+        }),
+        _ => false,
+    };
+    if transient {
+        tracing::warn!(error = %e, "database unavailable");
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "database temporarily unavailable, retry later",
+        )
+    } else {
+        tracing::error!(error = %e, "database error");
+        ApiError::internal()
+    }
+}
+
+impl From<JsonRejection> for ApiError {
+    fn from(rejection: JsonRejection) -> Self {
+        match rejection {
+            JsonRejection::JsonSyntaxError(e) => Self::new(
+                StatusCode::BAD_REQUEST,
+                format!("malformed JSON: {}", e.body_text()),
+            ),
+            JsonRejection::JsonDataError(e) => Self::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                format!("invalid request body: {}", e.body_text()),
+            ),
+            JsonRejection::MissingJsonContentType(_) => Self::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "expected `Content-Type: application/json`",
+            ),
+            JsonRejection::BytesRejection(e) => body_error(&e),
+            other => Self::new(other.status(), other.body_text()),
+        }
+    }
+}
+
+fn body_error(e: &BytesRejection) -> ApiError {
+    if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "request body is larger than {} bytes",
+                super::MAX_BODY_BYTES
+            ),
+        )
+    } else {
+        ApiError::new(e.status(), "could not read the request body")
+    }
+}
+
+impl From<PathRejection> for ApiError {
+    fn from(rejection: PathRejection) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, rejection.body_text())
+    }
+}
+
+/// `axum::Json`, with refusals answered by our JSON error body instead of axum's plain text.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ApiJson<T>(pub T);
+
+impl<T, S> FromRequest<S> for ApiJson<T>
+where
+    T: DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let Json(value) = Json::<T>::from_request(req, state).await?;
+        Ok(Self(value))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::orders::{Action, IllegalTransition};
+    use pipeline_core::order_events::OrderStatus;
+
+    #[test]
+    fn domain_errors_map_to_client_statuses() {
+        let e: ApiError = OrderError::from(IllegalTransition {
+            action: Action::Pay,
+            status: OrderStatus::Paid,
+        })
+        .into();
+        assert_eq!(e.status, StatusCode::CONFLICT);
+        assert_eq!(e.message, "cannot pay an order that is paid");
+        let e: ApiError = OrderError::UnknownProducts(vec!["sku-x".into()]).into();
+        assert_eq!(e.status, StatusCode::UNPROCESSABLE_ENTITY);
+        assert!(e.message.contains("sku-x"));
+        let e: ApiError = OrderError::Database(sqlx::Error::PoolTimedOut).into();
+        assert_eq!(e.status, StatusCode::SERVICE_UNAVAILABLE);
+        let e: ApiError = OrderError::Database(sqlx::Error::RowNotFound).into();
+        assert_eq!(e.status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(e.message, "internal error");
+    }
+}

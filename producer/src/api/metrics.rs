@@ -1,0 +1,89 @@
+//! The order service's Prometheus metrics, registered on a registry the caller owns.
+
+use std::time::Instant;
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::middleware::Next;
+use axum::response::Response;
+use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
+
+use super::AppState;
+
+/// Request and event counters of the order API.
+#[derive(Debug, Clone)]
+pub struct ApiMetrics {
+    requests: IntCounterVec,
+    duration: HistogramVec,
+    events: IntCounterVec,
+}
+
+impl ApiMetrics {
+    /// Creates the metrics and registers them on `registry`.
+    pub fn register(registry: &Registry) -> prometheus::Result<Self> {
+        let requests = IntCounterVec::new(
+            Opts::new(
+                "order_requests_total",
+                "Order API requests answered, by route template and status code.",
+            ),
+            &["route", "status"],
+        )?;
+        let duration = HistogramVec::new(
+            HistogramOpts::new(
+                "order_request_duration_seconds",
+                "Order API request latency, by route template.",
+            )
+            .buckets(vec![
+                0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+            ]),
+            &["route"],
+        )?;
+        let events = IntCounterVec::new(
+            Opts::new(
+                "order_events_enqueued_total",
+                "Order events committed to the outbox, by event type.",
+            ),
+            &["event_type"],
+        )?;
+        registry.register(Box::new(requests.clone()))?;
+        registry.register(Box::new(duration.clone()))?;
+        registry.register(Box::new(events.clone()))?;
+        Ok(Self {
+            requests,
+            duration,
+            events,
+        })
+    }
+
+    /// Counts one event committed to the outbox.
+    pub fn event_enqueued(&self, event_type: &str) {
+        self.events.with_label_values(&[event_type]).inc();
+    }
+
+    fn request_done(&self, route: &str, status: u16, seconds: f64) {
+        self.requests
+            .with_label_values(&[route, &status.to_string()])
+            .inc();
+        self.duration.with_label_values(&[route]).observe(seconds);
+    }
+}
+
+/// Middleware timing and counting each request under its route template, so that label values
+/// stay bounded whatever ids clients send.
+pub(super) async fn track_requests(
+    State(state): State<AppState>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
+    let started = Instant::now();
+    let response = next.run(req).await;
+    state.metrics.request_done(
+        &route,
+        response.status().as_u16(),
+        started.elapsed().as_secs_f64(),
+    );
+    response
+}

@@ -1,0 +1,57 @@
+//! The order service's HTTP API.
+//!
+//! | Route                      | Answer                                        |
+//! |----------------------------|-----------------------------------------------|
+//! | `POST /orders`             | 201 placed, 200 replayed (same key and body)  |
+//! | `GET /orders/{id}`         | 200 order, 404                                |
+//! | `POST /orders/{id}/pay`    | 200 order, 404, 409 when the lifecycle forbids |
+//! | `POST /orders/{id}/cancel` | same                                          |
+//! | `POST /orders/{id}/ship`   | same                                          |
+
+mod error;
+mod handlers;
+mod metrics;
+
+use std::sync::Arc;
+
+use axum::extract::DefaultBodyLimit;
+use axum::http::StatusCode;
+use axum::routing::{get, post};
+use axum::Router;
+
+use crate::orders::OrderService;
+
+pub use error::{ApiError, ApiJson};
+pub use handlers::IDEMPOTENCY_KEY;
+pub use metrics::ApiMetrics;
+
+/// Largest request body accepted.
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
+
+/// What the handlers share.
+#[derive(Debug, Clone)]
+pub struct AppState {
+    pub orders: OrderService,
+    pub metrics: Arc<ApiMetrics>,
+}
+
+/// The API routes, with request metrics, the body limit and JSON answers for unknown routes and
+/// methods.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/orders", post(handlers::create_order))
+        .route("/orders/{id}", get(handlers::get_order))
+        .route("/orders/{id}/pay", post(handlers::pay_order))
+        .route("/orders/{id}/cancel", post(handlers::cancel_order))
+        .route("/orders/{id}/ship", post(handlers::ship_order))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            metrics::track_requests,
+        ))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such route") })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method not allowed")
+        })
+        .with_state(state)
+}

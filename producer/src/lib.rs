@@ -1,0 +1,19 @@
+//! The order service: an HTTP API whose every change to an order is committed together with the
+//! event describing it in the transactional outbox, which the relay publishes to Kafka.
+//!
+//! - [`outbox`]: appending events inside the caller's transaction.
+//! - [`orders`]: the order lifecycle and its transactions.
+//! - [`validation`]: checks on client input.
+//! - [`api`]: the HTTP handlers; [`server`] serves them with the operations endpoints.
+//! - [`catalog`]: the demonstration product catalogue.
+//! - [`load`]: the load driver.
+//! - [`cli`]: the command line.
+
+pub mod api;
+pub mod catalog;
+pub mod cli;
+pub mod load;
+pub mod orders;
+pub mod outbox;
+pub mod server;
+pub mod validation;

@@ -1,0 +1,190 @@
+//! Tallying a load run and reporting it, on stdout and optionally as JSON.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::Context;
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+use super::client::{RequestFailure, RequestStats};
+
+/// What happened to one order of the run.
+#[derive(Debug, Default)]
+pub struct OrderOutcome {
+    /// The order was placed (201 or an idempotent 200).
+    pub created: bool,
+    /// State changes the service confirmed, placing included.
+    pub events: u64,
+    /// The request that failed for good, if any; the order's later steps were skipped.
+    pub failure: Option<RequestFailure>,
+    pub stats: RequestStats,
+}
+
+/// Running totals of a load run.
+#[derive(Debug)]
+pub struct Tally {
+    attempted: u64,
+    created: u64,
+    events: u64,
+    failed_orders: u64,
+    retries: u64,
+    errors_by_status: BTreeMap<String, u64>,
+    latency_us: Histogram<u64>,
+}
+
+impl Default for Tally {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Tally {
+    /// An empty tally.
+    pub fn new() -> Self {
+        Self {
+            attempted: 0,
+            created: 0,
+            events: 0,
+            failed_orders: 0,
+            retries: 0,
+            errors_by_status: BTreeMap::new(),
+            // Auto-resizing, so no latency is ever out of range. `new` fails only for more than
+            // 5 significant figures.
+            latency_us: Histogram::new(3).expect("3 significant figures is a valid precision"),
+        }
+    }
+
+    /// Adds one order's outcome.
+    pub fn add(&mut self, outcome: OrderOutcome) {
+        self.attempted += 1;
+        self.created += u64::from(outcome.created);
+        self.events += outcome.events;
+        self.retries += outcome.stats.retries;
+        for us in outcome.stats.latencies_us {
+            self.latency_us.saturating_record(us.max(1));
+        }
+        if let Some(failure) = outcome.failure {
+            tracing::warn!(error = %failure, "order failed");
+            self.failed_orders += 1;
+            *self.errors_by_status.entry(failure.label()).or_default() += 1;
+        }
+    }
+
+    /// Orders whose steps all ran (successfully or not) so far.
+    pub fn attempted(&self) -> u64 {
+        self.attempted
+    }
+
+    /// The summary of the run so far.
+    pub fn summary(&self, planned: u64, elapsed: Duration, seed: u64) -> Summary {
+        let seconds = elapsed.as_secs_f64();
+        let per_second = |n: u64| {
+            if seconds > 0.0 {
+                n as f64 / seconds
+            } else {
+                0.0
+            }
+        };
+        let ms = |q: f64| self.latency_us.value_at_quantile(q) as f64 / 1_000.0;
+        Summary {
+            orders: self.created,
+            events: self.events,
+            errors: self.errors_by_status.values().sum(),
+            elapsed_seconds: seconds,
+            planned_orders: planned,
+            attempted_orders: self.attempted,
+            failed_orders: self.failed_orders,
+            retries: self.retries,
+            errors_by_status: self.errors_by_status.clone(),
+            orders_per_second: per_second(self.created),
+            events_per_second: per_second(self.events),
+            latency_ms: Latency {
+                p50: ms(0.50),
+                p90: ms(0.90),
+                p99: ms(0.99),
+                max: self.latency_us.max() as f64 / 1_000.0,
+            },
+            seed,
+        }
+    }
+}
+
+/// Request latency percentiles, in milliseconds, over every attempt.
+#[derive(Debug, Clone, Serialize)]
+pub struct Latency {
+    pub p50: f64,
+    pub p90: f64,
+    pub p99: f64,
+    pub max: f64,
+}
+
+/// The result of a load run. `orders`, `events`, `errors` and `elapsed_seconds` are what
+/// scripts compare against the pipeline's output.
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    /// Orders placed.
+    pub orders: u64,
+    /// State changes the service confirmed, placing included: the events the outbox should hold.
+    pub events: u64,
+    /// Requests that failed for good (after retries).
+    pub errors: u64,
+    pub elapsed_seconds: f64,
+    pub planned_orders: u64,
+    pub attempted_orders: u64,
+    pub failed_orders: u64,
+    /// Attempts repeated after a 5xx or a lost connection.
+    pub retries: u64,
+    /// Requests that failed for good, by status code (or `timeout`, `connect`, `transport`).
+    pub errors_by_status: BTreeMap<String, u64>,
+    pub orders_per_second: f64,
+    pub events_per_second: f64,
+    pub latency_ms: Latency,
+    /// The seed of the order mix: rerun with `--seed` to get the same mix.
+    pub seed: u64,
+}
+
+impl Summary {
+    /// Whether every planned order went through every step.
+    pub fn succeeded(&self) -> bool {
+        self.failed_orders == 0 && self.attempted_orders == self.planned_orders
+    }
+
+    /// Writes the summary as JSON to `path`.
+    pub fn write_json(&self, path: &Path) -> anyhow::Result<()> {
+        let json = serde_json::to_vec_pretty(self).context("serialising the summary")?;
+        std::fs::write(path, json).with_context(|| format!("writing {}", path.display()))
+    }
+}
+
+impl fmt::Display for Summary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "orders created:   {} of {} planned",
+            self.orders, self.planned_orders
+        )?;
+        writeln!(f, "events expected:  {}", self.events)?;
+        writeln!(f, "failed orders:    {}", self.failed_orders)?;
+        write!(f, "http errors:      {}", self.errors)?;
+        for (status, n) in &self.errors_by_status {
+            write!(f, " [{status}: {n}]")?;
+        }
+        writeln!(f)?;
+        writeln!(f, "retries:          {}", self.retries)?;
+        writeln!(f, "elapsed:          {:.2} s", self.elapsed_seconds)?;
+        writeln!(
+            f,
+            "rate:             {:.1} orders/s, {:.1} events/s",
+            self.orders_per_second, self.events_per_second
+        )?;
+        writeln!(
+            f,
+            "latency:          p50 {:.1} ms, p90 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+            self.latency_ms.p50, self.latency_ms.p90, self.latency_ms.p99, self.latency_ms.max
+        )?;
+        write!(f, "seed:             {}", self.seed)
+    }
+}

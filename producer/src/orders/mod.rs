@@ -1,0 +1,192 @@
+//! The order domain: the lifecycle rules and the transactions that change an order together with
+//! the event recording the change.
+//!
+//! Every write here happens in one PostgreSQL transaction with its [`crate::outbox::enqueue`]
+//! call, so an order change and its event are committed together or not at all.
+
+mod place;
+mod store;
+mod transition;
+
+use std::fmt;
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use pipeline_core::order_events::{OrderLine, OrderSnapshot, OrderStatus};
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::outbox::EnqueueError;
+
+pub use place::Placed;
+pub use store::fetch_order;
+
+/// An order as the API returns it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Order {
+    pub order_id: Uuid,
+    pub customer_id: String,
+    pub email: Option<String>,
+    pub status: OrderStatus,
+    pub lines: Vec<OrderLine>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+impl Order {
+    /// The event payload describing this order.
+    pub fn snapshot(&self) -> OrderSnapshot {
+        OrderSnapshot {
+            order_id: self.order_id,
+            customer_id: self.customer_id.clone(),
+            email: self.email.clone(),
+            status: self.status,
+            lines: self.lines.clone(),
+        }
+    }
+}
+
+/// A change a client can ask for after an order is placed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Action {
+    Pay,
+    Cancel,
+    Ship,
+}
+
+impl Action {
+    /// The verb, as in the route `/orders/{id}/<verb>`.
+    pub fn verb(self) -> &'static str {
+        match self {
+            Action::Pay => "pay",
+            Action::Cancel => "cancel",
+            Action::Ship => "ship",
+        }
+    }
+
+    /// The status an order has after this action.
+    pub fn target(self) -> OrderStatus {
+        match self {
+            Action::Pay => OrderStatus::Paid,
+            Action::Cancel => OrderStatus::Cancelled,
+            Action::Ship => OrderStatus::Shipped,
+        }
+    }
+
+    /// The status this action moves an order in `from` to, if the lifecycle allows it:
+    /// placed → paid | cancelled, paid → shipped | cancelled, nothing out of shipped or cancelled.
+    pub fn apply(self, from: OrderStatus) -> Result<OrderStatus, IllegalTransition> {
+        use OrderStatus::{Cancelled, Paid, Placed, Shipped};
+        match (from, self) {
+            (Placed, Action::Pay | Action::Cancel) | (Paid, Action::Ship | Action::Cancel) => {
+                Ok(self.target())
+            }
+            (Placed | Paid | Shipped | Cancelled, _) => Err(IllegalTransition {
+                action: self,
+                status: from,
+            }),
+        }
+    }
+}
+
+impl fmt::Display for Action {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.verb())
+    }
+}
+
+/// An action the lifecycle does not allow from the order's current status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("cannot {action} an order that is {}", status.as_str())]
+pub struct IllegalTransition {
+    pub action: Action,
+    pub status: OrderStatus,
+}
+
+/// Why an order operation did not happen. Nothing was written in any of these cases.
+#[derive(Debug, thiserror::Error)]
+pub enum OrderError {
+    #[error("order {0} not found")]
+    NotFound(Uuid),
+    #[error(transparent)]
+    IllegalTransition(#[from] IllegalTransition),
+    #[error("unknown product {}", .0.join(", "))]
+    UnknownProducts(Vec<String>),
+    #[error("Idempotency-Key was already used for a different request")]
+    IdempotencyKeyReused,
+    /// The outbox already holds this order's event of this type: the lifecycle makes that
+    /// impossible, so the data is inconsistent and the change is refused.
+    #[error("order {order_id} already has a `{event_type}` event in the outbox")]
+    EventAlreadyRecorded {
+        order_id: Uuid,
+        event_type: &'static str,
+    },
+    #[error("stored order has unknown status `{0}`")]
+    CorruptStatus(String),
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("outbox: {0}")]
+    Enqueue(#[from] EnqueueError),
+}
+
+/// Places and changes orders, recording one outbox event per change.
+#[derive(Debug, Clone)]
+pub struct OrderService {
+    pool: PgPool,
+    topic: Arc<str>,
+    notify_relay: bool,
+}
+
+impl OrderService {
+    /// Events go to `topic`; with `notify_relay` every transaction also wakes a listening relay.
+    pub fn new(pool: PgPool, topic: impl Into<Arc<str>>, notify_relay: bool) -> Self {
+        Self {
+            pool,
+            topic: topic.into(),
+            notify_relay,
+        }
+    }
+
+    /// The connection pool the service writes through.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// The order with this id, if there is one.
+    pub async fn get(&self, order_id: Uuid) -> Result<Option<Order>, OrderError> {
+        let mut conn = self.pool.acquire().await?;
+        fetch_order(&mut conn, order_id).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use OrderStatus::{Cancelled, Paid, Placed, Shipped};
+
+    #[test]
+    fn lifecycle() {
+        assert_eq!(Action::Pay.apply(Placed), Ok(Paid));
+        assert_eq!(Action::Cancel.apply(Placed), Ok(Cancelled));
+        assert_eq!(Action::Ship.apply(Paid), Ok(Shipped));
+        assert_eq!(Action::Cancel.apply(Paid), Ok(Cancelled));
+        for (action, from) in [
+            (Action::Ship, Placed),
+            (Action::Pay, Paid),
+            (Action::Pay, Shipped),
+            (Action::Cancel, Shipped),
+            (Action::Ship, Cancelled),
+            (Action::Pay, Cancelled),
+            (Action::Cancel, Cancelled),
+        ] {
+            assert!(action.apply(from).is_err(), "{action} from {from:?}");
+        }
+    }
+
+    #[test]
+    fn illegal_transition_message() {
+        let e = Action::Ship.apply(Cancelled).expect_err("illegal");
+        assert_eq!(e.to_string(), "cannot ship an order that is cancelled");
+    }
+}

@@ -1,0 +1,101 @@
+//! Reading orders back and appending their events: the SQL shared by placing and transitions.
+
+use chrono::{DateTime, Utc};
+use pipeline_core::envelope::TRACEPARENT;
+use pipeline_core::order_events::{OrderLine, OrderStatus};
+use sqlx::{PgConnection, Postgres, Transaction};
+use uuid::Uuid;
+
+use super::{Order, OrderError, OrderService};
+use crate::outbox::{self, Enqueued, NewEvent};
+
+type OrderRow = (
+    Uuid,
+    String,
+    Option<String>,
+    String,
+    DateTime<Utc>,
+    DateTime<Utc>,
+);
+
+/// Reads the order `order_id` with its lines, as `conn` sees it.
+pub async fn fetch_order(
+    conn: &mut PgConnection,
+    order_id: Uuid,
+) -> Result<Option<Order>, OrderError> {
+    let row: Option<OrderRow> = sqlx::query_as(
+        "SELECT order_id, customer_id, email, status, created_at, updated_at
+         FROM orders WHERE order_id = $1",
+    )
+    .bind(order_id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let Some((order_id, customer_id, email, status, created_at, updated_at)) = row else {
+        return Ok(None);
+    };
+    let lines: Vec<(String, i32)> = sqlx::query_as(
+        "SELECT product_id, quantity FROM order_line WHERE order_id = $1 ORDER BY line_no",
+    )
+    .bind(order_id)
+    .fetch_all(&mut *conn)
+    .await?;
+    Ok(Some(Order {
+        order_id,
+        customer_id,
+        email,
+        status: parse_status(&status)?,
+        lines: lines
+            .into_iter()
+            .map(|(product_id, quantity)| OrderLine {
+                product_id,
+                quantity,
+            })
+            .collect(),
+        created_at,
+        updated_at,
+    }))
+}
+
+/// Reads a status column, which the table's CHECK constraint keeps to the four known values.
+pub(super) fn parse_status(status: &str) -> Result<OrderStatus, OrderError> {
+    OrderStatus::parse(status).ok_or_else(|| OrderError::CorruptStatus(status.to_owned()))
+}
+
+impl OrderService {
+    /// Appends the event recording that `order` entered its current status, inside `tx`.
+    ///
+    /// The business key is the order id: with the event type, it names the fact once, so a
+    /// duplicate means the lifecycle was bypassed and the whole change is refused.
+    pub(super) async fn record_event(
+        &self,
+        tx: &mut Transaction<'_, Postgres>,
+        order: &Order,
+        traceparent: Option<&str>,
+    ) -> Result<Enqueued, OrderError> {
+        let event_type = order.status.event_type();
+        let order_id = order.order_id.to_string();
+        let payload = serde_json::to_value(order.snapshot())
+            .map_err(|e| OrderError::Database(sqlx::Error::Encode(Box::new(e))))?;
+        let event = NewEvent {
+            business_key: order_id.clone(),
+            event_type: event_type.to_owned(),
+            aggregate_id: order_id,
+            topic: self.topic.to_string(),
+            payload,
+            headers: traceparent
+                .map(|tp| vec![(TRACEPARENT.to_owned(), tp.to_owned())])
+                .unwrap_or_default(),
+        };
+        let enqueued = outbox::enqueue(tx, &event).await?;
+        if let Enqueued::Duplicate { .. } = enqueued {
+            return Err(OrderError::EventAlreadyRecorded {
+                order_id: order.order_id,
+                event_type,
+            });
+        }
+        if self.notify_relay {
+            outbox::notify_relay(tx).await?;
+        }
+        Ok(enqueued)
+    }
+}

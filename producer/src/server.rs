@@ -1,0 +1,95 @@
+//! `producer serve`: the order API and the operations endpoints on one listener.
+
+use std::future::IntoFuture;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use axum::Router;
+use pipeline_core::db::DbArgs;
+use pipeline_core::ops_http;
+use pipeline_core::order_events::ORDER_EVENTS_TOPIC;
+use pipeline_core::telemetry::LogArgs;
+use prometheus::Registry;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::api::{self, ApiMetrics, AppState};
+use crate::orders::OrderService;
+
+/// `producer serve`: run the order service.
+#[derive(clap::Args, Debug)]
+pub struct ServeArgs {
+    /// Address to listen on for the API and /metrics, /healthz, /readyz (port 0 picks one).
+    #[arg(long, env = "ORDER_SERVICE_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    /// Kafka topic recorded on every order event.
+    #[arg(long, env = "ORDER_EVENTS_TOPIC", default_value = ORDER_EVENTS_TOPIC,
+          value_parser = clap::builder::NonEmptyStringValueParser::new())]
+    pub topic: String,
+    /// Also NOTIFY the relay in every transaction that enqueues an event (true/false).
+    #[arg(long, env = "OUTBOX_NOTIFY", default_value_t = false,
+          value_parser = clap::builder::BoolishValueParser::new())]
+    pub notify_relay: bool,
+    /// Seconds in-flight requests may take to finish after SIGTERM/SIGINT.
+    #[arg(long, env = "SHUTDOWN_GRACE_SECONDS", default_value_t = 10)]
+    pub shutdown_grace_seconds: u64,
+    #[command(flatten)]
+    pub db: DbArgs,
+    #[command(flatten)]
+    pub log: LogArgs,
+}
+
+/// The whole HTTP surface: the order API merged with `/metrics`, `/healthz` and `/readyz`.
+pub fn app(orders: OrderService, registry: Registry) -> anyhow::Result<Router> {
+    let metrics = ApiMetrics::register(&registry).context("registering metrics")?;
+    let ready = ops_http::database_ready(orders.pool().clone());
+    let state = AppState {
+        orders,
+        metrics: Arc::new(metrics),
+    };
+    Ok(api::router(state).merge(ops_http::router(registry, ready)))
+}
+
+/// Serves `app` on `listener` until `shutdown`, then gives in-flight requests up to `grace`.
+pub async fn serve(
+    listener: TcpListener,
+    app: Router,
+    shutdown: CancellationToken,
+    grace: Duration,
+) -> anyhow::Result<()> {
+    let server = axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown.clone().cancelled_owned())
+        .into_future();
+    let grace_over = async {
+        shutdown.cancelled().await;
+        tokio::time::sleep(grace).await;
+    };
+    tokio::select! {
+        result = server => result.context("HTTP server failed"),
+        () = grace_over => {
+            tracing::warn!(?grace, "shutdown grace period over, dropping open connections");
+            Ok(())
+        }
+    }
+}
+
+/// Runs `producer serve` until `shutdown`.
+pub async fn run(args: ServeArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
+    tracing::info!(?args, "starting order service");
+    let pool = args.db.connect().await?;
+    let orders = OrderService::new(pool.clone(), args.topic.as_str(), args.notify_relay);
+    let app = app(orders, Registry::new())?;
+    let listener = TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("binding {}", args.listen))?;
+    let addr = listener.local_addr().context("reading the bound address")?;
+    // Tests and scripts read the port from this exact phrase.
+    tracing::info!("order service listening on {addr}");
+    let grace = Duration::from_secs(args.shutdown_grace_seconds);
+    let result = serve(listener, app, shutdown, grace).await;
+    pool.close().await;
+    tracing::info!("order service stopped");
+    result
+}

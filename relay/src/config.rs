@@ -1,0 +1,125 @@
+//! Command line of the `relay` binary; every flag also reads an environment variable.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use pipeline_core::db::DbArgs;
+use pipeline_core::kafka::KafkaArgs;
+use pipeline_core::telemetry::LogArgs;
+
+use crate::backoff::RetryPolicy;
+use crate::publish::ProducerSettings;
+
+/// Publishes outbox events to Kafka.
+#[derive(Debug, Parser)]
+#[command(name = "relay", version, about)]
+pub struct Cli {
+    #[command(flatten)]
+    pub log: LogArgs,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Tail the outbox and publish to Kafka (one active relay per database; others stand by).
+    Run(Box<RunArgs>),
+    /// Create Kafka topics that do not exist yet.
+    EnsureTopics {
+        #[command(flatten)]
+        kafka: KafkaArgs,
+        /// Topic to create, repeatable.
+        #[arg(long = "topic", env = "TOPICS", value_delimiter = ',', required = true)]
+        topics: Vec<String>,
+        /// Partitions of each new topic.
+        #[arg(long, env = "TOPIC_PARTITIONS", default_value_t = 12)]
+        partitions: i32,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    #[command(flatten)]
+    pub kafka: KafkaArgs,
+    /// Address of the /metrics, /healthz and /readyz endpoint (port 0 picks one).
+    #[arg(long, env = "METRICS_LISTEN", default_value = "127.0.0.1:9101")]
+    pub metrics_listen: SocketAddr,
+    /// Most events claimed and published per batch.
+    #[arg(long, env = "RELAY_BATCH_SIZE", default_value_t = 2000)]
+    pub batch_size: i64,
+    /// Pause between claims when the outbox has nothing due, in milliseconds.
+    #[arg(long, env = "RELAY_POLL_INTERVAL_MS", default_value_t = 5)]
+    pub poll_interval_ms: u64,
+    /// Also wake on PostgreSQL NOTIFY (sent by services that enable it).
+    #[arg(long, env = "RELAY_LISTEN", default_value_t = true, action = clap::ArgAction::Set)]
+    pub listen: bool,
+    /// Advisory lock key that elects the one active relay.
+    #[arg(long, env = "RELAY_LOCK_KEY", default_value_t = 0x6f75_7462_6f78)]
+    pub lock_key: i64,
+    /// How often a standby relay tries to take over, in milliseconds.
+    #[arg(long, env = "RELAY_STANDBY_RETRY_MS", default_value_t = 500)]
+    pub standby_retry_ms: u64,
+    /// librdkafka `message.timeout.ms`: how long one delivery may take before it counts as failed.
+    #[arg(long, env = "RELAY_DELIVERY_TIMEOUT_MS", default_value_t = 30_000)]
+    pub delivery_timeout_ms: u64,
+    /// librdkafka `linger.ms`.
+    #[arg(long, env = "RELAY_LINGER_MS", default_value_t = 5)]
+    pub linger_ms: u64,
+    /// librdkafka `compression.type` (none, lz4, zstd, snappy, gzip).
+    #[arg(long, env = "RELAY_COMPRESSION", default_value = "none")]
+    pub compression: String,
+    /// Delay after the first failed attempt, in milliseconds (doubles each attempt).
+    #[arg(long, env = "RELAY_RETRY_BASE_MS", default_value_t = 200)]
+    pub retry_base_ms: u64,
+    /// Longest delay of the exponential phase, in milliseconds.
+    #[arg(long, env = "RELAY_RETRY_MAX_MS", default_value_t = 30_000)]
+    pub retry_max_ms: u64,
+    /// Attempts after which retries slow down to --slow-retry-interval-ms.
+    #[arg(long, env = "RELAY_SLOW_RETRY_AFTER", default_value_t = 20)]
+    pub slow_retry_after: i32,
+    /// Delay between retries past --slow-retry-after, in milliseconds.
+    #[arg(long, env = "RELAY_SLOW_RETRY_INTERVAL_MS", default_value_t = 300_000)]
+    pub slow_retry_interval_ms: u64,
+    /// Attempts allowed for permanent errors (message too large, unknown topic…) before the event
+    /// is marked failed; it then holds its order's later events until an operator acts.
+    #[arg(long, env = "RELAY_MAX_ATTEMPTS", default_value_t = 5)]
+    pub max_attempts: i32,
+}
+
+impl RunArgs {
+    pub fn retry_policy(&self) -> RetryPolicy {
+        RetryPolicy {
+            base: Duration::from_millis(self.retry_base_ms),
+            max: Duration::from_millis(self.retry_max_ms),
+            slow_after: self.slow_retry_after,
+            slow_interval: Duration::from_millis(self.slow_retry_interval_ms),
+            permanent_attempts: self.max_attempts,
+        }
+    }
+
+    pub fn producer_settings(&self) -> ProducerSettings {
+        ProducerSettings {
+            delivery_timeout: Duration::from_millis(self.delivery_timeout_ms),
+            linger: Duration::from_millis(self.linger_ms),
+            compression: self.compression.clone(),
+        }
+    }
+
+    /// Refuses settings that cannot work.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(self.batch_size > 0, "--batch-size must be positive");
+        anyhow::ensure!(self.max_attempts > 0, "--max-attempts must be positive");
+        anyhow::ensure!(
+            self.delivery_timeout_ms >= 1000,
+            "--delivery-timeout-ms below 1000 leaves librdkafka no room to retry"
+        );
+        anyhow::ensure!(
+            self.retry_base_ms > 0 && self.retry_base_ms <= self.retry_max_ms,
+            "--retry-base-ms must be positive and at most --retry-max-ms"
+        );
+        Ok(())
+    }
+}

@@ -1,0 +1,46 @@
+//! The outbox relay: tails the outbox table and publishes its events to Kafka with `acks=all`,
+//! the idempotent producer and the aggregate id as key.
+
+pub mod backoff;
+pub mod claim;
+pub mod config;
+pub mod leader;
+pub mod mark;
+pub mod metrics;
+pub mod publish;
+pub mod relay;
+
+use std::time::Duration;
+
+use anyhow::Context;
+use pipeline_core::ops_http;
+use prometheus::Registry;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::RunArgs;
+use crate::metrics::RelayMetrics;
+
+/// Connects, serves the ops endpoint and runs the relay until `shutdown`.
+pub async fn run(args: RunArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
+    args.validate()?;
+    let pool = args.db.connect().await?;
+    let registry = Registry::new();
+    let metrics = RelayMetrics::register(&registry).context("registering metrics")?;
+    let addr = ops_http::serve(
+        args.metrics_listen,
+        ops_http::router(registry, ops_http::database_ready(pool.clone())),
+        shutdown.clone(),
+    )
+    .await?;
+    tracing::info!(%addr, "relay metrics listening on {addr}");
+    let backlog = tokio::spawn(relay::watch_backlog(
+        pool.clone(),
+        metrics.clone(),
+        Duration::from_secs(1),
+        shutdown.clone(),
+    ));
+    let result = relay::run(&args, pool, metrics, shutdown.clone()).await;
+    shutdown.cancel();
+    let _ = backlog.await;
+    result
+}

@@ -1,0 +1,72 @@
+//! The relay's Prometheus metrics, registered on a registry passed in.
+
+use prometheus::{
+    exponential_buckets, Gauge, Histogram, HistogramOpts, IntCounterVec, IntGauge, Opts, Registry,
+};
+
+/// Metrics of the relay and of the outbox it drains.
+#[derive(Clone)]
+pub struct RelayMetrics {
+    pub published: IntCounterVec,
+    pub publish_errors: IntCounterVec,
+    pub batch_size: Histogram,
+    pub batch_duration: Histogram,
+    pub publish_delay: Histogram,
+    pub last_success: Gauge,
+    pub active: IntGauge,
+    pub unpublished: IntGauge,
+    pub oldest_unpublished_age: Gauge,
+}
+
+impl RelayMetrics {
+    pub fn register(registry: &Registry) -> prometheus::Result<Self> {
+        let m = RelayMetrics {
+            published: IntCounterVec::new(
+                Opts::new("outbox_published_total", "Outbox events handled by the relay, by outcome"),
+                &["outcome"],
+            )?,
+            publish_errors: IntCounterVec::new(
+                Opts::new("relay_publish_errors_total", "Failed publish attempts, by reason"),
+                &["reason"],
+            )?,
+            batch_size: Histogram::with_opts(
+                HistogramOpts::new("relay_batch_size", "Events claimed per relay batch")
+                    .buckets(exponential_buckets(1.0, 4.0, 8)?),
+            )?,
+            batch_duration: Histogram::with_opts(
+                HistogramOpts::new(
+                    "relay_batch_duration_seconds",
+                    "Time to claim, publish and mark one batch",
+                )
+                .buckets(exponential_buckets(0.001, 2.0, 16)?),
+            )?,
+            publish_delay: Histogram::with_opts(
+                HistogramOpts::new(
+                    "outbox_publish_delay_seconds",
+                    "Delivery acknowledgement time minus event creation time",
+                )
+                .buckets(exponential_buckets(0.001, 2.0, 20)?),
+            )?,
+            last_success: Gauge::new(
+                "relay_last_success_timestamp_seconds",
+                "Unix time of the last relay loop that completed without error",
+            )?,
+            active: IntGauge::new("relay_active", "1 while this relay holds the lock and publishes")?,
+            unpublished: IntGauge::new("outbox_unpublished_events", "Outbox events not yet published")?,
+            oldest_unpublished_age: Gauge::new(
+                "outbox_oldest_unpublished_age_seconds",
+                "Age of the oldest unpublished outbox event by the database clock, 0 when none",
+            )?,
+        };
+        registry.register(Box::new(m.published.clone()))?;
+        registry.register(Box::new(m.publish_errors.clone()))?;
+        registry.register(Box::new(m.batch_size.clone()))?;
+        registry.register(Box::new(m.batch_duration.clone()))?;
+        registry.register(Box::new(m.publish_delay.clone()))?;
+        registry.register(Box::new(m.last_success.clone()))?;
+        registry.register(Box::new(m.active.clone()))?;
+        registry.register(Box::new(m.unpublished.clone()))?;
+        registry.register(Box::new(m.oldest_unpublished_age.clone()))?;
+        Ok(m)
+    }
+}

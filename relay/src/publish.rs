@@ -1,0 +1,173 @@
+//! Producing a claimed batch to Kafka and collecting every delivery report.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use anyhow::Context;
+use futures::future::join_all;
+use pipeline_core::envelope::Envelope;
+use pipeline_core::kafka::KafkaArgs;
+use rdkafka::error::KafkaError;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::types::RDKafkaErrorCode;
+
+use crate::claim::OutboxEvent;
+use crate::mark::Published;
+
+/// Producer settings of the relay.
+#[derive(Debug, Clone)]
+pub struct ProducerSettings {
+    /// How long librdkafka keeps trying to deliver one message (`message.timeout.ms`).
+    pub delivery_timeout: Duration,
+    /// `linger.ms`: how long to wait to fill a produce request.
+    pub linger: Duration,
+    /// `compression.type`.
+    pub compression: String,
+}
+
+/// Creates the idempotent, `acks=all` producer.
+pub fn create_producer(kafka: &KafkaArgs, settings: &ProducerSettings) -> anyhow::Result<FutureProducer> {
+    let mut config = kafka.client_config();
+    config
+        .set("acks", "all")
+        .set("enable.idempotence", "true")
+        .set("max.in.flight.requests.per.connection", "5")
+        .set(
+            "message.timeout.ms",
+            settings.delivery_timeout.as_millis().to_string(),
+        )
+        .set("linger.ms", settings.linger.as_millis().to_string())
+        .set("compression.type", &settings.compression)
+        .set("batch.num.messages", "10000")
+        .set("queue.buffering.max.messages", "200000");
+    // Pass-through options win: an operator may tune anything but the guarantees above.
+    for (k, v) in &kafka.kafka_options {
+        if !matches!(k.as_str(), "acks" | "enable.idempotence") {
+            config.set(k, v);
+        }
+    }
+    config.create().context("creating Kafka producer")
+}
+
+/// One event that could not be delivered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeliveryFailure {
+    pub id: i64,
+    pub attempts_before: i32,
+    pub error: String,
+    /// The error will not heal by retrying (message too large, invalid record, not authorised…).
+    pub permanent: bool,
+    /// Fixed label for metrics.
+    pub reason: &'static str,
+}
+
+/// What happened to a batch.
+#[derive(Debug, Default)]
+pub struct BatchDelivery {
+    pub published: Vec<Published>,
+    pub failed: Vec<DeliveryFailure>,
+    /// Events not sent because an earlier event of their aggregate failed in this batch.
+    pub held: usize,
+}
+
+/// Produces `events` in order (key = aggregate id) and waits for every delivery report.
+///
+/// The idempotent producer keeps the order of one partition across its internal retries. When an
+/// event cannot even be queued, the later events of its aggregate in this batch are not sent.
+pub async fn publish_batch(producer: &FutureProducer, events: &[OutboxEvent]) -> BatchDelivery {
+    let mut outcome = BatchDelivery::default();
+    let mut blocked: HashSet<&str> = HashSet::new();
+    let mut in_flight = Vec::with_capacity(events.len());
+    for event in events {
+        if blocked.contains(event.aggregate_id.as_str()) {
+            outcome.held += 1;
+            continue;
+        }
+        let envelope = Envelope {
+            event_id: event.event_id,
+            event_type: event.event_type.clone(),
+            aggregate_id: event.aggregate_id.clone(),
+            sequence: event.sequence,
+            occurred_at: event.created_at,
+            traceparent: None,
+        };
+        let headers = envelope.to_headers(&event.extra_headers());
+        let mut record = FutureRecord::to(&event.topic)
+            .key(event.aggregate_id.as_str())
+            .payload(event.payload.as_str())
+            .headers(headers);
+        loop {
+            match producer.send_result(record) {
+                Ok(delivery) => {
+                    in_flight.push((event, delivery));
+                    break;
+                }
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                    // The local queue drains as deliveries complete; wait a moment.
+                    record = back;
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+                Err((error, _)) => {
+                    outcome.failed.push(failure(event, &error));
+                    let _ = blocked.insert(event.aggregate_id.as_str());
+                    break;
+                }
+            }
+        }
+    }
+    let reports = join_all(in_flight.into_iter().map(|(event, fut)| async move {
+        (event, fut.await)
+    }))
+    .await;
+    for (event, report) in reports {
+        match report {
+            Ok(Ok(delivery)) => outcome.published.push(Published {
+                id: event.id,
+                partition: delivery.partition,
+                offset: delivery.offset,
+            }),
+            Ok(Err((error, _))) => outcome.failed.push(failure(event, &error)),
+            Err(_) => outcome.failed.push(DeliveryFailure {
+                id: event.id,
+                attempts_before: event.attempts,
+                error: "delivery report lost (producer closed)".into(),
+                permanent: false,
+                reason: "canceled",
+            }),
+        }
+    }
+    outcome
+}
+
+fn failure(event: &OutboxEvent, error: &KafkaError) -> DeliveryFailure {
+    let (permanent, reason) = classify(error);
+    DeliveryFailure {
+        id: event.id,
+        attempts_before: event.attempts,
+        error: error.to_string(),
+        permanent,
+        reason,
+    }
+}
+
+/// Sorts a produce error into permanent (the message or its topic is the problem) or transient,
+/// with a bounded label for metrics.
+pub fn classify(error: &KafkaError) -> (bool, &'static str) {
+    use RDKafkaErrorCode::*;
+    let code = match error {
+        KafkaError::MessageProduction(code) => *code,
+        other => match other.rdkafka_error_code() {
+            Some(code) => code,
+            None => return (false, "other"),
+        },
+    };
+    match code {
+        MessageSizeTooLarge | InvalidMessageSize | MessageBatchTooLarge => (true, "message_too_large"),
+        UnknownTopic | UnknownTopicOrPartition | UnknownPartition => (true, "unknown_topic"),
+        InvalidMessage | InvalidRecord | BadMessage | InvalidArgument => (true, "invalid_message"),
+        TopicAuthorizationFailed | ClusterAuthorizationFailed => (true, "not_authorized"),
+        MessageTimedOut | RequestTimedOut => (false, "timeout"),
+        QueueFull => (false, "queue_full"),
+        _ => (false, "broker"),
+    }
+}

@@ -1,0 +1,308 @@
+#!/usr/bin/env bash
+# Runs the whole pipeline locally and puts a load through it:
+#
+#   scripts/run-pipeline.sh
+#
+# order service (producer) -> outbox in PostgreSQL -> relay -> Kafka (nisshi) -> consumer groups
+# inventory and notification. Waits until the outbox and both groups are drained, prints a report,
+# then stops everything it started (PostgreSQL is left running).
+#
+# Settings (environment):
+#   ORDERS=3000 RATE=500     orders the load generator sends, and at how many per second
+#   PIPELINE_DB=pipeline     database the services use (created when missing)
+#   PIPELINE_RESET=0         1 = drop and recreate PIPELINE_DB first
+#   READY_TIMEOUT=60         seconds to wait for the order service's /readyz
+#   DRAIN_TIMEOUT=120        seconds to wait, after the load, for outbox and consumer lag to reach 0
+#   STOP_TIMEOUT=30          seconds a service gets to exit after SIGTERM before SIGKILL
+#   RUST_LOG=info LOG_JSON   the services' logging ($RUN_DIR/{producer,relay,consumer}.log)
+#   BROKER_STORAGE, RUN_DIR  see scripts/lib.sh
+set -euo pipefail
+# shellcheck source=scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cd "$REPO_ROOT"
+
+ORDERS="${ORDERS:-3000}"
+RATE="${RATE:-500}"
+PIPELINE_DB="${PIPELINE_DB:-pipeline}"
+PIPELINE_RESET="${PIPELINE_RESET:-0}"
+READY_TIMEOUT="${READY_TIMEOUT:-60}"
+DRAIN_TIMEOUT="${DRAIN_TIMEOUT:-120}"
+STOP_TIMEOUT="${STOP_TIMEOUT:-30}"
+
+TOPIC=order-events
+PARTITIONS=12
+PRODUCTS=100
+CONSUMER_GROUPS=(inventory notification)
+ORDER_SERVICE_ADDR=127.0.0.1:8080
+RELAY_METRICS_ADDR=127.0.0.1:9101
+CONSUMER_METRICS_ADDR=127.0.0.1:9102
+
+BIN="${CARGO_TARGET_DIR:-$REPO_ROOT/target}/release"
+GROUP_ARGS=()
+for g in "${CONSUMER_GROUPS[@]}"; do GROUP_ARGS+=(--group "$g"); done
+
+SERVICE_NAMES=()
+SERVICE_PIDS=()
+PROGRESS_OPEN=0
+
+# ---------------------------------------------------------------------------------------------
+
+end_progress_line() {
+    if ((PROGRESS_OPEN)); then
+        printf '\n' >&2
+        PROGRESS_OPEN=0
+    fi
+}
+
+# start_service NAME COMMAND... — runs a service in the background, output to $RUN_DIR/NAME.log.
+start_service() {
+    local name=$1
+    shift
+    "$@" >"$RUN_DIR/$name.log" 2>&1 </dev/null &
+    local pid=$!
+    SERVICE_NAMES+=("$name")
+    SERVICE_PIDS+=("$pid")
+    echo "$pid" >"$RUN_DIR/$name.pid"
+    log "$name started (pid $pid, log $RUN_DIR/$name.log)"
+}
+
+# Dies when a service has exited, showing the end of its log.
+check_services_alive() {
+    local i name pid rc
+    for i in "${!SERVICE_PIDS[@]}"; do
+        name=${SERVICE_NAMES[i]} pid=${SERVICE_PIDS[i]}
+        if ! pid_alive "$pid"; then
+            end_progress_line
+            rc=0
+            wait "$pid" 2>/dev/null || rc=$?
+            echo "---- last lines of $RUN_DIR/$name.log ----" >&2
+            tail -n 30 "$RUN_DIR/$name.log" >&2 || true
+            echo "----" >&2
+            die "$name exited unexpectedly (status $rc)"
+        fi
+    done
+}
+
+# SIGTERM every service, wait up to STOP_TIMEOUT for them to exit, SIGKILL the rest (and say so).
+stop_services() {
+    ((${#SERVICE_PIDS[@]})) || return 0
+    local i name pid rc
+    log "sending SIGTERM to ${SERVICE_NAMES[*]}"
+    for pid in "${SERVICE_PIDS[@]}"; do
+        kill -TERM "$pid" 2>/dev/null || true
+    done
+    local deadline=$((SECONDS + STOP_TIMEOUT))
+    for i in "${!SERVICE_PIDS[@]}"; do
+        name=${SERVICE_NAMES[i]} pid=${SERVICE_PIDS[i]}
+        while pid_alive "$pid" && ((SECONDS < deadline)); do
+            sleep 0.2
+        done
+        if pid_alive "$pid"; then
+            warn "$name (pid $pid) did not exit within ${STOP_TIMEOUT}s of SIGTERM: sent SIGKILL"
+            kill -KILL "$pid" 2>/dev/null || true
+        fi
+        rc=0
+        wait "$pid" 2>/dev/null || rc=$?
+        if ((rc == 0)); then
+            log "$name stopped"
+        else
+            warn "$name exited with status $rc (log: $RUN_DIR/$name.log)"
+        fi
+        rm -f "$RUN_DIR/$name.pid"
+    done
+    SERVICE_NAMES=()
+    SERVICE_PIDS=()
+}
+
+cleanup() {
+    local status=$?
+    trap - EXIT INT TERM
+    end_progress_line
+    if ((${#SERVICE_PIDS[@]})) || ((BROKER_STARTED)); then
+        section "Shutting down"
+    fi
+    stop_services
+    stop_broker
+    if ((status != 0)); then
+        warn "run-pipeline failed (status $status) after $(human_duration "$SECONDS"); logs in $RUN_DIR"
+    fi
+    exit "$status"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# drain_status — reads `consumer report --json` on stdin; prints "DRAINED<TAB>PROGRESS TEXT", with
+# DRAINED 1 when outbox_pending is 0 and every wanted group's lag is 0.
+drain_status() {
+    python3 -c '
+import json, sys
+wanted = sys.argv[1:]
+try:
+    report = json.load(sys.stdin)
+except ValueError as e:
+    print("0\tunreadable report (%s)" % e)
+    sys.exit(0)
+pending = report.get("outbox_pending")
+lags = {g.get("group"): g.get("lag") for g in report.get("groups") or []}
+show = lambda v: "?" if v is None else str(v)
+done = pending == 0
+parts = ["outbox pending " + show(pending)]
+for group in wanted:
+    lag = lags.get(group)
+    done = done and lag == 0
+    parts.append("%s lag %s" % (group, show(lag)))
+print("%d\t%s" % (done, ", ".join(parts)))
+' "$@"
+}
+
+# ---------------------------------------------------------------------------------------------
+
+section "[1/9] Preflight"
+for tool in curl python3 cargo; do
+    have "$tool" || die "$tool is required"
+done
+require_free_port 127.0.0.1 8080 "the order service (producer serve --listen $ORDER_SERVICE_ADDR)"
+require_free_port 127.0.0.1 9101 "the relay (--metrics-listen $RELAY_METRICS_ADDR)"
+require_free_port 127.0.0.1 9102 "the consumer (--metrics-listen $CONSUMER_METRICS_ADDR)"
+[[ $ORDERS =~ ^[0-9]+$ && $RATE =~ ^[0-9]+$ ]] || die "ORDERS and RATE must be whole numbers"
+log "logs and pid files in $RUN_DIR"
+
+section "[2/9] PostgreSQL"
+ensure_postgres
+
+section "[3/9] Kafka-protocol broker (nisshi)"
+ensure_broker # installs nisshi first (ensure_nisshi) unless a broker already listens
+
+section "[4/9] cargo build --release --workspace --bins"
+cargo build --release --workspace --bins
+for b in producer relay consumer; do
+    [[ -x $BIN/$b ]] || die "$BIN/$b was not built"
+done
+
+section "[5/9] Database $PIPELINE_DB, topic $TOPIC, seed data"
+if [[ $PIPELINE_RESET == 1 ]]; then
+    drop_database "$PIPELINE_DB"
+fi
+create_database "$PIPELINE_DB"
+export DATABASE_URL="postgres://postgres@127.0.0.1:5432/$PIPELINE_DB?sslmode=disable"
+export KAFKA_BROKERS="$BROKER_HOST:$BROKER_PORT"
+unset KAFKA_OPTIONS # settings for a real cluster (SASL, TLS) would not suit the local broker
+export RUST_LOG="${RUST_LOG:-info}"
+log "DATABASE_URL=$DATABASE_URL KAFKA_BROKERS=$KAFKA_BROKERS"
+log "relay ensure-topics --topic $TOPIC --partitions $PARTITIONS"
+"$BIN/relay" ensure-topics --topic "$TOPIC" --partitions "$PARTITIONS"
+log "producer seed-catalog --products $PRODUCTS"
+"$BIN/producer" seed-catalog --products "$PRODUCTS"
+log "consumer seed-stock --products $PRODUCTS --quantity 1000000"
+"$BIN/consumer" seed-stock --products "$PRODUCTS" --quantity 1000000
+
+section "[6/9] Starting order service, relay, consumer"
+start_service producer "$BIN/producer" serve --listen "$ORDER_SERVICE_ADDR"
+start_service relay "$BIN/relay" run --metrics-listen "$RELAY_METRICS_ADDR"
+start_service consumer "$BIN/consumer" run "${GROUP_ARGS[@]}" --topic "$TOPIC" \
+    --metrics-listen "$CONSUMER_METRICS_ADDR"
+
+log "waiting for http://$ORDER_SERVICE_ADDR/readyz and the relay and consumer metrics ports (up to ${READY_TIMEOUT}s)"
+deadline=$((SECONDS + READY_TIMEOUT))
+while :; do
+    check_services_alive
+    code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 2 "http://$ORDER_SERVICE_ADDR/readyz" || true)
+    waiting_for=()
+    [[ $code == 200 ]] || waiting_for+=("order service /readyz (last status $code)")
+    port_open "${RELAY_METRICS_ADDR%:*}" "${RELAY_METRICS_ADDR##*:}" || waiting_for+=("relay $RELAY_METRICS_ADDR")
+    port_open "${CONSUMER_METRICS_ADDR%:*}" "${CONSUMER_METRICS_ADDR##*:}" || waiting_for+=("consumer $CONSUMER_METRICS_ADDR")
+    ((${#waiting_for[@]})) || break
+    if ((SECONDS >= deadline)); then
+        die "not ready after ${READY_TIMEOUT}s: $(IFS=,; echo "${waiting_for[*]}") — see the logs in $RUN_DIR"
+    fi
+    sleep 0.5
+done
+log "order service ready; relay and consumer metrics endpoints up"
+
+section "[7/9] Load: $ORDERS orders at $RATE/s"
+load_started=$SECONDS
+"$BIN/producer" load --url "http://$ORDER_SERVICE_ADDR" --orders "$ORDERS" --rate "$RATE" \
+    --summary-json "$RUN_DIR/load.json"
+log "load finished in $(human_duration $((SECONDS - load_started))) (summary: $RUN_DIR/load.json)"
+
+section "[8/9] Waiting for outbox and consumer groups to drain (up to ${DRAIN_TIMEOUT}s)"
+drain_started=$SECONDS
+deadline=$((SECONDS + DRAIN_TIMEOUT))
+drained=0
+status_line=''
+last_printed=''
+: >"$RUN_DIR/report.log"
+while :; do
+    check_services_alive
+    if json=$("$BIN/consumer" report "${GROUP_ARGS[@]}" --topic "$TOPIC" --json 2>>"$RUN_DIR/report.log"); then
+        IFS=$'\t' read -r drained status_line < <(drain_status "${CONSUMER_GROUPS[@]}" <<<"$json") || {
+            drained=0
+            status_line="could not read the report"
+        }
+    else
+        drained=0
+        status_line="consumer report failed (see $RUN_DIR/report.log)"
+    fi
+    line="[$(human_duration $((SECONDS - drain_started)))] $status_line"
+    if [[ -t 2 ]]; then
+        printf '\r\033[K%s' "$line" >&2
+        PROGRESS_OPEN=1
+    elif [[ $status_line != "$last_printed" ]]; then
+        printf '%s\n' "$line" >&2
+        last_printed=$status_line
+    fi
+    ((drained)) && break
+    ((SECONDS < deadline)) || break
+    sleep 1
+done
+end_progress_line
+drain_seconds=$((SECONDS - drain_started))
+if ((drained)); then
+    log "drained $(human_duration "$drain_seconds") after the load finished"
+else
+    warn "not drained after ${DRAIN_TIMEOUT}s: $status_line"
+fi
+
+section "[9/9] Summary"
+declare -A duplicates=()
+if metrics=$(curl -fsS --max-time 5 "http://$CONSUMER_METRICS_ADDR/metrics"); then
+    while read -r group count; do
+        if [[ -n $group ]]; then
+            duplicates[$group]=$count
+        fi
+    done < <(awk '
+        /^consumer_messages_total\{/ && /outcome="duplicate"/ {
+            if (match($0, /group="[^"]*"/)) {
+                group = substr($0, RSTART + 7, RLENGTH - 8)
+                value = $0
+                sub(/^[^}]*\}[ \t]*/, "", value)
+                split(value, fields, /[ \t]+/)
+                sum[group] += fields[1]
+            }
+        }
+        END { for (g in sum) printf "%s %.0f\n", g, sum[g] }' <<<"$metrics")
+else
+    warn "could not fetch http://$CONSUMER_METRICS_ADDR/metrics"
+fi
+"$BIN/consumer" report "${GROUP_ARGS[@]}" --topic "$TOPIC" || warn "consumer report failed"
+echo
+echo "Duplicates skipped (consumer_messages_total{outcome=\"duplicate\"}):"
+for g in "${CONSUMER_GROUPS[@]}"; do
+    printf '  %-14s %s\n' "$g" "${duplicates[$g]:-0}"
+done
+echo
+printf 'Orders: %s at %s/s   load: %s   drain: %s   total: %s\n' "$ORDERS" "$RATE" \
+    "$(human_duration $((drain_started - load_started)))" \
+    "$(human_duration "$drain_seconds")$( ((drained)) || echo ' (NOT drained)')" \
+    "$(human_duration "$SECONDS")"
+echo "Logs: $RUN_DIR/{producer,relay,consumer,nisshi}.log   load summary: $RUN_DIR/load.json"
+
+section "Shutting down"
+stop_services
+stop_broker
+trap - EXIT INT TERM
+if ((!drained)); then
+    die "the pipeline did not drain within ${DRAIN_TIMEOUT}s"
+fi
+log "done in $(human_duration "$SECONDS")"

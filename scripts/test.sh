@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# The test command (CI runs it through .ci/run):
+#
+#   scripts/test.sh [EXTRA CARGO TEST ARGS...]
+#
+# Brings up PostgreSQL (127.0.0.1:5432) and a Kafka-protocol broker (nisshi, 127.0.0.1:9092),
+# installing them when missing, builds the binaries, runs the workspace's tests against them, then
+# clippy and rustfmt. Exits non-zero when any step fails. A broker it started is stopped at exit;
+# PostgreSQL is left running. Extra arguments go to `cargo test`, e.g. `scripts/test.sh -p relay`.
+set -euo pipefail
+# shellcheck source=scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cd "$REPO_ROOT"
+
+TARGET_DIR="${CARGO_TARGET_DIR:-$REPO_ROOT/target}"
+FAILED=()
+STAGE=start
+
+stage() {
+    STAGE=$1
+    section "$1"
+}
+
+finish() {
+    local status=$?
+    trap - EXIT INT TERM
+    stop_broker
+    echo >&2
+    if ((status == 0)); then
+        log "${_BOLD}all steps passed${_RESET} in $(human_duration "$SECONDS")"
+    else
+        if ((${#FAILED[@]})); then
+            local list
+            list=$(printf '%s, ' "${FAILED[@]}")
+            log "${_RED}FAILED${_RESET}: ${list%, } (after $(human_duration "$SECONDS"))"
+        else
+            log "${_RED}FAILED${_RESET} in step $STAGE, status $status (after $(human_duration "$SECONDS"))"
+        fi
+    fi
+    exit "$status"
+}
+trap finish EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# step NAME COMMAND... — runs a step, records its failure, and goes on.
+step() {
+    local name=$1
+    shift
+    local started=$SECONDS
+    if "$@"; then
+        log "$name passed ($(human_duration $((SECONDS - started))))"
+    else
+        local rc=$?
+        warn "$name FAILED with status $rc ($(human_duration $((SECONDS - started))))"
+        FAILED+=("$name")
+    fi
+}
+
+stage "[1/7] PostgreSQL"
+ensure_postgres
+
+stage "[2/7] Kafka-protocol broker (nisshi)"
+ensure_broker # installs nisshi first (ensure_nisshi) unless a broker already listens
+
+stage "[3/7] Toolchain"
+cargo --version
+rustc --version
+missing=()
+cargo fmt --version >/dev/null 2>&1 || missing+=(rustfmt)
+cargo clippy --version >/dev/null 2>&1 || missing+=(clippy)
+if ((${#missing[@]})); then
+    log "installing rustup components: ${missing[*]}"
+    rustup component add "${missing[@]}"
+fi
+
+stage "[4/7] cargo build --release --workspace --bins"
+cargo build --release --workspace --bins
+
+stage "[5/7] cargo test --release --workspace"
+step "cargo test" env \
+    DATABASE_URL="postgres://postgres@127.0.0.1:5432/postgres" \
+    KAFKA_BROKERS="127.0.0.1:9092" \
+    PIPELINE_BIN_DIR="$TARGET_DIR/release" \
+    cargo test --release --workspace "$@"
+
+stage "[6/7] cargo clippy --release --workspace --all-targets -- -D warnings"
+step "clippy" cargo clippy --release --workspace --all-targets -- -D warnings
+
+stage "[7/7] cargo fmt --all -- --check"
+step "rustfmt" cargo fmt --all -- --check
+
+((${#FAILED[@]} == 0)) || exit 1
