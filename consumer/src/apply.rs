@@ -173,7 +173,6 @@ pub async fn process_batch(
     let mut advanced: HashMap<String, i64> = HashMap::new();
     let mut parked_orders = orders_with_parked(&mut tx, group, &orders).await?;
     let mut effects: Vec<AppliedEffect> = Vec::new();
-    let mut not_applied: Vec<(Uuid, &'static str)> = Vec::new();
 
     for (i, p) in &fresh {
         let env = &p.event.envelope;
@@ -193,7 +192,7 @@ pub async fn process_batch(
                 }
                 Err(reason) => {
                     dead_letter(&mut tx, group, p.msg, Some(&p.event), &reason).await?;
-                    not_applied.push((env.event_id, "dead_lettered"));
+                    set_outcomes(&mut tx, group, &[(env.event_id, "dead_lettered")]).await?;
                     Outcome::DeadLettered
                 }
             }
@@ -204,7 +203,7 @@ pub async fn process_batch(
                 sequence = env.sequence, last_applied = last,
                 "event sequence already applied under another event id; not applied"
             );
-            not_applied.push((env.event_id, "stale"));
+            set_outcomes(&mut tx, group, &[(env.event_id, "stale")]).await?;
             Outcome::Stale
         } else {
             report.out_of_sequence += 1;
@@ -215,7 +214,7 @@ pub async fn process_batch(
             );
             park(&mut tx, group, p.msg, &p.event, &format!("waiting for sequence {}", last + 1)).await?;
             let _ = parked_orders.insert(env.aggregate_id.clone());
-            not_applied.push((env.event_id, "parked"));
+            set_outcomes(&mut tx, group, &[(env.event_id, "parked")]).await?;
             Outcome::Parked
         };
         outcomes[*i] = Some(outcome);
@@ -223,7 +222,6 @@ pub async fn process_batch(
 
     record_effects(&mut tx, group, &effects).await?;
     save_progress(&mut tx, group, &advanced).await?;
-    set_outcomes(&mut tx, group, &not_applied).await?;
     tx.commit().await?;
 
     report.applied_occurred_at = effects.iter().map(|e| e.occurred_at).collect();
@@ -493,8 +491,10 @@ async fn record_effects(
     let at: Vec<DateTime<Utc>> = effects.iter().map(|e| e.occurred_at).collect();
     sqlx::query(
         "INSERT INTO applied_effect (group_name, event_id, order_id, sequence, event_type, occurred_at)
-         SELECT $1, * FROM unnest($2::uuid[], $3::text[], $4::bigint[], $5::text[], $6::timestamptz[])
-         WITH ORDINALITY AS u(e, o, s, t, a, n) ORDER BY n",
+         SELECT $1, e, o, s, t, a
+         FROM unnest($2::uuid[], $3::text[], $4::bigint[], $5::text[], $6::timestamptz[])
+              WITH ORDINALITY AS u(e, o, s, t, a, n)
+         ORDER BY n",
     )
     .bind(group)
     .bind(&ids)

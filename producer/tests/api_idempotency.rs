@@ -31,7 +31,9 @@ async fn same_key_same_request_returns_the_same_order(pool: PgPool) {
 
     // The replay answers with the order as it is now.
     let id = first["order_id"].as_str().expect("order_id");
-    let (status, _) = app.post(&format!("/orders/{id}/pay"), &json!({}), &[]).await;
+    let (status, _) = app
+        .post(&format!("/orders/{id}/pay"), &json!({}), &[])
+        .await;
     assert_eq!(status, 200);
     let (status, third) = app.post("/orders", &valid_order(), &key).await;
     assert_eq!((status, third["status"].as_str()), (200, Some("paid")));
@@ -63,9 +65,9 @@ async fn same_key_different_request_is_refused(pool: PgPool) {
 #[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
 async fn concurrent_creates_with_one_key_place_one_order(pool: PgPool) {
     let app = spawn_app(pool).await;
-    let requests = (0..12).map(|_| {
-        app.post("/orders", &valid_order(), &[("Idempotency-Key", "key-concurrent")])
-    });
+    let body = valid_order();
+    let requests =
+        (0..12).map(|_| app.post("/orders", &body, &[("Idempotency-Key", "key-concurrent")]));
     let answers = futures::future::join_all(requests).await;
     let created = answers.iter().filter(|(status, _)| *status == 201).count();
     let replayed = answers.iter().filter(|(status, _)| *status == 200).count();

@@ -17,9 +17,13 @@ async fn place_pay_ship_writes_three_events_in_sequence(pool: PgPool) {
     assert_eq!(placed["lines"].as_array().map(Vec::len), Some(2));
     let id = placed["order_id"].as_str().expect("order_id").to_owned();
 
-    let (status, paid) = app.post(&format!("/orders/{id}/pay"), &json!({}), &[]).await;
+    let (status, paid) = app
+        .post(&format!("/orders/{id}/pay"), &json!({}), &[])
+        .await;
     assert_eq!((status, paid["status"].as_str()), (200, Some("paid")));
-    let (status, shipped) = app.post(&format!("/orders/{id}/ship"), &json!({}), &[]).await;
+    let (status, shipped) = app
+        .post(&format!("/orders/{id}/ship"), &json!({}), &[])
+        .await;
     assert_eq!((status, shipped["status"].as_str()), (200, Some("shipped")));
 
     let rows = outbox_rows(&app.pool, &id).await;
@@ -58,20 +62,28 @@ async fn illegal_transitions_are_refused_and_write_nothing(pool: PgPool) {
 
     // Ship a cancelled order.
     let id = app.place_order().await;
-    let (status, _) = app.post(&format!("/orders/{id}/cancel"), &json!({}), &[]).await;
+    let (status, _) = app
+        .post(&format!("/orders/{id}/cancel"), &json!({}), &[])
+        .await;
     assert_eq!(status, 200);
     let before = app.row_counts().await;
-    let (status, body) = app.post(&format!("/orders/{id}/ship"), &json!({}), &[]).await;
+    let (status, body) = app
+        .post(&format!("/orders/{id}/ship"), &json!({}), &[])
+        .await;
     assert_eq!(status, 409);
     assert_eq!(body["error"], "cannot ship an order that is cancelled");
     assert_eq!(app.row_counts().await, before);
 
     // Pay twice.
     let id = app.place_order().await;
-    let (status, _) = app.post(&format!("/orders/{id}/pay"), &json!({}), &[]).await;
+    let (status, _) = app
+        .post(&format!("/orders/{id}/pay"), &json!({}), &[])
+        .await;
     assert_eq!(status, 200);
     let before = app.row_counts().await;
-    let (status, body) = app.post(&format!("/orders/{id}/pay"), &json!({}), &[]).await;
+    let (status, body) = app
+        .post(&format!("/orders/{id}/pay"), &json!({}), &[])
+        .await;
     assert_eq!(status, 409);
     assert_eq!(body["error"], "cannot pay an order that is paid");
     assert_eq!(app.row_counts().await, before);
@@ -79,7 +91,9 @@ async fn illegal_transitions_are_refused_and_write_nothing(pool: PgPool) {
     // Ship before paying.
     let unpaid = app.place_order().await;
     let before = app.row_counts().await;
-    let (status, body) = app.post(&format!("/orders/{unpaid}/ship"), &json!({}), &[]).await;
+    let (status, body) = app
+        .post(&format!("/orders/{unpaid}/ship"), &json!({}), &[])
+        .await;
     assert_eq!(status, 409);
     assert_eq!(body["error"], "cannot ship an order that is placed");
     assert_eq!(app.row_counts().await, before);
@@ -103,11 +117,15 @@ async fn unknown_and_malformed_order_ids(pool: PgPool) {
             app.get(&path).await
         };
         assert_eq!(status, 404, "{path}");
-        assert!(body["error"].as_str().is_some_and(|e| e.contains("not found")));
+        assert!(body["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("not found")));
     }
     let (status, body) = app.get("/orders/not-a-uuid").await;
     assert_eq!(status, 400);
-    assert!(body["error"].as_str().is_some_and(|e| e.contains("not a UUID")));
+    assert!(body["error"]
+        .as_str()
+        .is_some_and(|e| e.contains("not a UUID")));
     let (status, _) = app.post("/orders/12345/cancel", &json!({}), &[]).await;
     assert_eq!(status, 400);
     let (status, body) = app.get("/nowhere").await;
@@ -129,7 +147,11 @@ async fn traceparent_is_carried_into_outbox_headers(pool: PgPool) {
     let id = order["order_id"].as_str().expect("order_id").to_owned();
     // A malformed traceparent is ignored, not refused.
     let (status, _) = app
-        .post(&format!("/orders/{id}/pay"), &json!({}), &[("traceparent", "00-xyz-01")])
+        .post(
+            &format!("/orders/{id}/pay"),
+            &json!({}),
+            &[("traceparent", "00-xyz-01")],
+        )
         .await;
     assert_eq!(status, 200);
     let rows = outbox_rows(&app.pool, &id).await;
@@ -141,10 +163,18 @@ async fn traceparent_is_carried_into_outbox_headers(pool: PgPool) {
 async fn ops_endpoints_share_the_listener(pool: PgPool) {
     let app = spawn_app(pool).await;
     let id = app.place_order().await;
-    let _ = app.post(&format!("/orders/{id}/ship"), &json!({}), &[]).await;
+    let _ = app
+        .post(&format!("/orders/{id}/ship"), &json!({}), &[])
+        .await;
     let _ = app.get("/orders/nope").await;
     for path in ["/healthz", "/readyz"] {
-        let status = app.http.get(app.url(path)).send().await.expect("send").status();
+        let status = app
+            .http
+            .get(app.url(path))
+            .send()
+            .await
+            .expect("send")
+            .status();
         assert_eq!(status, 200, "{path}");
     }
     let metrics = app
@@ -163,15 +193,33 @@ async fn ops_endpoints_share_the_listener(pool: PgPool) {
         r#"order_events_enqueued_total{event_type="order.placed"} 1"#,
         r#"order_request_duration_seconds_count{route="/orders"} 1"#,
     ] {
-        assert!(metrics.contains(expected), "missing {expected} in\n{metrics}");
+        assert!(
+            metrics.contains(expected),
+            "missing {expected} in\n{metrics}"
+        );
     }
 }
 
 #[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
 async fn catalogue_seed_is_idempotent(pool: PgPool) {
-    assert_eq!(producer::catalog::seed_catalog(&pool, 25).await.expect("seed"), 25);
-    assert_eq!(producer::catalog::seed_catalog(&pool, 25).await.expect("seed"), 0);
-    assert_eq!(producer::catalog::seed_catalog(&pool, 30).await.expect("seed"), 5);
+    assert_eq!(
+        producer::catalog::seed_catalog(&pool, 25)
+            .await
+            .expect("seed"),
+        25
+    );
+    assert_eq!(
+        producer::catalog::seed_catalog(&pool, 25)
+            .await
+            .expect("seed"),
+        0
+    );
+    assert_eq!(
+        producer::catalog::seed_catalog(&pool, 30)
+            .await
+            .expect("seed"),
+        5
+    );
     let (count, first): (i64, String) =
         sqlx::query_as("SELECT count(*), min(product_id) FROM product")
             .fetch_one(&pool)

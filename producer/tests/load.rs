@@ -111,18 +111,10 @@ async fn forward(
         .lock()
         .expect("lock")
         .insert(format!("{} {key}", uri.path()));
-    if first_time && uri.path() != "/healthz" && !uri.path().ends_with(char::is_alphanumeric) {
-        unreachable!()
-    }
     if first_time {
         return StatusCode::SERVICE_UNAVAILABLE.into_response();
     }
-    (
-        status,
-        [("content-type", "application/json")],
-        body,
-    )
-        .into_response()
+    (status, [("content-type", "application/json")], body).into_response()
 }
 
 #[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
@@ -134,13 +126,18 @@ async fn lost_answers_are_retried_without_double_effects(pool: PgPool) {
         seen: Arc::default(),
     };
     let router = axum::Router::new().fallback(forward).with_state(proxy);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
     let addr = listener.local_addr().expect("addr");
     let _proxy = tokio::spawn(async move { axum::serve(listener, router).await });
 
-    let summary = load::run(args(&format!("http://{addr}"), 30, None), CancellationToken::new())
-        .await
-        .expect("load run");
+    let summary = load::run(
+        args(&format!("http://{addr}"), 30, None),
+        CancellationToken::new(),
+    )
+    .await
+    .expect("load run");
     assert!(summary.succeeded(), "{summary}");
     assert_eq!(summary.orders, 30);
     // Every request was answered 503 once and retried once.

@@ -34,7 +34,10 @@ async fn sequences(pool: &PgPool, aggregate_id: &str) -> Vec<i64> {
 #[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
 async fn same_fact_twice_is_a_duplicate_without_a_gap(pool: PgPool) {
     let first = enqueue_committed(&pool, &event("o1", "order.placed", "o1")).await;
-    assert!(matches!(first, Enqueued::New { sequence: 1, .. }), "{first:?}");
+    assert!(
+        matches!(first, Enqueued::New { sequence: 1, .. }),
+        "{first:?}"
+    );
 
     let again = enqueue_committed(&pool, &event("o1", "order.placed", "o1")).await;
     assert_eq!(
@@ -46,14 +49,27 @@ async fn same_fact_twice_is_a_duplicate_without_a_gap(pool: PgPool) {
     );
     // Twice inside one transaction, too.
     let mut tx = pool.begin().await.expect("begin");
-    let a = enqueue(&mut tx, &event("o1", "order.paid", "o1")).await.expect("enqueue");
-    let b = enqueue(&mut tx, &event("o1", "order.paid", "o1")).await.expect("enqueue");
+    let a = enqueue(&mut tx, &event("o1", "order.paid", "o1"))
+        .await
+        .expect("enqueue");
+    let b = enqueue(&mut tx, &event("o1", "order.paid", "o1"))
+        .await
+        .expect("enqueue");
     tx.commit().await.expect("commit");
     assert!(matches!(a, Enqueued::New { sequence: 2, .. }));
-    assert_eq!(b, Enqueued::Duplicate { event_id: a.event_id(), sequence: 2 });
+    assert_eq!(
+        b,
+        Enqueued::Duplicate {
+            event_id: a.event_id(),
+            sequence: 2
+        }
+    );
 
     let next = enqueue_committed(&pool, &event("o1", "order.shipped", "o1")).await;
-    assert!(matches!(next, Enqueued::New { sequence: 3, .. }), "{next:?}");
+    assert!(
+        matches!(next, Enqueued::New { sequence: 3, .. }),
+        "{next:?}"
+    );
     assert_eq!(sequences(&pool, "o1").await, [1, 2, 3]);
 
     let headers: serde_json::Value =
@@ -67,7 +83,9 @@ async fn same_fact_twice_is_a_duplicate_without_a_gap(pool: PgPool) {
 #[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
 async fn rollback_leaves_no_row_and_no_gap(pool: PgPool) {
     let mut tx = pool.begin().await.expect("begin");
-    let _ = enqueue(&mut tx, &event("o2", "order.placed", "o2")).await.expect("enqueue");
+    let _ = enqueue(&mut tx, &event("o2", "order.placed", "o2"))
+        .await
+        .expect("enqueue");
     tx.rollback().await.expect("rollback");
     let count: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox")
         .fetch_one(&pool)
@@ -76,16 +94,27 @@ async fn rollback_leaves_no_row_and_no_gap(pool: PgPool) {
     assert_eq!(count, 0);
 
     let mut tx = pool.begin().await.expect("begin");
-    let _ = enqueue(&mut tx, &event("o2", "order.placed", "o2")).await.expect("enqueue");
+    let _ = enqueue(&mut tx, &event("o2", "order.placed", "o2"))
+        .await
+        .expect("enqueue");
     drop(tx); // dropped without commit: rolled back too
 
     let again = enqueue_committed(&pool, &event("o2", "order.placed", "o2")).await;
-    assert!(matches!(again, Enqueued::New { sequence: 1, .. }), "{again:?}");
+    assert!(
+        matches!(again, Enqueued::New { sequence: 1, .. }),
+        "{again:?}"
+    );
 }
 
 #[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
 async fn aggregates_have_their_own_sequences(pool: PgPool) {
-    for (key, agg) in [("a1", "a"), ("b1", "b"), ("a2", "a"), ("b2", "b"), ("a3", "a")] {
+    for (key, agg) in [
+        ("a1", "a"),
+        ("b1", "b"),
+        ("a2", "a"),
+        ("b2", "b"),
+        ("a3", "a"),
+    ] {
         let _ = enqueue_committed(&pool, &event(key, "e", agg)).await;
     }
     assert_eq!(sequences(&pool, "a").await, [1, 2, 3]);
@@ -116,14 +145,25 @@ async fn invalid_events_are_refused_before_the_database(pool: PgPool) {
     let mut tx = pool.begin().await.expect("begin");
     let mut e = event("k", "t", "a");
     e.business_key.clear();
-    assert!(matches!(enqueue(&mut tx, &e).await, Err(EnqueueError::Empty("business_key"))));
+    assert!(matches!(
+        enqueue(&mut tx, &e).await,
+        Err(EnqueueError::Empty("business_key"))
+    ));
     let mut e = event("k", "t", "a");
     e.payload = json!({"nested": ["ok", "bad\u{0}"]});
-    assert!(matches!(enqueue(&mut tx, &e).await, Err(EnqueueError::NulCharacter("payload"))));
+    assert!(matches!(
+        enqueue(&mut tx, &e).await,
+        Err(EnqueueError::NulCharacter("payload"))
+    ));
     let mut e = event("k", "t", "a");
     e.headers.push(("h".into(), "v\u{0}".into()));
-    assert!(matches!(enqueue(&mut tx, &e).await, Err(EnqueueError::NulCharacter("headers"))));
+    assert!(matches!(
+        enqueue(&mut tx, &e).await,
+        Err(EnqueueError::NulCharacter("headers"))
+    ));
     // The transaction is still usable: nothing reached PostgreSQL.
-    let ok = enqueue(&mut tx, &event("k", "t", "a")).await.expect("enqueue");
+    let ok = enqueue(&mut tx, &event("k", "t", "a"))
+        .await
+        .expect("enqueue");
     assert!(matches!(ok, Enqueued::New { sequence: 1, .. }));
 }

@@ -124,7 +124,7 @@ impl OrderClient {
                     if status == StatusCode::CONFLICT && attempt > 0 =>
                 {
                     // An earlier attempt may have been applied before its answer was lost.
-                    let order = self.get(order_id).await?;
+                    let order = self.get(order_id, &mut RequestStats::default()).await?;
                     if order.status == action.target() {
                         Ok(order)
                     } else {
@@ -138,19 +138,26 @@ impl OrderClient {
     }
 
     /// Reads the order back.
-    pub async fn get(&self, order_id: Uuid) -> Result<Order, RequestFailure> {
-        let url = self.url(&format!("/orders/{order_id}"));
-        read_order(self.http.get(url).send().await?).await
+    pub async fn get(
+        &self,
+        order_id: Uuid,
+        stats: &mut RequestStats,
+    ) -> Result<Order, RequestFailure> {
+        let url = &self.url(&format!("/orders/{order_id}"));
+        self.with_retries(stats, move |_| async move {
+            read_order(self.http.get(url.clone()).send().await?).await
+        })
+        .await
     }
 
-    async fn with_retries<F, Fut>(
+    async fn with_retries<T, F, Fut>(
         &self,
         stats: &mut RequestStats,
         mut attempt_fn: F,
-    ) -> Result<Order, RequestFailure>
+    ) -> Result<T, RequestFailure>
     where
         F: FnMut(u32) -> Fut,
-        Fut: std::future::Future<Output = Result<Order, RequestFailure>>,
+        Fut: std::future::Future<Output = Result<T, RequestFailure>>,
     {
         let mut attempt = 0;
         loop {

@@ -92,7 +92,12 @@ impl TestApp {
     }
 
     /// POSTs a raw body with the given content type.
-    pub async fn post_raw(&self, path: &str, content_type: Option<&str>, body: Vec<u8>) -> (u16, Value) {
+    pub async fn post_raw(
+        &self,
+        path: &str,
+        content_type: Option<&str>,
+        body: Vec<u8>,
+    ) -> (u16, Value) {
         let mut req = self.http.post(self.url(path)).body(body);
         if let Some(ct) = content_type {
             req = req.header("content-type", ct);
@@ -143,7 +148,10 @@ pub fn valid_order() -> Value {
 }
 
 /// The outbox rows of one aggregate: (event_type, sequence, business_key, payload, headers).
-pub async fn outbox_rows(pool: &PgPool, aggregate_id: &str) -> Vec<(String, i64, String, Value, Value)> {
+pub async fn outbox_rows(
+    pool: &PgPool,
+    aggregate_id: &str,
+) -> Vec<(String, i64, String, Value, Value)> {
     sqlx::query_as(
         "SELECT event_type, sequence, business_key, payload, headers
          FROM outbox WHERE aggregate_id = $1 ORDER BY sequence",

@@ -1,0 +1,210 @@
+//! The batch transaction against a real PostgreSQL: each test gets its own migrated database
+//! (`#[sqlx::test]` reads `DATABASE_URL`, e.g. postgres://postgres@127.0.0.1:5432/postgres).
+
+use chrono::Utc;
+use consumer::apply::{process_batch, InboundMessage, Outcome};
+use consumer::inventory::Inventory;
+use consumer::notification::Notifications;
+use pipeline_core::envelope::{Envelope, EnvelopeError};
+use pipeline_core::order_events::{OrderLine, OrderSnapshot, OrderStatus};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+const GROUP: &str = "inventory";
+
+fn snapshot(order_id: Uuid, status: OrderStatus, qty: i32) -> OrderSnapshot {
+    OrderSnapshot {
+        order_id,
+        customer_id: "c-1".into(),
+        email: Some("c1@example.com".into()),
+        status,
+        lines: vec![OrderLine { product_id: "sku-00001".into(), quantity: qty }],
+    }
+}
+
+fn message(order_id: Uuid, sequence: i64, status: OrderStatus, offset: i64) -> InboundMessage {
+    message_with_id(Uuid::new_v4(), order_id, sequence, status, offset)
+}
+
+fn message_with_id(event_id: Uuid, order_id: Uuid, sequence: i64, status: OrderStatus, offset: i64) -> InboundMessage {
+    let payload = serde_json::to_vec(&snapshot(order_id, status, 2)).expect("serialisable");
+    InboundMessage {
+        topic: "orders".into(),
+        partition: 0,
+        offset,
+        key: Some(order_id.to_string().into_bytes()),
+        payload: Some(payload),
+        headers: serde_json::json!({}),
+        envelope: Ok(Envelope {
+            event_id,
+            event_type: status.event_type().into(),
+            aggregate_id: order_id.to_string(),
+            sequence,
+            occurred_at: Utc::now(),
+            traceparent: None,
+        }),
+    }
+}
+
+async fn stock(pool: &PgPool, available: i32) {
+    sqlx::query("INSERT INTO inventory_stock (product_id, available) VALUES ('sku-00001', $1)")
+        .bind(available)
+        .execute(pool)
+        .await
+        .expect("stock");
+}
+
+async fn effects(pool: &PgPool, group: &str) -> Vec<(String, i64)> {
+    sqlx::query_as("SELECT order_id, sequence FROM applied_effect WHERE group_name = $1 ORDER BY id")
+        .bind(group)
+        .fetch_all(pool)
+        .await
+        .expect("effects")
+}
+
+async fn available(pool: &PgPool) -> (i32, i32) {
+    sqlx::query_as("SELECT available, reserved FROM inventory_stock WHERE product_id = 'sku-00001'")
+        .fetch_one(pool)
+        .await
+        .expect("stock row")
+}
+
+#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+async fn redelivered_batch_applies_nothing_twice(pool: PgPool) {
+    stock(&pool, 100).await;
+    let handler = Inventory::new(GROUP);
+    let order = Uuid::new_v4();
+    let batch = vec![
+        message(order, 1, OrderStatus::Placed, 0),
+        message(order, 2, OrderStatus::Paid, 1),
+        message(order, 3, OrderStatus::Cancelled, 2),
+    ];
+    let first = process_batch(&pool, &handler, &batch[..2]).await.expect("first batch");
+    assert_eq!(first.outcomes, vec![Outcome::Applied, Outcome::Applied]);
+    assert_eq!(available(&pool).await, (98, 2), "reserved once");
+    // The offset commit was lost: the whole range comes again, plus the next event.
+    let again = process_batch(&pool, &handler, &batch).await.expect("redelivery");
+    assert_eq!(again.outcomes, vec![Outcome::Duplicate, Outcome::Duplicate, Outcome::Applied]);
+    assert_eq!(available(&pool).await, (100, 0), "released once");
+    assert_eq!(effects(&pool, GROUP).await.len(), 3);
+}
+
+#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+async fn same_event_twice_in_one_batch_is_applied_once(pool: PgPool) {
+    stock(&pool, 100).await;
+    let handler = Inventory::new(GROUP);
+    let order = Uuid::new_v4();
+    let id = Uuid::new_v4();
+    let batch = vec![
+        message_with_id(id, order, 1, OrderStatus::Placed, 0),
+        message_with_id(id, order, 1, OrderStatus::Placed, 1),
+    ];
+    let report = process_batch(&pool, &handler, &batch).await.expect("batch");
+    assert_eq!(report.outcomes, vec![Outcome::Applied, Outcome::Duplicate]);
+    assert_eq!(available(&pool).await, (98, 2));
+}
+
+#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+async fn event_ahead_of_its_predecessor_is_parked_then_applied_in_order(pool: PgPool) {
+    stock(&pool, 100).await;
+    let handler = Inventory::new(GROUP);
+    let order = Uuid::new_v4();
+    let placed = message(order, 1, OrderStatus::Placed, 5);
+    let paid = message(order, 2, OrderStatus::Paid, 3);
+    let cancelled = message(order, 3, OrderStatus::Cancelled, 4);
+    // Sequence 2 and 3 arrive first (e.g. sequence 1 was retried by the relay).
+    let report = process_batch(&pool, &handler, &[paid.clone(), cancelled.clone()]).await.expect("batch");
+    assert_eq!(report.outcomes, vec![Outcome::Parked, Outcome::Parked]);
+    assert_eq!(report.out_of_sequence, 2);
+    assert!(effects(&pool, GROUP).await.is_empty(), "nothing applied out of order");
+    assert_eq!(available(&pool).await, (100, 0));
+
+    let report = process_batch(&pool, &handler, &[placed]).await.expect("batch");
+    assert_eq!(report.outcomes, vec![Outcome::Applied]);
+    assert_eq!(report.released, 2);
+    let seqs: Vec<i64> = effects(&pool, GROUP).await.into_iter().map(|(_, s)| s).collect();
+    assert_eq!(seqs, vec![1, 2, 3], "applied in sequence order");
+    assert_eq!(available(&pool).await, (100, 0), "reserved then released");
+    let parked: i64 = sqlx::query_scalar("SELECT count(*) FROM parked_event").fetch_one(&pool).await.expect("count");
+    assert_eq!(parked, 0);
+    // The relay's second copies of 2 and 3 are duplicates.
+    let report = process_batch(&pool, &handler, &[paid, cancelled]).await.expect("batch");
+    assert_eq!(report.outcomes, vec![Outcome::Duplicate, Outcome::Duplicate]);
+}
+
+#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+async fn gap_closed_within_one_batch_records_every_event_as_applied(pool: PgPool) {
+    stock(&pool, 100).await;
+    let handler = Inventory::new(GROUP);
+    let order = Uuid::new_v4();
+    let report = process_batch(
+        &pool,
+        &handler,
+        &[message(order, 2, OrderStatus::Paid, 0), message(order, 1, OrderStatus::Placed, 1)],
+    )
+    .await
+    .expect("batch");
+    assert_eq!(report.outcomes, vec![Outcome::Parked, Outcome::Applied]);
+    let seqs: Vec<i64> = effects(&pool, GROUP).await.into_iter().map(|(_, s)| s).collect();
+    assert_eq!(seqs, vec![1, 2]);
+    let outcomes: Vec<String> =
+        sqlx::query_scalar("SELECT outcome FROM processed_message ORDER BY kafka_offset")
+            .fetch_all(&pool)
+            .await
+            .expect("outcomes");
+    assert_eq!(outcomes, vec!["applied", "applied"]);
+}
+
+#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+async fn bad_records_are_dead_lettered_with_their_cause_and_others_flow(pool: PgPool) {
+    stock(&pool, 100).await;
+    let handler = Notifications::new("notification");
+    let order = Uuid::new_v4();
+    let mut no_key = message(order, 1, OrderStatus::Placed, 0);
+    no_key.key = None;
+    no_key.envelope = Err(EnvelopeError::MissingKey);
+    let mut not_json = message(Uuid::new_v4(), 1, OrderStatus::Placed, 1);
+    not_json.payload = Some(b"{not json".to_vec());
+    let mut unknown_type = message(Uuid::new_v4(), 1, OrderStatus::Placed, 2);
+    if let Ok(env) = unknown_type.envelope.as_mut() {
+        env.event_type = "order.teleported".into();
+    }
+    let good = message(order, 1, OrderStatus::Placed, 3);
+    let report = process_batch(&pool, &handler, &[no_key, not_json, unknown_type, good]).await.expect("batch");
+    assert_eq!(
+        report.outcomes,
+        vec![Outcome::DeadLettered, Outcome::DeadLettered, Outcome::DeadLettered, Outcome::Applied]
+    );
+    let reasons: Vec<String> = sqlx::query_scalar("SELECT reason FROM dead_letter ORDER BY kafka_offset")
+        .fetch_all(&pool)
+        .await
+        .expect("dead letters");
+    assert_eq!(reasons.len(), 3);
+    assert!(reasons[0].contains("no key"), "{reasons:?}");
+    assert!(reasons[1].contains("not JSON"), "{reasons:?}");
+    assert!(reasons[2].contains("unknown event type"), "{reasons:?}");
+    let notifications: i64 = sqlx::query_scalar("SELECT count(*) FROM notification").fetch_one(&pool).await.expect("count");
+    assert_eq!(notifications, 1, "the good event still produced its notification");
+}
+
+#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+async fn insufficient_stock_is_a_rejected_reservation_not_an_error(pool: PgPool) {
+    stock(&pool, 1).await;
+    let handler = Inventory::new(GROUP);
+    let order = Uuid::new_v4();
+    let report = process_batch(&pool, &handler, &[message(order, 1, OrderStatus::Placed, 0)]).await.expect("batch");
+    assert_eq!(report.outcomes, vec![Outcome::Applied]);
+    let (status, reason): (String, Option<String>) =
+        sqlx::query_as("SELECT status, reason FROM inventory_reservation WHERE order_id = $1")
+            .bind(order.to_string())
+            .fetch_one(&pool)
+            .await
+            .expect("reservation");
+    assert_eq!(status, "rejected");
+    assert!(reason.unwrap_or_default().contains("insufficient stock"));
+    assert_eq!(available(&pool).await, (1, 0), "stock untouched");
+    // Cancelling a rejected order releases nothing.
+    let report = process_batch(&pool, &handler, &[message(order, 2, OrderStatus::Cancelled, 1)]).await.expect("batch");
+    assert_eq!(report.outcomes, vec![Outcome::Applied]);
+    assert_eq!(available(&pool).await, (1, 0));
+}

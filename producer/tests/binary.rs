@@ -1,0 +1,133 @@
+//! The `producer` binary end to end: seed the catalogue, serve on port 0 (the address read back
+//! from the log line), drive it with `producer load`, stop it with SIGTERM.
+//! Needs `DATABASE_URL` (see `common/mod.rs`).
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use sqlx::PgPool;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+const BIN: &str = env!("CARGO_BIN_EXE_producer");
+const LISTENING: &str = "order service listening on ";
+
+/// The URL of the test's own database: `DATABASE_URL` with the database name replaced.
+fn database_url(pool: &PgPool) -> String {
+    let base = std::env::var("DATABASE_URL").expect("DATABASE_URL");
+    let mut url: reqwest::Url = base.parse().expect("DATABASE_URL is a URL");
+    let database = pool
+        .connect_options()
+        .get_database()
+        .expect("test database")
+        .to_owned();
+    url.set_path(&database);
+    url.to_string()
+}
+
+fn producer(pool: &PgPool, args: &[&str]) -> Command {
+    let mut cmd = Command::new(BIN);
+    let _ = cmd
+        .args(args)
+        .env("DATABASE_URL", database_url(pool))
+        .env("RUST_LOG", "info")
+        .env_remove("LOG_JSON")
+        .kill_on_drop(true);
+    cmd
+}
+
+/// Reads the server's stderr until the listening line; returns the address. Keeps draining
+/// stderr afterwards so the server never blocks on a full pipe.
+async fn listening_address(child: &mut Child) -> String {
+    let stderr = child.stderr.take().expect("piped stderr");
+    let mut lines = BufReader::new(stderr).lines();
+    let find = async {
+        while let Some(line) = lines.next_line().await.expect("read stderr") {
+            if let Some(at) = line.find(LISTENING) {
+                return line[at + LISTENING.len()..].trim().to_owned();
+            }
+        }
+        panic!("server exited without logging its address");
+    };
+    let addr = tokio::time::timeout(Duration::from_secs(30), find)
+        .await
+        .expect("listening line within 30 s");
+    let _drain = tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    addr
+}
+
+#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+async fn serve_load_and_stop(pool: PgPool) {
+    let seeded = producer(&pool, &["seed-catalog", "--products", "20"])
+        .status()
+        .await
+        .expect("run seed-catalog");
+    assert!(seeded.success());
+
+    let mut server = producer(&pool, &["serve", "--listen", "127.0.0.1:0"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start server");
+    let addr = listening_address(&mut server).await;
+    assert!(
+        addr.starts_with("127.0.0.1:") && !addr.ends_with(":0"),
+        "{addr}"
+    );
+
+    let ready = reqwest::get(format!("http://{addr}/readyz"))
+        .await
+        .expect("readyz");
+    assert_eq!(ready.status(), 200);
+
+    let dir = std::env::temp_dir().join(format!("producer-bin-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let json_path = dir.join("summary.json");
+    let load = producer(&pool, &[])
+        .args([
+            "load",
+            "--url",
+            &format!("http://{addr}"),
+            "--orders",
+            "25",
+            "--rate",
+            "0",
+        ])
+        .args(["--products", "20", "--seed", "5", "--summary-json"])
+        .arg(&json_path)
+        .stdout(Stdio::piped())
+        .output()
+        .await
+        .expect("run load");
+    let stdout = String::from_utf8_lossy(&load.stdout);
+    assert!(load.status.success(), "{stdout}");
+    assert!(stdout.contains("orders created:   25"), "{stdout}");
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json_path).expect("summary file")).expect("JSON");
+    let outbox: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox")
+        .fetch_one(&pool)
+        .await
+        .expect("count");
+    assert_eq!(summary["events"], outbox);
+    std::fs::remove_dir_all(dir).expect("clean up");
+
+    let pid = i32::try_from(server.id().expect("running")).expect("pid");
+    kill(Pid::from_raw(pid), Signal::SIGTERM).expect("SIGTERM");
+    let status = tokio::time::timeout(Duration::from_secs(15), server.wait())
+        .await
+        .expect("server stops within 15 s")
+        .expect("wait");
+    assert!(status.success(), "{status:?}");
+
+    // Against a service that is not there, load fails with a non-zero exit.
+    let failed = producer(&pool, &[])
+        .args(["load", "--url", &format!("http://{addr}"), "--orders", "2"])
+        .args(["--max-retries", "1", "--products", "20"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .await
+        .expect("run load");
+    assert!(!failed.success());
+}
