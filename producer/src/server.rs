@@ -78,7 +78,13 @@ pub async fn serve(
 /// Runs `producer serve` until `shutdown`.
 pub async fn run(args: ServeArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
     tracing::info!(?args, "starting order service");
-    let pool = args.db.connect().await?;
+    let pool = tokio::select! {
+        pool = args.db.connect() => pool?,
+        () = shutdown.cancelled() => {
+            tracing::info!("stopped while connecting to the database");
+            return Ok(());
+        }
+    };
     let orders = OrderService::new(pool.clone(), args.topic.as_str(), args.notify_relay);
     let app = app(orders, Registry::new())?;
     let listener = TcpListener::bind(args.listen)

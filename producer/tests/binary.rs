@@ -61,6 +61,7 @@ async fn listening_address(child: &mut Child) -> String {
 #[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
 async fn serve_load_and_stop(pool: PgPool) {
     let seeded = producer(&pool, &["seed-catalog", "--products", "20"])
+        .stderr(Stdio::null())
         .status()
         .await
         .expect("run seed-catalog");

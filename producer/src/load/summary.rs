@@ -51,9 +51,10 @@ impl Tally {
             failed_orders: 0,
             retries: 0,
             errors_by_status: BTreeMap::new(),
-            // Auto-resizing, so no latency is ever out of range. `new` fails only for more than
-            // 5 significant figures.
-            latency_us: Histogram::new(3).expect("3 significant figures is a valid precision"),
+            // 1 µs to 1 h at 3 significant figures; longer values are recorded as 1 h. The
+            // bounds are constants that `new_with_bounds` accepts.
+            latency_us: Histogram::new_with_bounds(1, 3_600_000_000, 3)
+                .expect("constant histogram bounds are valid"),
         }
     }
 
@@ -186,5 +187,49 @@ impl fmt::Display for Summary {
             self.latency_ms.p50, self.latency_ms.p90, self.latency_ms.p99, self.latency_ms.max
         )?;
         write!(f, "seed:             {}", self.seed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tally_counts_events_failures_and_latency() {
+        let mut tally = Tally::new();
+        tally.add(OrderOutcome {
+            created: true,
+            events: 3,
+            failure: None,
+            stats: RequestStats {
+                retries: 1,
+                latencies_us: vec![10_000, 20_000, 30_000, 40_000],
+            },
+        });
+        tally.add(OrderOutcome {
+            created: true,
+            events: 1,
+            failure: Some(RequestFailure::Status {
+                status: reqwest::StatusCode::CONFLICT,
+                body: String::new(),
+            }),
+            stats: RequestStats::default(),
+        });
+        let summary = tally.summary(3, Duration::from_secs(2), 9);
+        assert_eq!((summary.orders, summary.events, summary.errors), (2, 4, 1));
+        assert_eq!(summary.errors_by_status.get("409"), Some(&1));
+        assert_eq!(summary.retries, 1);
+        assert!(!summary.succeeded(), "one failed, one never attempted");
+        assert!(
+            (summary.latency_ms.p50 - 20.0).abs() < 0.1,
+            "{:?}",
+            summary.latency_ms
+        );
+        assert!(
+            (summary.latency_ms.max - 40.0).abs() < 0.1,
+            "{:?}",
+            summary.latency_ms
+        );
+        assert!((summary.orders_per_second - 1.0).abs() < 1e-9);
     }
 }

@@ -1,0 +1,149 @@
+//! Claim and mark against a real PostgreSQL (`#[sqlx::test]` creates a migrated database per test
+//! from `DATABASE_URL`, e.g. postgres://postgres@127.0.0.1:5432/postgres).
+
+use std::time::Duration;
+
+use relay::claim::claim_batch;
+use relay::mark::{mark_published, record_failures, FailedAttempt, Published};
+use sqlx::PgPool;
+
+async fn append(pool: &PgPool, order: &str, event_type: &str) -> i64 {
+    let mut tx = pool.begin().await.expect("begin");
+    let id = append_in(&mut tx, order, event_type).await;
+    tx.commit().await.expect("commit");
+    id
+}
+
+async fn append_in(tx: &mut sqlx::Transaction<'_, sqlx::Postgres>, order: &str, event_type: &str) -> i64 {
+    let event = producer::outbox::NewEvent {
+        business_key: order.to_owned(),
+        event_type: event_type.to_owned(),
+        aggregate_id: order.to_owned(),
+        topic: "orders".to_owned(),
+        payload: serde_json::json!({"order": order}),
+        headers: vec![],
+    };
+    let enqueued = producer::outbox::enqueue(tx, &event).await.expect("enqueue");
+    sqlx::query_scalar("SELECT id FROM outbox WHERE event_id = $1")
+        .bind(enqueued.event_id())
+        .fetch_one(&mut **tx)
+        .await
+        .expect("id")
+}
+
+fn ids(events: &[relay::claim::OutboxEvent]) -> Vec<i64> {
+    events.iter().map(|e| e.id).collect()
+}
+
+#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+async fn an_event_committed_late_is_claimed_not_skipped(pool: PgPool) {
+    // Transaction A takes an id first but commits after B.
+    let mut slow = pool.begin().await.expect("begin");
+    let late = append_in(&mut slow, "order-a", "order.placed").await;
+    let early = append(&pool, "order-b", "order.placed").await;
+    assert!(late < early);
+
+    let first = claim_batch(&pool, 100).await.expect("claim");
+    assert_eq!(ids(&first), vec![early], "only committed rows are visible");
+    mark_published(&pool, &[Published { id: early, partition: 0, offset: 0 }]).await.expect("mark");
+
+    slow.commit().await.expect("commit");
+    let second = claim_batch(&pool, 100).await.expect("claim");
+    assert_eq!(ids(&second), vec![late], "the lower id committed later is still claimed");
+}
+
+#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+async fn an_order_waits_behind_its_failed_or_retrying_event_while_others_flow(pool: PgPool) {
+    let a1 = append(&pool, "order-a", "order.placed").await;
+    let a2 = append(&pool, "order-a", "order.paid").await;
+    let b1 = append(&pool, "order-b", "order.placed").await;
+    let claimed = claim_batch(&pool, 100).await.expect("claim");
+    assert_eq!(ids(&claimed), vec![a1, a2, b1], "one order's events go together, in order");
+
+    // a1's attempt failed and waits for its retry: a2 must not go ahead of it; b1 flows.
+    record_failures(
+        &pool,
+        &[FailedAttempt { id: a1, error: "broker down".into(), retry_in: Duration::from_secs(60), give_up: false }],
+    )
+    .await
+    .expect("failure");
+    let claimed = claim_batch(&pool, 100).await.expect("claim");
+    assert_eq!(ids(&claimed), vec![b1]);
+
+    let (attempts, state, error, later): (i32, String, Option<String>, bool) = sqlx::query_as(
+        "SELECT attempts, state, last_error, next_attempt_at > now() + interval '50 seconds'
+         FROM outbox WHERE id = $1",
+    )
+    .bind(a1)
+    .fetch_one(&pool)
+    .await
+    .expect("row");
+    assert_eq!((attempts, state.as_str(), error.as_deref(), later), (1, "pending", Some("broker down"), true));
+
+    // Out of attempts: failed, and it still holds a2.
+    record_failures(
+        &pool,
+        &[FailedAttempt { id: a1, error: "message too large".into(), retry_in: Duration::ZERO, give_up: true }],
+    )
+    .await
+    .expect("failure");
+    let state: String = sqlx::query_scalar("SELECT state FROM outbox WHERE id = $1")
+        .bind(a1)
+        .fetch_one(&pool)
+        .await
+        .expect("state");
+    assert_eq!(state, "failed");
+    let claimed = claim_batch(&pool, 100).await.expect("claim");
+    assert_eq!(ids(&claimed), vec![b1]);
+}
+
+#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+async fn marking_records_partition_and_offset_once(pool: PgPool) {
+    let a = append(&pool, "order-a", "order.placed").await;
+    let marked = mark_published(&pool, &[Published { id: a, partition: 3, offset: 42 }]).await.expect("mark");
+    assert_eq!(marked, 1);
+    let again = mark_published(&pool, &[Published { id: a, partition: 4, offset: 43 }]).await.expect("mark");
+    assert_eq!(again, 0, "a published row is not rewritten");
+    let (p, o): (i32, i64) = sqlx::query_as("SELECT kafka_partition, kafka_offset FROM outbox WHERE id = $1")
+        .bind(a)
+        .fetch_one(&pool)
+        .await
+        .expect("row");
+    assert_eq!((p, o), (3, 42));
+    assert!(claim_batch(&pool, 10).await.expect("claim").is_empty());
+}
+
+#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+async fn claim_stays_an_index_scan_with_a_million_published_rows(pool: PgPool) {
+    sqlx::query(
+        "INSERT INTO outbox (event_id, business_key, event_type, aggregate_id, sequence, topic, payload,
+                             state, kafka_partition, kafka_offset, published_at)
+         SELECT gen_random_uuid(), 'o' || g, 'order.placed', 'o' || g, 1, 'orders', '{}'::jsonb,
+                'published', 0, g, now()
+         FROM generate_series(1, 1000000) AS g",
+    )
+    .execute(&pool)
+    .await
+    .expect("bulk insert");
+    for i in 0..50 {
+        let _ = append(&pool, &format!("pending-{i}"), "order.placed").await;
+    }
+    sqlx::query("ANALYZE outbox").execute(&pool).await.expect("analyze");
+    let plan: Vec<String> = sqlx::query_scalar(
+        "EXPLAIN SELECT o.id FROM outbox o
+         WHERE o.state = 'pending' AND o.next_attempt_at <= now()
+           AND NOT EXISTS (SELECT 1 FROM outbox p WHERE p.aggregate_id = o.aggregate_id
+                             AND p.sequence < o.sequence AND p.state <> 'published'
+                             AND (p.state = 'failed' OR p.next_attempt_at > now()))
+         ORDER BY o.id LIMIT 2000",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("explain");
+    let plan = plan.join("\n");
+    assert!(!plan.contains("Seq Scan"), "claim must not scan the table:\n{plan}");
+    let started = std::time::Instant::now();
+    let claimed = claim_batch(&pool, 2000).await.expect("claim");
+    assert_eq!(claimed.len(), 50);
+    println!("claim over 1,000,050 rows took {:?}\n{plan}", started.elapsed());
+}
