@@ -38,6 +38,7 @@ CREATE TABLE outbox (
 -- stays small however many published rows the table keeps.
 CREATE INDEX outbox_pending_idx ON outbox (id) WHERE state = 'pending';
 
--- "Is an earlier event of this aggregate still unpublished?" is answered from unpublished rows only.
-CREATE INDEX outbox_unpublished_by_aggregate_idx ON outbox (aggregate_id, sequence)
-    WHERE state <> 'published';
+-- "Is an earlier event of this aggregate failed or waiting for a retry?" Only rows that failed an
+-- attempt can be, so the index holds just those: it stays tiny however large the backlog.
+CREATE INDEX outbox_retrying_by_aggregate_idx ON outbox (aggregate_id, sequence)
+    WHERE state <> 'published' AND attempts > 0;

@@ -46,24 +46,27 @@ impl OutboxEvent {
 /// held while an earlier event of its aggregate is unpublished and not itself in this batch
 /// (failed, or waiting for its next attempt): events of one aggregate leave in sequence order.
 /// Events of one aggregate are ordered by id as well as by sequence, because the sequence row lock
-/// makes their inserts happen one after the other.
+/// makes their inserts happen one after the other. Only a row that already failed an attempt can
+/// be failed or waiting for a retry, so the check reads a partial index of such rows.
 pub async fn claim_batch(pool: &PgPool, limit: i64) -> Result<Vec<OutboxEvent>, sqlx::Error> {
-    sqlx::query_as::<_, OutboxEvent>(
-        "SELECT o.id, o.event_id, o.event_type, o.aggregate_id, o.sequence, o.topic,
-                o.payload::text AS payload, o.headers, o.attempts, o.created_at
-         FROM outbox o
-         WHERE o.state = 'pending'
-           AND o.next_attempt_at <= now()
-           AND NOT EXISTS (
-               SELECT 1 FROM outbox p
-               WHERE p.aggregate_id = o.aggregate_id
-                 AND p.sequence < o.sequence
-                 AND p.state <> 'published'
-                 AND (p.state = 'failed' OR p.next_attempt_at > now()))
-         ORDER BY o.id
-         LIMIT $1",
-    )
-    .bind(limit)
-    .fetch_all(pool)
-    .await
+    sqlx::query_as::<_, OutboxEvent>(CLAIM_SQL)
+        .bind(limit)
+        .fetch_all(pool)
+        .await
 }
+
+/// The claim query; `$1` is the batch size.
+pub const CLAIM_SQL: &str = "SELECT o.id, o.event_id, o.event_type, o.aggregate_id, o.sequence, o.topic,
+        o.payload::text AS payload, o.headers, o.attempts, o.created_at
+ FROM outbox o
+ WHERE o.state = 'pending'
+   AND o.next_attempt_at <= now()
+   AND NOT EXISTS (
+       SELECT 1 FROM outbox p
+       WHERE p.aggregate_id = o.aggregate_id
+         AND p.sequence < o.sequence
+         AND p.state <> 'published'
+         AND p.attempts > 0
+         AND (p.state = 'failed' OR p.next_attempt_at > now()))
+ ORDER BY o.id
+ LIMIT $1";

@@ -115,35 +115,49 @@ async fn marking_records_partition_and_offset_once(pool: PgPool) {
 
 #[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
 async fn claim_stays_an_index_scan_with_a_million_published_rows(pool: PgPool) {
+    claim_plan_and_time(&pool, 1_000_000, 50).await;
+}
+
+#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+async fn claim_stays_cheap_with_a_large_pending_backlog(pool: PgPool) {
+    claim_plan_and_time(&pool, 0, 100_000).await;
+}
+
+async fn claim_plan_and_time(pool: &PgPool, published: i64, pending: i64) {
     sqlx::query(
         "INSERT INTO outbox (event_id, business_key, event_type, aggregate_id, sequence, topic, payload,
                              state, kafka_partition, kafka_offset, published_at)
          SELECT gen_random_uuid(), 'o' || g, 'order.placed', 'o' || g, 1, 'orders', '{}'::jsonb,
                 'published', 0, g, now()
-         FROM generate_series(1, 1000000) AS g",
+         FROM generate_series(1, $1) AS g",
     )
-    .execute(&pool)
+    .bind(published)
+    .execute(pool)
     .await
     .expect("bulk insert");
-    for i in 0..50 {
-        let _ = append(&pool, &format!("pending-{i}"), "order.placed").await;
-    }
-    sqlx::query("ANALYZE outbox").execute(&pool).await.expect("analyze");
-    let plan: Vec<String> = sqlx::query_scalar(
-        "EXPLAIN SELECT o.id FROM outbox o
-         WHERE o.state = 'pending' AND o.next_attempt_at <= now()
-           AND NOT EXISTS (SELECT 1 FROM outbox p WHERE p.aggregate_id = o.aggregate_id
-                             AND p.sequence < o.sequence AND p.state <> 'published'
-                             AND (p.state = 'failed' OR p.next_attempt_at > now()))
-         ORDER BY o.id LIMIT 2000",
+    sqlx::query(
+        "INSERT INTO outbox (event_id, business_key, event_type, aggregate_id, sequence, topic, payload)
+         SELECT gen_random_uuid(), 'p' || g, 'order.placed', 'p' || (g / 3), 1 + g % 3, 'orders', '{}'::jsonb
+         FROM generate_series(1, $1) AS g",
     )
-    .fetch_all(&pool)
+    .bind(pending)
+    .execute(pool)
+    .await
+    .expect("pending rows");
+    sqlx::query("ANALYZE outbox").execute(pool).await.expect("analyze");
+    let plan: Vec<String> = sqlx::query_scalar(&format!("EXPLAIN {}", relay::claim::CLAIM_SQL))
+        .bind(2000_i64)
+    .fetch_all(pool)
     .await
     .expect("explain");
     let plan = plan.join("\n");
     assert!(!plan.contains("Seq Scan"), "claim must not scan the table:\n{plan}");
     let started = std::time::Instant::now();
-    let claimed = claim_batch(&pool, 2000).await.expect("claim");
-    assert_eq!(claimed.len(), 50);
-    println!("claim over 1,000,050 rows took {:?}\n{plan}", started.elapsed());
+    let claimed = claim_batch(pool, 2000).await.expect("claim");
+    assert_eq!(claimed.len() as i64, pending.min(2000));
+    println!(
+        "claim of {} from {published} published + {pending} pending rows took {:?}\n{plan}",
+        claimed.len(),
+        started.elapsed()
+    );
 }
