@@ -16,7 +16,7 @@
 #   BROKER_STORAGE         nisshi storage engine URL (default memory://nisshi/), e.g.
 #                          postgres://postgres@127.0.0.1:5432/nisshi?sslmode=disable
 #   BROKER_WAIT_SECONDS    how long to wait for the broker's port (default 60)
-#   BROKER_LOG_LEVEL       RUST_LOG given to nisshi (default info); our RUST_LOG is not passed on
+#   BROKER_LOG_LEVEL       RUST_LOG given to nisshi (default warn; info logs every request); our RUST_LOG is not passed on
 
 set -euo pipefail
 
@@ -264,6 +264,24 @@ drop_database() {
 }
 
 # ---------------------------------------------------------------------------------------------
+# Build dependencies
+
+# ensure_build_deps — the C toolchain and headers the workspace's -sys crates build against
+# (librdkafka with TLS and SASL needs OpenSSL's headers; pkg-config finds them).
+ensure_build_deps() {
+    local missing=()
+    have cc || missing+=(build-essential)
+    have pkg-config || missing+=(pkg-config)
+    dpkg -s libssl-dev >/dev/null 2>&1 || missing+=(libssl-dev)
+    if ((${#missing[@]})); then
+        have apt-get || die "missing build dependencies (${missing[*]}) and no apt-get to install them"
+        log "installing build dependencies: ${missing[*]}"
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    fi
+}
+
+# ---------------------------------------------------------------------------------------------
 # nisshi (Kafka-protocol broker)
 
 # ensure_nisshi — the nisshi binary on PATH ($HOME/.cargo/bin), built with cargo install when missing.
@@ -321,10 +339,10 @@ ensure_broker() {
     fi
     local url="tcp://$BROKER_HOST:$BROKER_PORT"
     log "starting nisshi on $url, storage ${BROKER_STORAGE%%\?*} (log: $RUN_DIR/nisshi.log)"
-    # Run from $RUN_DIR: nisshi reads a .env file from its working directory.
+    # Run from $RUN_DIR: nisshi loads a .env file from its working directory (or a parent).
     (
         cd "$RUN_DIR"
-        exec env RUST_LOG="${BROKER_LOG_LEVEL:-info}" nisshi broker \
+        exec env RUST_LOG="${BROKER_LOG_LEVEL:-warn}" nisshi broker \
             --listener-url "$url" \
             --advertised-listener-url "$url" \
             --storage-engine "$BROKER_STORAGE"

@@ -75,6 +75,7 @@ if ((${#missing[@]})); then
 fi
 
 stage "[4/7] cargo build --release --workspace --bins"
+ensure_build_deps
 cargo build --release --workspace --bins
 
 stage "[5/7] cargo test --release --workspace"

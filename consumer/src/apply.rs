@@ -95,9 +95,9 @@ impl From<HandlerError> for ProcessError {
         match e {
             HandlerError::Database(e) => e.into(),
             // Callers turn rejections into dead letters before they get here.
-            HandlerError::Rejected(reason) => {
-                ProcessError::Fatal(sqlx::Error::Protocol(format!("unhandled rejection: {reason}")))
-            }
+            HandlerError::Rejected(reason) => ProcessError::Fatal(sqlx::Error::Protocol(format!(
+                "unhandled rejection: {reason}"
+            ))),
         }
     }
 }
@@ -108,9 +108,15 @@ fn is_fatal(e: &sqlx::Error) -> bool {
     match e {
         sqlx::Error::Database(db) => db
             .code()
-            .map(|c| ["42", "28", "3D", "0A"].iter().any(|class| c.starts_with(class)))
+            .map(|c| {
+                ["42", "28", "3D", "0A"]
+                    .iter()
+                    .any(|class| c.starts_with(class))
+            })
             .unwrap_or(false),
-        sqlx::Error::Configuration(_) | sqlx::Error::ColumnNotFound(_) | sqlx::Error::TypeNotFound { .. } => true,
+        sqlx::Error::Configuration(_)
+        | sqlx::Error::ColumnNotFound(_)
+        | sqlx::Error::TypeNotFound { .. } => true,
         _ => false,
     }
 }
@@ -164,7 +170,10 @@ pub async fn process_batch(
     let events: Vec<Event> = fresh.iter().map(|(_, p)| p.event.clone()).collect();
     handler.prepare(&mut tx, &events).await?;
     let orders: Vec<String> = {
-        let mut o: Vec<String> = events.iter().map(|e| e.envelope.aggregate_id.clone()).collect();
+        let mut o: Vec<String> = events
+            .iter()
+            .map(|e| e.envelope.aggregate_id.clone())
+            .collect();
         o.sort();
         o.dedup();
         o
@@ -183,8 +192,15 @@ pub async fn process_batch(
                     effects.push(AppliedEffect::of(&p.event));
                     let mut last = env.sequence;
                     if parked_orders.contains(&env.aggregate_id) {
-                        last = release_parked(&mut tx, handler, &env.aggregate_id, last, &mut effects, &mut report)
-                            .await?;
+                        last = release_parked(
+                            &mut tx,
+                            handler,
+                            &env.aggregate_id,
+                            last,
+                            &mut effects,
+                            &mut report,
+                        )
+                        .await?;
                     }
                     let _ = progress.insert(env.aggregate_id.clone(), last);
                     let _ = advanced.insert(env.aggregate_id.clone(), last);
@@ -212,7 +228,14 @@ pub async fn process_batch(
                 sequence = env.sequence, expected = last + 1,
                 "event ahead of its order's next sequence; parked until the gap closes"
             );
-            park(&mut tx, group, p.msg, &p.event, &format!("waiting for sequence {}", last + 1)).await?;
+            park(
+                &mut tx,
+                group,
+                p.msg,
+                &p.event,
+                &format!("waiting for sequence {}", last + 1),
+            )
+            .await?;
             let _ = parked_orders.insert(env.aggregate_id.clone());
             set_outcomes(&mut tx, group, &[(env.event_id, "parked")]).await?;
             Outcome::Parked
@@ -268,7 +291,10 @@ async fn insert_processed(
     if valid.is_empty() {
         return Ok(HashSet::new());
     }
-    let ids: Vec<Uuid> = valid.iter().map(|(_, p)| p.event.envelope.event_id).collect();
+    let ids: Vec<Uuid> = valid
+        .iter()
+        .map(|(_, p)| p.event.envelope.event_id)
+        .collect();
     let topics: Vec<&str> = valid.iter().map(|(_, p)| p.msg.topic.as_str()).collect();
     let partitions: Vec<i32> = valid.iter().map(|(_, p)| p.msg.partition).collect();
     let offsets: Vec<i64> = valid.iter().map(|(_, p)| p.msg.offset).collect();
@@ -515,7 +541,8 @@ async fn save_progress(
     if progress.is_empty() {
         return Ok(());
     }
-    let (orders, seqs): (Vec<&str>, Vec<i64>) = progress.iter().map(|(o, s)| (o.as_str(), *s)).unzip();
+    let (orders, seqs): (Vec<&str>, Vec<i64>) =
+        progress.iter().map(|(o, s)| (o.as_str(), *s)).unzip();
     sqlx::query(
         "INSERT INTO order_progress (group_name, order_id, last_sequence)
          SELECT $1, * FROM unnest($2::text[], $3::bigint[])

@@ -63,7 +63,12 @@ pub struct RunArgs {
     #[command(flatten)]
     pub kafka: KafkaArgs,
     /// Consumer group to run, repeatable.
-    #[arg(long = "group", env = "CONSUMER_GROUPS", value_delimiter = ',', required = true)]
+    #[arg(
+        long = "group",
+        env = "CONSUMER_GROUPS",
+        value_delimiter = ',',
+        required = true
+    )]
     pub groups: Vec<GroupKind>,
     /// Prefix of the Kafka group ids (group id = prefix + group name), to run isolated copies.
     #[arg(long, env = "CONSUMER_GROUP_PREFIX", default_value = "")]
@@ -81,7 +86,11 @@ pub struct RunArgs {
     #[arg(long, env = "CONSUMER_MAX_QUEUED", default_value_t = 5000)]
     pub max_queued: usize,
     /// partition.assignment.strategy.
-    #[arg(long, env = "CONSUMER_ASSIGNMENT_STRATEGY", default_value = "cooperative-sticky")]
+    #[arg(
+        long,
+        env = "CONSUMER_ASSIGNMENT_STRATEGY",
+        default_value = "cooperative-sticky"
+    )]
     pub assignment_strategy: String,
     /// session.timeout.ms.
     #[arg(long, env = "CONSUMER_SESSION_TIMEOUT_MS", default_value_t = 10_000)]
@@ -119,7 +128,10 @@ impl RunArgs {
     /// Refuses timeouts that cannot work together.
     pub fn validate(&self) -> anyhow::Result<()> {
         anyhow::ensure!(self.max_batch > 0, "--max-batch must be positive");
-        anyhow::ensure!(self.max_queued >= self.max_batch, "--max-queued must be at least --max-batch");
+        anyhow::ensure!(
+            self.max_queued >= self.max_batch,
+            "--max-queued must be at least --max-batch"
+        );
         anyhow::ensure!(
             self.max_poll_interval_ms >= self.session_timeout_ms,
             "--max-poll-interval-ms ({}) must be at least --session-timeout-ms ({})",
@@ -147,7 +159,12 @@ pub struct ReportArgs {
     #[command(flatten)]
     pub kafka: KafkaArgs,
     /// Group to report, repeatable.
-    #[arg(long = "group", env = "CONSUMER_GROUPS", value_delimiter = ',', required = true)]
+    #[arg(
+        long = "group",
+        env = "CONSUMER_GROUPS",
+        value_delimiter = ',',
+        required = true
+    )]
     pub groups: Vec<GroupKind>,
     /// Prefix of the Kafka group ids, as given to `run`.
     #[arg(long, env = "CONSUMER_GROUP_PREFIX", default_value = "")]

@@ -72,8 +72,12 @@ impl ClientContext for GroupContext {
             RDKafkaLogLevel::Emerg
             | RDKafkaLogLevel::Alert
             | RDKafkaLogLevel::Critical
-            | RDKafkaLogLevel::Error => tracing::error!(group = %self.group, fac, "librdkafka: {message}"),
-            RDKafkaLogLevel::Warning => tracing::warn!(group = %self.group, fac, "librdkafka: {message}"),
+            | RDKafkaLogLevel::Error => {
+                tracing::error!(group = %self.group, fac, "librdkafka: {message}")
+            }
+            RDKafkaLogLevel::Warning => {
+                tracing::warn!(group = %self.group, fac, "librdkafka: {message}")
+            }
             _ => tracing::debug!(group = %self.group, fac, "librdkafka: {message}"),
         }
     }
@@ -85,7 +89,11 @@ impl ConsumerContext for GroupContext {
             Rebalance::Revoke(tpl) => {
                 let lost = consumer.assignment_lost();
                 let kind = if lost { "lost" } else { "revoke" };
-                self.shared.metrics.rebalances.with_label_values(&[&self.group, kind]).inc();
+                self.shared
+                    .metrics
+                    .rebalances
+                    .with_label_values(&[&self.group, kind])
+                    .inc();
                 let keys: Vec<PartitionKey> = tpl
                     .elements()
                     .iter()
@@ -107,26 +115,42 @@ impl ConsumerContext for GroupContext {
             Rebalance::Assign(_) => {}
             Rebalance::Error(e) => {
                 tracing::error!(group = %self.group, error = %e, "rebalance error");
-                self.shared.metrics.rebalances.with_label_values(&[&self.group, "error"]).inc();
+                self.shared
+                    .metrics
+                    .rebalances
+                    .with_label_values(&[&self.group, "error"])
+                    .inc();
             }
         }
     }
 
     fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Assign(tpl) = rebalance {
-            self.shared.metrics.rebalances.with_label_values(&[&self.group, "assign"]).inc();
+            self.shared
+                .metrics
+                .rebalances
+                .with_label_values(&[&self.group, "assign"])
+                .inc();
             for e in tpl.elements() {
                 let _ = self.task_for(&(e.topic().to_owned(), e.partition()));
             }
             tracing::info!(group = %self.group, partitions = tpl.count(), "partitions assigned");
         }
         let assigned = consumer.assignment().map(|a| a.count()).unwrap_or(0);
-        self.shared.metrics.assigned_partitions.with_label_values(&[&self.group]).set(assigned as i64);
+        self.shared
+            .metrics
+            .assigned_partitions
+            .with_label_values(&[&self.group])
+            .set(assigned as i64);
     }
 
     fn commit_callback(&self, result: KafkaResult<()>, _offsets: &TopicPartitionList) {
         if let Err(e) = result {
-            self.shared.metrics.commit_failures.with_label_values(&[&self.group]).inc();
+            self.shared
+                .metrics
+                .commit_failures
+                .with_label_values(&[&self.group])
+                .inc();
             tracing::warn!(group = %self.group, error = %e, "offset commit failed");
         }
     }
@@ -152,7 +176,13 @@ impl GroupContext {
         ));
         let _ = tasks.insert(
             key.clone(),
-            PartitionTask { sender: sender.clone(), queued, stop, done, paused: false },
+            PartitionTask {
+                sender: sender.clone(),
+                queued,
+                stop,
+                done,
+                paused: false,
+            },
         );
         sender
     }
@@ -168,7 +198,11 @@ impl GroupContext {
         }
         let deadline = self.revoke_timeout;
         let waited = self.runtime.block_on(async move {
-            tokio::time::timeout(deadline, futures::future::join_all(stopping.into_iter().map(|t| t.done))).await
+            tokio::time::timeout(
+                deadline,
+                futures::future::join_all(stopping.into_iter().map(|t| t.done)),
+            )
+            .await
         });
         if waited.is_err() {
             tracing::warn!(group = %self.group, "in-flight batches did not finish within the revoke timeout");
@@ -184,7 +218,9 @@ impl GroupContext {
         let rx = lock(&self.progress);
         let mut pending = lock(&self.pending);
         while let Ok(p) = rx.try_recv() {
-            let slot = pending.entry((p.topic, p.partition)).or_insert(p.next_offset);
+            let slot = pending
+                .entry((p.topic, p.partition))
+                .or_insert(p.next_offset);
             *slot = (*slot).max(p.next_offset);
         }
     }
@@ -194,11 +230,19 @@ impl GroupContext {
         let mut pending = lock(&self.pending);
         match keys {
             None => pending.drain().collect(),
-            Some(keys) => keys.iter().filter_map(|k| pending.remove(k).map(|o| (k.clone(), o))).collect(),
+            Some(keys) => keys
+                .iter()
+                .filter_map(|k| pending.remove(k).map(|o| (k.clone(), o)))
+                .collect(),
         }
     }
 
-    fn commit(&self, consumer: &BaseConsumer<Self>, offsets: &[(PartitionKey, i64)], mode: CommitMode) {
+    fn commit(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        offsets: &[(PartitionKey, i64)],
+        mode: CommitMode,
+    ) {
         if offsets.is_empty() {
             return;
         }
@@ -211,9 +255,17 @@ impl GroupContext {
         }
         let started = Instant::now();
         let result = consumer.commit(&tpl, mode);
-        self.shared.metrics.commit_duration.with_label_values(&[&self.group]).observe(started.elapsed().as_secs_f64());
+        self.shared
+            .metrics
+            .commit_duration
+            .with_label_values(&[&self.group])
+            .observe(started.elapsed().as_secs_f64());
         if let Err(e) = result {
-            self.shared.metrics.commit_failures.with_label_values(&[&self.group]).inc();
+            self.shared
+                .metrics
+                .commit_failures
+                .with_label_values(&[&self.group])
+                .inc();
             tracing::warn!(group = %self.group, error = %e, "offset commit failed");
         }
     }
@@ -244,12 +296,27 @@ pub fn run_group(
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
         .set("auto.offset.reset", "earliest")
-        .set("partition.assignment.strategy", &settings.assignment_strategy)
-        .set("session.timeout.ms", settings.session_timeout.as_millis().to_string())
-        .set("max.poll.interval.ms", settings.max_poll_interval.as_millis().to_string())
-        .set("fetch.wait.max.ms", settings.fetch_wait_max.as_millis().to_string());
+        .set(
+            "partition.assignment.strategy",
+            &settings.assignment_strategy,
+        )
+        .set(
+            "session.timeout.ms",
+            settings.session_timeout.as_millis().to_string(),
+        )
+        .set(
+            "max.poll.interval.ms",
+            settings.max_poll_interval.as_millis().to_string(),
+        )
+        .set(
+            "fetch.wait.max.ms",
+            settings.fetch_wait_max.as_millis().to_string(),
+        );
     for (k, v) in &kafka.kafka_options {
-        if !matches!(k.as_str(), "enable.auto.commit" | "enable.auto.offset.store" | "group.id") {
+        if !matches!(
+            k.as_str(),
+            "enable.auto.commit" | "enable.auto.offset.store" | "group.id"
+        ) {
             config.set(k, v);
         }
     }
@@ -257,7 +324,9 @@ pub fn run_group(
         .create_with_context(context)
         .with_context(|| format!("creating Kafka consumer for group {group}"))?;
     let topics: Vec<&str> = settings.topics.iter().map(String::as_str).collect();
-    consumer.subscribe(&topics).with_context(|| format!("subscribing group {group}"))?;
+    consumer
+        .subscribe(&topics)
+        .with_context(|| format!("subscribing group {group}"))?;
     tracing::info!(%group, topics = ?settings.topics, "consumer group started");
 
     let ctx = consumer.context();
@@ -313,7 +382,11 @@ fn apply_backpressure(consumer: &BaseConsumer<GroupContext>, max_queued: usize) 
         if let Some(pause) = change {
             let mut tpl = TopicPartitionList::new();
             tpl.add_partition(topic, *partition);
-            let result = if pause { consumer.pause(&tpl) } else { consumer.resume(&tpl) };
+            let result = if pause {
+                consumer.pause(&tpl)
+            } else {
+                consumer.resume(&tpl)
+            };
             match result {
                 Ok(()) => t.paused = pause,
                 Err(e) => tracing::warn!(group = %ctx.group, error = %e, "pause/resume failed"),

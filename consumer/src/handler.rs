@@ -51,8 +51,9 @@ pub fn order_snapshot(
     event: &Event,
 ) -> Result<pipeline_core::order_events::OrderSnapshot, HandlerError> {
     let snapshot: pipeline_core::order_events::OrderSnapshot =
-        serde_json::from_value(event.payload.clone())
-            .map_err(|e| HandlerError::Rejected(format!("payload is not an order snapshot: {e}")))?;
+        serde_json::from_value(event.payload.clone()).map_err(|e| {
+            HandlerError::Rejected(format!("payload is not an order snapshot: {e}"))
+        })?;
     if snapshot.order_id.to_string() != event.envelope.aggregate_id {
         return Err(HandlerError::Rejected(format!(
             "payload order_id {} does not match key {}",

@@ -69,7 +69,9 @@ impl Handler for Inventory {
                 ORDER_CANCELLED => release(conn, &order).await,
                 ORDER_SHIPPED => fulfil(conn, &order).await,
                 ORDER_PAID => Ok(()),
-                other => Err(HandlerError::Rejected(format!("unknown event type `{other}`"))),
+                other => Err(HandlerError::Rejected(format!(
+                    "unknown event type `{other}`"
+                ))),
             }
         })
     }
@@ -107,12 +109,20 @@ async fn reserve(conn: &mut PgConnection, order: &OrderSnapshot) -> Result<(), H
     let short: Vec<String> = wanted
         .iter()
         .filter(|(p, q)| available.get(*p).copied().unwrap_or(0) < **q)
-        .map(|(p, q)| format!("{p} (wanted {q}, available {})", available.get(p).copied().unwrap_or(0)))
+        .map(|(p, q)| {
+            format!(
+                "{p} (wanted {q}, available {})",
+                available.get(p).copied().unwrap_or(0)
+            )
+        })
         .collect();
     let (status, reason) = if short.is_empty() {
         ("reserved", None)
     } else {
-        ("rejected", Some(format!("insufficient stock: {}", short.join(", "))))
+        (
+            "rejected",
+            Some(format!("insufficient stock: {}", short.join(", "))),
+        )
     };
     let recorded = sqlx::query(
         "INSERT INTO inventory_reservation (order_id, status, reason) VALUES ($1, $2, $3)

@@ -99,8 +99,12 @@ pub async fn run_with_sender(
                 stop.clone(),
             )));
         }
-        let (kafka, settings, stop, runtime) =
-            (args.kafka.clone(), settings.clone(), stop.clone(), tokio::runtime::Handle::current());
+        let (kafka, settings, stop, runtime) = (
+            args.kafka.clone(),
+            settings.clone(),
+            stop.clone(),
+            tokio::runtime::Handle::current(),
+        );
         let thread = std::thread::Builder::new()
             .name(format!("poll-{name}"))
             .spawn(move || group::run_group(&kafka, &settings, shared, progress_rx, runtime, stop))

@@ -10,7 +10,11 @@ async fn main() -> anyhow::Result<()> {
             tracing::info!(?args, "starting consumer");
             consumer::run(*args, telemetry::shutdown_on_signals()).await
         }
-        Command::SeedStock { db, products, quantity } => {
+        Command::SeedStock {
+            db,
+            products,
+            quantity,
+        } => {
             let pool = db.connect().await?;
             consumer::seed_stock(&pool, products, quantity).await?;
             println!("stocked {products} products with {quantity} each");

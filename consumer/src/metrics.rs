@@ -23,7 +23,10 @@ impl ConsumerMetrics {
     pub fn register(registry: &Registry) -> prometheus::Result<Self> {
         let m = ConsumerMetrics {
             messages: IntCounterVec::new(
-                Opts::new("consumer_messages_total", "Messages handled, by group and outcome"),
+                Opts::new(
+                    "consumer_messages_total",
+                    "Messages handled, by group and outcome",
+                ),
                 &["group", "outcome"],
             )?,
             out_of_sequence: IntCounterVec::new(
@@ -63,7 +66,10 @@ impl ConsumerMetrics {
                 &["group"],
             )?,
             commit_failures: IntCounterVec::new(
-                Opts::new("consumer_offset_commit_failures_total", "Offset commits that failed"),
+                Opts::new(
+                    "consumer_offset_commit_failures_total",
+                    "Offset commits that failed",
+                ),
                 &["group"],
             )?,
             rebalances: IntCounterVec::new(
@@ -71,7 +77,10 @@ impl ConsumerMetrics {
                 &["group", "kind"],
             )?,
             assigned_partitions: IntGaugeVec::new(
-                Opts::new("consumer_assigned_partitions", "Partitions currently assigned"),
+                Opts::new(
+                    "consumer_assigned_partitions",
+                    "Partitions currently assigned",
+                ),
                 &["group"],
             )?,
             batch_retries: IntCounterVec::new(

@@ -88,7 +88,10 @@ impl Handler for Notifications {
     ) -> BoxFuture<'a, Result<(), HandlerError>> {
         Box::pin(async move {
             let template = template_for(&event.envelope.event_type).ok_or_else(|| {
-                HandlerError::Rejected(format!("unknown event type `{}`", event.envelope.event_type))
+                HandlerError::Rejected(format!(
+                    "unknown event type `{}`",
+                    event.envelope.event_type
+                ))
             })?;
             let order = order_snapshot(event)?;
             let (recipient, channel) = match &order.email {

@@ -21,6 +21,9 @@ pub struct GroupReport {
     pub lag: i64,
     /// Partitions where the group has not committed yet.
     pub uncommitted_partitions: usize,
+    /// Outbox insert to this group's commit, by the database clock, in milliseconds.
+    pub e2e_ms_p50: Option<f64>,
+    pub e2e_ms_p99: Option<f64>,
 }
 
 /// The whole pipeline's figures.
@@ -30,6 +33,9 @@ pub struct PipelineReport {
     pub outbox_pending: i64,
     pub outbox_published: i64,
     pub outbox_failed: i64,
+    /// Outbox insert to the relay's mark after the delivery report, in milliseconds.
+    pub publish_delay_ms_p50: Option<f64>,
+    pub publish_delay_ms_p99: Option<f64>,
     pub groups: Vec<GroupReport>,
 }
 
@@ -40,10 +46,27 @@ pub async fn build(
     groups: &[(String, String)],
     topics: &[String],
 ) -> anyhow::Result<PipelineReport> {
-    let orders: i64 = sqlx::query_scalar("SELECT count(*) FROM orders").fetch_one(pool).await?;
+    let orders: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
+        .fetch_one(pool)
+        .await?;
     let states: Vec<(String, i64)> =
-        sqlx::query_as("SELECT state, count(*) FROM outbox GROUP BY state").fetch_all(pool).await?;
-    let state = |s: &str| states.iter().find(|(k, _)| k == s).map(|(_, n)| *n).unwrap_or(0);
+        sqlx::query_as("SELECT state, count(*) FROM outbox GROUP BY state")
+            .fetch_all(pool)
+            .await?;
+    let state = |s: &str| {
+        states
+            .iter()
+            .find(|(k, _)| k == s)
+            .map(|(_, n)| *n)
+            .unwrap_or(0)
+    };
+    let (publish_p50, publish_p99): (Option<f64>, Option<f64>) = sqlx::query_as(
+        "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY d), percentile_cont(0.99) WITHIN GROUP (ORDER BY d)
+         FROM (SELECT EXTRACT(EPOCH FROM published_at - created_at)::float8 * 1000 AS d
+               FROM outbox WHERE state = 'published') x",
+    )
+    .fetch_one(pool)
+    .await?;
     let mut out = Vec::new();
     for (name, kafka_group) in groups {
         let (processed, parked, dead): (i64, i64, i64) = sqlx::query_as(
@@ -57,6 +80,14 @@ pub async fn build(
         let (effects, duplicate_effects): (i64, i64) = sqlx::query_as(
             "SELECT COALESCE(sum(n), 0)::bigint, COALESCE(sum(n - 1), 0)::bigint
              FROM (SELECT count(*) AS n FROM applied_effect WHERE group_name = $1 GROUP BY event_id) e",
+        )
+        .bind(name)
+        .fetch_one(pool)
+        .await?;
+        let (e2e_p50, e2e_p99): (Option<f64>, Option<f64>) = sqlx::query_as(
+            "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY d), percentile_cont(0.99) WITHIN GROUP (ORDER BY d)
+             FROM (SELECT EXTRACT(EPOCH FROM a.applied_at - o.created_at)::float8 * 1000 AS d
+                   FROM applied_effect a JOIN outbox o USING (event_id) WHERE a.group_name = $1) x",
         )
         .bind(name)
         .fetch_one(pool)
@@ -77,7 +108,12 @@ pub async fn build(
             dead_lettered: dead,
             duplicate_effects,
             lag: lag.iter().filter_map(|p| p.lag()).sum(),
-            uncommitted_partitions: lag.iter().filter(|p| p.committed.is_none() && p.end > 0).count(),
+            uncommitted_partitions: lag
+                .iter()
+                .filter(|p| p.committed.is_none() && p.end > 0)
+                .count(),
+            e2e_ms_p50: e2e_p50,
+            e2e_ms_p99: e2e_p99,
         });
     }
     Ok(PipelineReport {
@@ -85,6 +121,8 @@ pub async fn build(
         outbox_pending: state("pending"),
         outbox_published: state("published"),
         outbox_failed: state("failed"),
+        publish_delay_ms_p50: publish_p50,
+        publish_delay_ms_p99: publish_p99,
         groups: out,
     })
 }
@@ -99,17 +137,45 @@ impl std::fmt::Display for PipelineReport {
         )?;
         writeln!(
             f,
-            "{:<14} {:>10} {:>10} {:>8} {:>8} {:>10} {:>8} {:>12}",
-            "group", "processed", "effects", "parked", "dead", "dup-effect", "lag", "uncommitted"
+            "publish delay     p50 {}  p99 {}  (outbox insert to published)",
+            ms(self.publish_delay_ms_p50),
+            ms(self.publish_delay_ms_p99)
+        )?;
+        writeln!(
+            f,
+            "{:<14} {:>10} {:>10} {:>7} {:>6} {:>10} {:>6} {:>11} {:>10} {:>10}",
+            "group",
+            "processed",
+            "effects",
+            "parked",
+            "dead",
+            "dup-effect",
+            "lag",
+            "uncommitted",
+            "e2e p50",
+            "e2e p99"
         )?;
         for g in &self.groups {
             writeln!(
                 f,
-                "{:<14} {:>10} {:>10} {:>8} {:>8} {:>10} {:>8} {:>12}",
-                g.group, g.processed, g.applied_effects, g.parked, g.dead_lettered,
-                g.duplicate_effects, g.lag, g.uncommitted_partitions
+                "{:<14} {:>10} {:>10} {:>7} {:>6} {:>10} {:>6} {:>11} {:>10} {:>10}",
+                g.group,
+                g.processed,
+                g.applied_effects,
+                g.parked,
+                g.dead_lettered,
+                g.duplicate_effects,
+                g.lag,
+                g.uncommitted_partitions,
+                ms(g.e2e_ms_p50),
+                ms(g.e2e_ms_p99)
             )?;
         }
         Ok(())
     }
+}
+
+fn ms(v: Option<f64>) -> String {
+    v.map(|v| format!("{v:.1} ms"))
+        .unwrap_or_else(|| "-".into())
 }

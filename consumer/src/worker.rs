@@ -92,15 +92,23 @@ pub async fn run_partition(
             match process_batch(&shared.pool, shared.handler.as_ref(), &batch).await {
                 Ok(report) => {
                     let m = &shared.metrics;
-                    m.processing_duration.with_label_values(&[&group]).observe(started.elapsed().as_secs_f64());
-                    m.batch_size.with_label_values(&[&group]).observe(batch.len() as f64);
+                    m.processing_duration
+                        .with_label_values(&[&group])
+                        .observe(started.elapsed().as_secs_f64());
+                    m.batch_size
+                        .with_label_values(&[&group])
+                        .observe(batch.len() as f64);
                     for o in &report.outcomes {
                         m.messages.with_label_values(&[&group, o.label()]).inc();
                     }
                     if report.released > 0 {
-                        m.messages.with_label_values(&[&group, "released"]).inc_by(report.released as u64);
+                        m.messages
+                            .with_label_values(&[&group, "released"])
+                            .inc_by(report.released as u64);
                     }
-                    m.out_of_sequence.with_label_values(&[&group]).inc_by(report.out_of_sequence as u64);
+                    m.out_of_sequence
+                        .with_label_values(&[&group])
+                        .inc_by(report.out_of_sequence as u64);
                     let now = Utc::now();
                     let e2e = m.end_to_end.with_label_values(&[&group]);
                     for at in &report.applied_occurred_at {
@@ -118,7 +126,11 @@ pub async fn run_partition(
                 Err(ProcessError::Transient(e)) => {
                     attempt = attempt.saturating_add(1);
                     let delay = backoff(shared.retry_base, shared.retry_max, attempt);
-                    shared.metrics.batch_retries.with_label_values(&[&group]).inc();
+                    shared
+                        .metrics
+                        .batch_retries
+                        .with_label_values(&[&group])
+                        .inc();
                     tracing::warn!(%group, %topic, partition, attempt, error = %e, delay_ms = delay.as_millis() as u64,
                         "batch failed; the partition waits and retries");
                     tokio::select! {
@@ -138,7 +150,9 @@ pub async fn run_partition(
 }
 
 fn backoff(base: Duration, max: Duration, attempt: u32) -> Duration {
-    let nominal = base.saturating_mul(2u32.saturating_pow(attempt.min(20).saturating_sub(1))).min(max);
+    let nominal = base
+        .saturating_mul(2u32.saturating_pow(attempt.min(20).saturating_sub(1)))
+        .min(max);
     let half = nominal / 2;
     half + Duration::from_millis(rand::rng().random_range(0..=half.as_millis().max(1) as u64))
 }

@@ -18,7 +18,10 @@ fn snapshot(order_id: Uuid, status: OrderStatus, qty: i32) -> OrderSnapshot {
         customer_id: "c-1".into(),
         email: Some("c1@example.com".into()),
         status,
-        lines: vec![OrderLine { product_id: "sku-00001".into(), quantity: qty }],
+        lines: vec![OrderLine {
+            product_id: "sku-00001".into(),
+            quantity: qty,
+        }],
     }
 }
 
@@ -26,7 +29,13 @@ fn message(order_id: Uuid, sequence: i64, status: OrderStatus, offset: i64) -> I
     message_with_id(Uuid::new_v4(), order_id, sequence, status, offset)
 }
 
-fn message_with_id(event_id: Uuid, order_id: Uuid, sequence: i64, status: OrderStatus, offset: i64) -> InboundMessage {
+fn message_with_id(
+    event_id: Uuid,
+    order_id: Uuid,
+    sequence: i64,
+    status: OrderStatus,
+    offset: i64,
+) -> InboundMessage {
     let payload = serde_json::to_vec(&snapshot(order_id, status, 2)).expect("serialisable");
     InboundMessage {
         topic: "orders".into(),
@@ -55,11 +64,13 @@ async fn stock(pool: &PgPool, available: i32) {
 }
 
 async fn effects(pool: &PgPool, group: &str) -> Vec<(String, i64)> {
-    sqlx::query_as("SELECT order_id, sequence FROM applied_effect WHERE group_name = $1 ORDER BY id")
-        .bind(group)
-        .fetch_all(pool)
-        .await
-        .expect("effects")
+    sqlx::query_as(
+        "SELECT order_id, sequence FROM applied_effect WHERE group_name = $1 ORDER BY id",
+    )
+    .bind(group)
+    .fetch_all(pool)
+    .await
+    .expect("effects")
 }
 
 async fn available(pool: &PgPool) -> (i32, i32) {
@@ -79,12 +90,19 @@ async fn redelivered_batch_applies_nothing_twice(pool: PgPool) {
         message(order, 2, OrderStatus::Paid, 1),
         message(order, 3, OrderStatus::Cancelled, 2),
     ];
-    let first = process_batch(&pool, &handler, &batch[..2]).await.expect("first batch");
+    let first = process_batch(&pool, &handler, &batch[..2])
+        .await
+        .expect("first batch");
     assert_eq!(first.outcomes, vec![Outcome::Applied, Outcome::Applied]);
     assert_eq!(available(&pool).await, (98, 2), "reserved once");
     // The offset commit was lost: the whole range comes again, plus the next event.
-    let again = process_batch(&pool, &handler, &batch).await.expect("redelivery");
-    assert_eq!(again.outcomes, vec![Outcome::Duplicate, Outcome::Duplicate, Outcome::Applied]);
+    let again = process_batch(&pool, &handler, &batch)
+        .await
+        .expect("redelivery");
+    assert_eq!(
+        again.outcomes,
+        vec![Outcome::Duplicate, Outcome::Duplicate, Outcome::Applied]
+    );
     assert_eq!(available(&pool).await, (100, 0), "released once");
     assert_eq!(effects(&pool, GROUP).await.len(), 3);
 }
@@ -113,23 +131,42 @@ async fn event_ahead_of_its_predecessor_is_parked_then_applied_in_order(pool: Pg
     let paid = message(order, 2, OrderStatus::Paid, 3);
     let cancelled = message(order, 3, OrderStatus::Cancelled, 4);
     // Sequence 2 and 3 arrive first (e.g. sequence 1 was retried by the relay).
-    let report = process_batch(&pool, &handler, &[paid.clone(), cancelled.clone()]).await.expect("batch");
+    let report = process_batch(&pool, &handler, &[paid.clone(), cancelled.clone()])
+        .await
+        .expect("batch");
     assert_eq!(report.outcomes, vec![Outcome::Parked, Outcome::Parked]);
     assert_eq!(report.out_of_sequence, 2);
-    assert!(effects(&pool, GROUP).await.is_empty(), "nothing applied out of order");
+    assert!(
+        effects(&pool, GROUP).await.is_empty(),
+        "nothing applied out of order"
+    );
     assert_eq!(available(&pool).await, (100, 0));
 
-    let report = process_batch(&pool, &handler, &[placed]).await.expect("batch");
+    let report = process_batch(&pool, &handler, &[placed])
+        .await
+        .expect("batch");
     assert_eq!(report.outcomes, vec![Outcome::Applied]);
     assert_eq!(report.released, 2);
-    let seqs: Vec<i64> = effects(&pool, GROUP).await.into_iter().map(|(_, s)| s).collect();
+    let seqs: Vec<i64> = effects(&pool, GROUP)
+        .await
+        .into_iter()
+        .map(|(_, s)| s)
+        .collect();
     assert_eq!(seqs, vec![1, 2, 3], "applied in sequence order");
     assert_eq!(available(&pool).await, (100, 0), "reserved then released");
-    let parked: i64 = sqlx::query_scalar("SELECT count(*) FROM parked_event").fetch_one(&pool).await.expect("count");
+    let parked: i64 = sqlx::query_scalar("SELECT count(*) FROM parked_event")
+        .fetch_one(&pool)
+        .await
+        .expect("count");
     assert_eq!(parked, 0);
     // The relay's second copies of 2 and 3 are duplicates.
-    let report = process_batch(&pool, &handler, &[paid, cancelled]).await.expect("batch");
-    assert_eq!(report.outcomes, vec![Outcome::Duplicate, Outcome::Duplicate]);
+    let report = process_batch(&pool, &handler, &[paid, cancelled])
+        .await
+        .expect("batch");
+    assert_eq!(
+        report.outcomes,
+        vec![Outcome::Duplicate, Outcome::Duplicate]
+    );
 }
 
 #[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
@@ -140,12 +177,19 @@ async fn gap_closed_within_one_batch_records_every_event_as_applied(pool: PgPool
     let report = process_batch(
         &pool,
         &handler,
-        &[message(order, 2, OrderStatus::Paid, 0), message(order, 1, OrderStatus::Placed, 1)],
+        &[
+            message(order, 2, OrderStatus::Paid, 0),
+            message(order, 1, OrderStatus::Placed, 1),
+        ],
     )
     .await
     .expect("batch");
     assert_eq!(report.outcomes, vec![Outcome::Parked, Outcome::Applied]);
-    let seqs: Vec<i64> = effects(&pool, GROUP).await.into_iter().map(|(_, s)| s).collect();
+    let seqs: Vec<i64> = effects(&pool, GROUP)
+        .await
+        .into_iter()
+        .map(|(_, s)| s)
+        .collect();
     assert_eq!(seqs, vec![1, 2]);
     let outcomes: Vec<String> =
         sqlx::query_scalar("SELECT outcome FROM processed_message ORDER BY kafka_offset")
@@ -170,21 +214,35 @@ async fn bad_records_are_dead_lettered_with_their_cause_and_others_flow(pool: Pg
         env.event_type = "order.teleported".into();
     }
     let good = message(order, 1, OrderStatus::Placed, 3);
-    let report = process_batch(&pool, &handler, &[no_key, not_json, unknown_type, good]).await.expect("batch");
+    let report = process_batch(&pool, &handler, &[no_key, not_json, unknown_type, good])
+        .await
+        .expect("batch");
     assert_eq!(
         report.outcomes,
-        vec![Outcome::DeadLettered, Outcome::DeadLettered, Outcome::DeadLettered, Outcome::Applied]
+        vec![
+            Outcome::DeadLettered,
+            Outcome::DeadLettered,
+            Outcome::DeadLettered,
+            Outcome::Applied
+        ]
     );
-    let reasons: Vec<String> = sqlx::query_scalar("SELECT reason FROM dead_letter ORDER BY kafka_offset")
-        .fetch_all(&pool)
-        .await
-        .expect("dead letters");
+    let reasons: Vec<String> =
+        sqlx::query_scalar("SELECT reason FROM dead_letter ORDER BY kafka_offset")
+            .fetch_all(&pool)
+            .await
+            .expect("dead letters");
     assert_eq!(reasons.len(), 3);
     assert!(reasons[0].contains("no key"), "{reasons:?}");
     assert!(reasons[1].contains("not JSON"), "{reasons:?}");
     assert!(reasons[2].contains("unknown event type"), "{reasons:?}");
-    let notifications: i64 = sqlx::query_scalar("SELECT count(*) FROM notification").fetch_one(&pool).await.expect("count");
-    assert_eq!(notifications, 1, "the good event still produced its notification");
+    let notifications: i64 = sqlx::query_scalar("SELECT count(*) FROM notification")
+        .fetch_one(&pool)
+        .await
+        .expect("count");
+    assert_eq!(
+        notifications, 1,
+        "the good event still produced its notification"
+    );
 }
 
 #[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
@@ -192,7 +250,13 @@ async fn insufficient_stock_is_a_rejected_reservation_not_an_error(pool: PgPool)
     stock(&pool, 1).await;
     let handler = Inventory::new(GROUP);
     let order = Uuid::new_v4();
-    let report = process_batch(&pool, &handler, &[message(order, 1, OrderStatus::Placed, 0)]).await.expect("batch");
+    let report = process_batch(
+        &pool,
+        &handler,
+        &[message(order, 1, OrderStatus::Placed, 0)],
+    )
+    .await
+    .expect("batch");
     assert_eq!(report.outcomes, vec![Outcome::Applied]);
     let (status, reason): (String, Option<String>) =
         sqlx::query_as("SELECT status, reason FROM inventory_reservation WHERE order_id = $1")
@@ -204,7 +268,13 @@ async fn insufficient_stock_is_a_rejected_reservation_not_an_error(pool: PgPool)
     assert!(reason.unwrap_or_default().contains("insufficient stock"));
     assert_eq!(available(&pool).await, (1, 0), "stock untouched");
     // Cancelling a rejected order releases nothing.
-    let report = process_batch(&pool, &handler, &[message(order, 2, OrderStatus::Cancelled, 1)]).await.expect("batch");
+    let report = process_batch(
+        &pool,
+        &handler,
+        &[message(order, 2, OrderStatus::Cancelled, 1)],
+    )
+    .await
+    .expect("batch");
     assert_eq!(report.outcomes, vec![Outcome::Applied]);
     assert_eq!(available(&pool).await, (1, 0));
 }

@@ -94,10 +94,11 @@ impl Envelope {
                 reason: "not UTF-8".into(),
             })
         };
-        let invalid = |name: &'static str, e: &dyn std::fmt::Display| EnvelopeError::InvalidHeader {
-            name,
-            reason: e.to_string(),
-        };
+        let invalid =
+            |name: &'static str, e: &dyn std::fmt::Display| EnvelopeError::InvalidHeader {
+                name,
+                reason: e.to_string(),
+            };
         let event_id = Uuid::parse_str(find(EVENT_ID)?).map_err(|e| invalid(EVENT_ID, &e))?;
         let event_type = find(EVENT_TYPE)?.to_owned();
         if event_type.is_empty() {
@@ -130,7 +131,15 @@ impl Envelope {
 }
 
 fn is_envelope_header(name: &str) -> bool {
-    [EVENT_ID, EVENT_TYPE, SEQUENCE, AGGREGATE_ID, OCCURRED_AT, TRACEPARENT].contains(&name)
+    [
+        EVENT_ID,
+        EVENT_TYPE,
+        SEQUENCE,
+        AGGREGATE_ID,
+        OCCURRED_AT,
+        TRACEPARENT,
+    ]
+    .contains(&name)
 }
 
 fn header<'a>(key: &'a str, value: &'a str) -> Header<'a, &'a str> {
@@ -171,7 +180,10 @@ mod tests {
     #[test]
     fn round_trips_through_headers() {
         let env = sample();
-        let msg = record(Some("order-1"), env.to_headers(&[("x-tenant".into(), "a".into())]));
+        let msg = record(
+            Some("order-1"),
+            env.to_headers(&[("x-tenant".into(), "a".into())]),
+        );
         let back = Envelope::from_record(msg.key(), msg.headers()).expect("valid envelope");
         assert_eq!(back.event_id, env.event_id);
         assert_eq!(back.sequence, 3);

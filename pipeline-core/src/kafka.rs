@@ -143,7 +143,13 @@ pub fn group_lag(
     for elem in committed.elements() {
         let (_, high) = consumer
             .fetch_watermarks(elem.topic(), elem.partition(), timeout)
-            .with_context(|| format!("fetching watermarks of {}/{}", elem.topic(), elem.partition()))?;
+            .with_context(|| {
+                format!(
+                    "fetching watermarks of {}/{}",
+                    elem.topic(),
+                    elem.partition()
+                )
+            })?;
         let committed = match elem.offset() {
             Offset::Offset(o) => Some(o),
             _ => None,

@@ -27,7 +27,9 @@ impl RetryPolicy {
             self.slow_interval
         } else {
             let exp = u32::try_from(attempts.saturating_sub(1).clamp(0, 30)).unwrap_or(30);
-            self.base.saturating_mul(2u32.saturating_pow(exp)).min(self.max)
+            self.base
+                .saturating_mul(2u32.saturating_pow(exp))
+                .min(self.max)
         };
         // Equal jitter: half fixed, half random, so relays retrying together spread out.
         let half = nominal / 2;

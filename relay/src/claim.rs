@@ -56,7 +56,8 @@ pub async fn claim_batch(pool: &PgPool, limit: i64) -> Result<Vec<OutboxEvent>, 
 }
 
 /// The claim query; `$1` is the batch size.
-pub const CLAIM_SQL: &str = "SELECT o.id, o.event_id, o.event_type, o.aggregate_id, o.sequence, o.topic,
+pub const CLAIM_SQL: &str =
+    "SELECT o.id, o.event_id, o.event_type, o.aggregate_id, o.sequence, o.topic,
         o.payload::text AS payload, o.headers, o.attempts, o.created_at
  FROM outbox o
  WHERE o.state = 'pending'

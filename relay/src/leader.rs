@@ -41,7 +41,10 @@ impl Leadership {
 
     /// Whether the lock is still ours: the session that holds it must still be alive.
     pub async fn still_held(&mut self) -> bool {
-        sqlx::query("SELECT 1").execute(&mut self.conn).await.is_ok()
+        sqlx::query("SELECT 1")
+            .execute(&mut self.conn)
+            .await
+            .is_ok()
     }
 }
 

@@ -50,7 +50,10 @@ pub async fn mark_published(pool: &PgPool, published: &[Published]) -> Result<u6
 
 /// Records failed attempts: attempts counted, last error and next attempt time set, and the row
 /// marked `failed` when no attempt is left.
-pub async fn record_failures(pool: &PgPool, failures: &[FailedAttempt]) -> Result<u64, sqlx::Error> {
+pub async fn record_failures(
+    pool: &PgPool,
+    failures: &[FailedAttempt],
+) -> Result<u64, sqlx::Error> {
     if failures.is_empty() {
         return Ok(0);
     }

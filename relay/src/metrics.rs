@@ -22,11 +22,17 @@ impl RelayMetrics {
     pub fn register(registry: &Registry) -> prometheus::Result<Self> {
         let m = RelayMetrics {
             published: IntCounterVec::new(
-                Opts::new("outbox_published_total", "Outbox events handled by the relay, by outcome"),
+                Opts::new(
+                    "outbox_published_total",
+                    "Outbox events handled by the relay, by outcome",
+                ),
                 &["outcome"],
             )?,
             publish_errors: IntCounterVec::new(
-                Opts::new("relay_publish_errors_total", "Failed publish attempts, by reason"),
+                Opts::new(
+                    "relay_publish_errors_total",
+                    "Failed publish attempts, by reason",
+                ),
                 &["reason"],
             )?,
             batch_size: Histogram::with_opts(
@@ -51,8 +57,14 @@ impl RelayMetrics {
                 "relay_last_success_timestamp_seconds",
                 "Unix time of the last relay loop that completed without error",
             )?,
-            active: IntGauge::new("relay_active", "1 while this relay holds the lock and publishes")?,
-            unpublished: IntGauge::new("outbox_unpublished_events", "Outbox events not yet published")?,
+            active: IntGauge::new(
+                "relay_active",
+                "1 while this relay holds the lock and publishes",
+            )?,
+            unpublished: IntGauge::new(
+                "outbox_unpublished_events",
+                "Outbox events not yet published",
+            )?,
             oldest_unpublished_age: Gauge::new(
                 "outbox_oldest_unpublished_age_seconds",
                 "Age of the oldest unpublished outbox event by the database clock, 0 when none",

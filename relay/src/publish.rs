@@ -26,7 +26,10 @@ pub struct ProducerSettings {
 }
 
 /// Creates the idempotent, `acks=all` producer.
-pub fn create_producer(kafka: &KafkaArgs, settings: &ProducerSettings) -> anyhow::Result<FutureProducer> {
+pub fn create_producer(
+    kafka: &KafkaArgs,
+    settings: &ProducerSettings,
+) -> anyhow::Result<FutureProducer> {
     let mut config = kafka.client_config();
     config
         .set("acks", "all")
@@ -83,15 +86,20 @@ pub async fn publish_batch(producer: &FutureProducer, events: &[OutboxEvent]) ->
             outcome.held += 1;
             continue;
         }
+        let extra = event.extra_headers();
+        let traceparent = extra
+            .iter()
+            .find(|(k, _)| k == pipeline_core::envelope::TRACEPARENT)
+            .map(|(_, v)| v.clone());
         let envelope = Envelope {
             event_id: event.event_id,
             event_type: event.event_type.clone(),
             aggregate_id: event.aggregate_id.clone(),
             sequence: event.sequence,
             occurred_at: event.created_at,
-            traceparent: None,
+            traceparent,
         };
-        let headers = envelope.to_headers(&event.extra_headers());
+        let headers = envelope.to_headers(&extra);
         let mut record = FutureRecord::to(&event.topic)
             .key(event.aggregate_id.as_str())
             .payload(event.payload.as_str())
@@ -115,9 +123,11 @@ pub async fn publish_batch(producer: &FutureProducer, events: &[OutboxEvent]) ->
             }
         }
     }
-    let reports = join_all(in_flight.into_iter().map(|(event, fut)| async move {
-        (event, fut.await)
-    }))
+    let reports = join_all(
+        in_flight
+            .into_iter()
+            .map(|(event, fut)| async move { (event, fut.await) }),
+    )
     .await;
     for (event, report) in reports {
         match report {
@@ -162,7 +172,9 @@ pub fn classify(error: &KafkaError) -> (bool, &'static str) {
         },
     };
     match code {
-        MessageSizeTooLarge | InvalidMessageSize | MessageBatchTooLarge => (true, "message_too_large"),
+        MessageSizeTooLarge | InvalidMessageSize | MessageBatchTooLarge => {
+            (true, "message_too_large")
+        }
         UnknownTopic | UnknownTopicOrPartition | UnknownPartition => (true, "unknown_topic"),
         InvalidMessage | InvalidRecord | BadMessage | InvalidArgument => (true, "invalid_message"),
         TopicAuthorizationFailed | ClusterAuthorizationFailed => (true, "not_authorized"),

@@ -63,9 +63,18 @@ pub async fn relay_batch(
         tracing::warn!(outbox_id = f.id, error = %f.error, permanent = f.permanent, "publish attempt failed");
     }
     let given_up = failures.iter().filter(|f| f.give_up).count();
-    metrics.published.with_label_values(&["published"]).inc_by(delivery.published.len() as u64);
-    metrics.published.with_label_values(&["retry"]).inc_by((failures.len() - given_up) as u64);
-    metrics.published.with_label_values(&["failed"]).inc_by(given_up as u64);
+    metrics
+        .published
+        .with_label_values(&["published"])
+        .inc_by(delivery.published.len() as u64);
+    metrics
+        .published
+        .with_label_values(&["retry"])
+        .inc_by((failures.len() - given_up) as u64);
+    metrics
+        .published
+        .with_label_values(&["failed"])
+        .inc_by(given_up as u64);
     let by_id: std::collections::HashMap<i64, chrono::DateTime<Utc>> =
         events.iter().map(|e| (e.id, e.created_at)).collect();
     for p in &delivery.published {
@@ -75,7 +84,9 @@ pub async fn relay_batch(
         }
     }
     metrics.batch_size.observe(events.len() as f64);
-    metrics.batch_duration.observe(started.elapsed().as_secs_f64());
+    metrics
+        .batch_duration
+        .observe(started.elapsed().as_secs_f64());
     Ok(BatchOutcome {
         claimed: events.len(),
         published: delivery.published.len(),
@@ -106,7 +117,16 @@ pub async fn run(
         tracing::info!("relay is active");
         metrics.active.set(1);
         let producer = create_producer(&args.kafka, &args.producer_settings())?;
-        let result = run_active(args, &pool, &producer, &retry, &metrics, &mut leadership, &shutdown).await;
+        let result = run_active(
+            args,
+            &pool,
+            &producer,
+            &retry,
+            &metrics,
+            &mut leadership,
+            &shutdown,
+        )
+        .await;
         metrics.active.set(0);
         // Whatever is still queued was already waited for by its batch; flush anyway.
         let _ = producer.flush(Duration::from_secs(5));
@@ -126,7 +146,9 @@ async fn run_active(
     shutdown: &CancellationToken,
 ) -> anyhow::Result<()> {
     let mut listener = if args.listen {
-        let mut l = PgListener::connect_with(pool).await.context("LISTEN connection")?;
+        let mut l = PgListener::connect_with(pool)
+            .await
+            .context("LISTEN connection")?;
         l.listen(OUTBOX_CHANNEL).await.context("LISTEN")?;
         Some(l)
     } else {
@@ -146,7 +168,9 @@ async fn run_active(
         match relay_batch(pool, producer, args.batch_size, retry, metrics).await {
             Ok(outcome) => {
                 error_streak = 0;
-                metrics.last_success.set(Utc::now().timestamp_millis() as f64 / 1000.0);
+                metrics
+                    .last_success
+                    .set(Utc::now().timestamp_millis() as f64 / 1000.0);
                 if outcome.claimed as i64 >= args.batch_size {
                     continue; // more waiting: no pause
                 }
@@ -156,7 +180,10 @@ async fn run_active(
                 error_streak = error_streak.saturating_add(1);
                 let pause = retry.delay(error_streak.min(10) as i32);
                 tracing::error!(error = %e, pause_ms = pause.as_millis() as u64, "relay step failed; retrying");
-                metrics.publish_errors.with_label_values(&["database"]).inc();
+                metrics
+                    .publish_errors
+                    .with_label_values(&["database"])
+                    .inc();
                 tokio::select! {
                     _ = shutdown.cancelled() => {}
                     _ = tokio::time::sleep(pause) => {}
@@ -167,7 +194,11 @@ async fn run_active(
     Ok(())
 }
 
-async fn wait_for_work(listener: Option<&mut PgListener>, poll: Duration, shutdown: &CancellationToken) {
+async fn wait_for_work(
+    listener: Option<&mut PgListener>,
+    poll: Duration,
+    shutdown: &CancellationToken,
+) {
     match listener {
         Some(l) => {
             tokio::select! {
@@ -191,7 +222,12 @@ async fn wait_for_work(listener: Option<&mut PgListener>, poll: Duration, shutdo
 }
 
 /// Refreshes the backlog gauges from the database clock every `every`, until `shutdown`.
-pub async fn watch_backlog(pool: PgPool, metrics: RelayMetrics, every: Duration, shutdown: CancellationToken) {
+pub async fn watch_backlog(
+    pool: PgPool,
+    metrics: RelayMetrics,
+    every: Duration,
+    shutdown: CancellationToken,
+) {
     loop {
         let row: Result<(i64, f64), _> = sqlx::query_as(
             "SELECT count(*),

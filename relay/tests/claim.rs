@@ -14,7 +14,11 @@ async fn append(pool: &PgPool, order: &str, event_type: &str) -> i64 {
     id
 }
 
-async fn append_in(tx: &mut sqlx::Transaction<'_, sqlx::Postgres>, order: &str, event_type: &str) -> i64 {
+async fn append_in(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    order: &str,
+    event_type: &str,
+) -> i64 {
     let event = producer::outbox::NewEvent {
         business_key: order.to_owned(),
         event_type: event_type.to_owned(),
@@ -23,7 +27,9 @@ async fn append_in(tx: &mut sqlx::Transaction<'_, sqlx::Postgres>, order: &str, 
         payload: serde_json::json!({"order": order}),
         headers: vec![],
     };
-    let enqueued = producer::outbox::enqueue(tx, &event).await.expect("enqueue");
+    let enqueued = producer::outbox::enqueue(tx, &event)
+        .await
+        .expect("enqueue");
     sqlx::query_scalar("SELECT id FROM outbox WHERE event_id = $1")
         .bind(enqueued.event_id())
         .fetch_one(&mut **tx)
@@ -45,11 +51,24 @@ async fn an_event_committed_late_is_claimed_not_skipped(pool: PgPool) {
 
     let first = claim_batch(&pool, 100).await.expect("claim");
     assert_eq!(ids(&first), vec![early], "only committed rows are visible");
-    mark_published(&pool, &[Published { id: early, partition: 0, offset: 0 }]).await.expect("mark");
+    mark_published(
+        &pool,
+        &[Published {
+            id: early,
+            partition: 0,
+            offset: 0,
+        }],
+    )
+    .await
+    .expect("mark");
 
     slow.commit().await.expect("commit");
     let second = claim_batch(&pool, 100).await.expect("claim");
-    assert_eq!(ids(&second), vec![late], "the lower id committed later is still claimed");
+    assert_eq!(
+        ids(&second),
+        vec![late],
+        "the lower id committed later is still claimed"
+    );
 }
 
 #[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
@@ -58,12 +77,21 @@ async fn an_order_waits_behind_its_failed_or_retrying_event_while_others_flow(po
     let a2 = append(&pool, "order-a", "order.paid").await;
     let b1 = append(&pool, "order-b", "order.placed").await;
     let claimed = claim_batch(&pool, 100).await.expect("claim");
-    assert_eq!(ids(&claimed), vec![a1, a2, b1], "one order's events go together, in order");
+    assert_eq!(
+        ids(&claimed),
+        vec![a1, a2, b1],
+        "one order's events go together, in order"
+    );
 
     // a1's attempt failed and waits for its retry: a2 must not go ahead of it; b1 flows.
     record_failures(
         &pool,
-        &[FailedAttempt { id: a1, error: "broker down".into(), retry_in: Duration::from_secs(60), give_up: false }],
+        &[FailedAttempt {
+            id: a1,
+            error: "broker down".into(),
+            retry_in: Duration::from_secs(60),
+            give_up: false,
+        }],
     )
     .await
     .expect("failure");
@@ -78,12 +106,20 @@ async fn an_order_waits_behind_its_failed_or_retrying_event_while_others_flow(po
     .fetch_one(&pool)
     .await
     .expect("row");
-    assert_eq!((attempts, state.as_str(), error.as_deref(), later), (1, "pending", Some("broker down"), true));
+    assert_eq!(
+        (attempts, state.as_str(), error.as_deref(), later),
+        (1, "pending", Some("broker down"), true)
+    );
 
     // Out of attempts: failed, and it still holds a2.
     record_failures(
         &pool,
-        &[FailedAttempt { id: a1, error: "message too large".into(), retry_in: Duration::ZERO, give_up: true }],
+        &[FailedAttempt {
+            id: a1,
+            error: "message too large".into(),
+            retry_in: Duration::ZERO,
+            give_up: true,
+        }],
     )
     .await
     .expect("failure");
@@ -100,15 +136,34 @@ async fn an_order_waits_behind_its_failed_or_retrying_event_while_others_flow(po
 #[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
 async fn marking_records_partition_and_offset_once(pool: PgPool) {
     let a = append(&pool, "order-a", "order.placed").await;
-    let marked = mark_published(&pool, &[Published { id: a, partition: 3, offset: 42 }]).await.expect("mark");
+    let marked = mark_published(
+        &pool,
+        &[Published {
+            id: a,
+            partition: 3,
+            offset: 42,
+        }],
+    )
+    .await
+    .expect("mark");
     assert_eq!(marked, 1);
-    let again = mark_published(&pool, &[Published { id: a, partition: 4, offset: 43 }]).await.expect("mark");
+    let again = mark_published(
+        &pool,
+        &[Published {
+            id: a,
+            partition: 4,
+            offset: 43,
+        }],
+    )
+    .await
+    .expect("mark");
     assert_eq!(again, 0, "a published row is not rewritten");
-    let (p, o): (i32, i64) = sqlx::query_as("SELECT kafka_partition, kafka_offset FROM outbox WHERE id = $1")
-        .bind(a)
-        .fetch_one(&pool)
-        .await
-        .expect("row");
+    let (p, o): (i32, i64) =
+        sqlx::query_as("SELECT kafka_partition, kafka_offset FROM outbox WHERE id = $1")
+            .bind(a)
+            .fetch_one(&pool)
+            .await
+            .expect("row");
     assert_eq!((p, o), (3, 42));
     assert!(claim_batch(&pool, 10).await.expect("claim").is_empty());
 }
@@ -144,14 +199,20 @@ async fn claim_plan_and_time(pool: &PgPool, published: i64, pending: i64) {
     .execute(pool)
     .await
     .expect("pending rows");
-    sqlx::query("ANALYZE outbox").execute(pool).await.expect("analyze");
+    sqlx::query("ANALYZE outbox")
+        .execute(pool)
+        .await
+        .expect("analyze");
     let plan: Vec<String> = sqlx::query_scalar(&format!("EXPLAIN {}", relay::claim::CLAIM_SQL))
         .bind(2000_i64)
-    .fetch_all(pool)
-    .await
-    .expect("explain");
+        .fetch_all(pool)
+        .await
+        .expect("explain");
     let plan = plan.join("\n");
-    assert!(!plan.contains("Seq Scan"), "claim must not scan the table:\n{plan}");
+    assert!(
+        !plan.contains("Seq Scan"),
+        "claim must not scan the table:\n{plan}"
+    );
     let started = std::time::Instant::now();
     let claimed = claim_batch(pool, 2000).await.expect("claim");
     assert_eq!(claimed.len() as i64, pending.min(2000));

@@ -116,7 +116,10 @@ impl TestEnv {
         let log = File::options().create(true).append(true).open(&log_path)?;
         let path = bin_dir().join(bin);
         if !path.exists() {
-            bail!("{} is missing: build the binaries first (cargo build --release --bins)", path.display());
+            bail!(
+                "{} is missing: build the binaries first (cargo build --release --bins)",
+                path.display()
+            );
         }
         let child = Command::new(&path)
             .args(args)
@@ -126,20 +129,32 @@ impl TestEnv {
             .stdin(Stdio::null())
             .spawn()
             .with_context(|| format!("starting {}", path.display()))?;
-        Ok(Service { child, log_path, label: label.to_owned() })
+        Ok(Service {
+            child,
+            log_path,
+            label: label.to_owned(),
+        })
     }
 
     /// Starts the order service on a free port and returns it with its base URL.
     pub async fn order_service(&self) -> anyhow::Result<(Service, String)> {
-        let svc = self.spawn("producer", "order-service", &["serve", "--listen", "127.0.0.1:0", "--topic", &self.topic])?;
-        let addr = svc.wait_for_log_value("order service listening on ", Duration::from_secs(30)).await?;
+        let svc = self.spawn(
+            "producer",
+            "order-service",
+            &["serve", "--listen", "127.0.0.1:0", "--topic", &self.topic],
+        )?;
+        let addr = svc
+            .wait_for_log_value("order service listening on ", Duration::from_secs(30))
+            .await?;
         Ok((svc, format!("http://{addr}")))
     }
 
     /// Starts a relay; returns it with its metrics address.
     pub async fn relay(&self, label: &str) -> anyhow::Result<(Service, String)> {
         let svc = self.spawn("relay", label, &["run", "--metrics-listen", "127.0.0.1:0"])?;
-        let addr = svc.wait_for_log_value("relay metrics listening on ", Duration::from_secs(30)).await?;
+        let addr = svc
+            .wait_for_log_value("relay metrics listening on ", Duration::from_secs(30))
+            .await?;
         Ok((svc, addr))
     }
 
@@ -149,17 +164,32 @@ impl TestEnv {
             "consumer",
             label,
             &[
-                "run", "--group", "inventory", "--group", "notification",
-                "--topic", &self.topic, "--group-prefix", &self.group_prefix,
-                "--metrics-listen", "127.0.0.1:0",
+                "run",
+                "--group",
+                "inventory",
+                "--group",
+                "notification",
+                "--topic",
+                &self.topic,
+                "--group-prefix",
+                &self.group_prefix,
+                "--metrics-listen",
+                "127.0.0.1:0",
             ],
         )?;
-        let addr = svc.wait_for_log_value("consumer metrics listening on ", Duration::from_secs(30)).await?;
+        let addr = svc
+            .wait_for_log_value("consumer metrics listening on ", Duration::from_secs(30))
+            .await?;
         Ok((svc, addr))
     }
 
     /// Runs a binary to completion and returns its stdout.
-    pub fn run_to_end(&self, bin: &str, args: &[&str], timeout: Duration) -> anyhow::Result<String> {
+    pub fn run_to_end(
+        &self,
+        bin: &str,
+        args: &[&str],
+        timeout: Duration,
+    ) -> anyhow::Result<String> {
         let path = bin_dir().join(bin);
         let mut child = Command::new(&path)
             .args(args)
@@ -182,7 +212,11 @@ impl TestEnv {
         let out = child.wait_with_output()?;
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
         if !out.status.success() {
-            bail!("{bin} {args:?} failed ({}): {stdout}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+            bail!(
+                "{bin} {args:?} failed ({}): {stdout}\n{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
         Ok(stdout)
     }
@@ -195,7 +229,12 @@ impl TestEnv {
     /// Total committed lag of a group over the test topic; `None` while a partition with data has
     /// no commit yet.
     pub fn lag(&self, kind: &str) -> anyhow::Result<Option<i64>> {
-        let parts = group_lag(&self.kafka(), &self.group(kind), std::slice::from_ref(&self.topic), Duration::from_secs(10))?;
+        let parts = group_lag(
+            &self.kafka(),
+            &self.group(kind),
+            std::slice::from_ref(&self.topic),
+            Duration::from_secs(10),
+        )?;
         let mut total = 0;
         for p in parts {
             match p.lag() {
@@ -209,7 +248,10 @@ impl TestEnv {
 }
 
 fn kafka_args(brokers: &str) -> KafkaArgs {
-    KafkaArgs { kafka_brokers: brokers.to_owned(), kafka_options: Vec::new() }
+    KafkaArgs {
+        kafka_brokers: brokers.to_owned(),
+        kafka_options: Vec::new(),
+    }
 }
 
 /// A running binary.
@@ -246,7 +288,10 @@ impl Service {
             if Instant::now() > deadline {
                 let _ = self.child.kill();
                 let _ = self.child.wait();
-                bail!("{} did not stop within {timeout:?} after SIGTERM", self.label);
+                bail!(
+                    "{} did not stop within {timeout:?} after SIGTERM",
+                    self.label
+                );
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -262,7 +307,11 @@ impl Service {
     }
 
     /// Waits for a log line containing `prefix` and returns the word that follows it.
-    pub async fn wait_for_log_value(&self, prefix: &str, timeout: Duration) -> anyhow::Result<String> {
+    pub async fn wait_for_log_value(
+        &self,
+        prefix: &str,
+        timeout: Duration,
+    ) -> anyhow::Result<String> {
         let deadline = Instant::now() + timeout;
         loop {
             let log = self.log();
@@ -277,7 +326,10 @@ impl Service {
                 }
             }
             if Instant::now() > deadline {
-                bail!("{}: no `{prefix}` in its log within {timeout:?}:\n{log}", self.label);
+                bail!(
+                    "{}: no `{prefix}` in its log within {timeout:?}:\n{log}",
+                    self.label
+                );
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -317,13 +369,18 @@ where
 /// Fetches a Prometheus text page and sums the samples of `metric` whose labels contain all of
 /// `labels` (each `name="value"`).
 pub async fn scrape_sum(addr: &str, metric: &str, labels: &[&str]) -> anyhow::Result<f64> {
-    let body = reqwest::get(format!("http://{addr}/metrics")).await?.text().await?;
+    let body = reqwest::get(format!("http://{addr}/metrics"))
+        .await?
+        .text()
+        .await?;
     let mut total = 0.0;
     for line in body.lines() {
         if line.starts_with('#') {
             continue;
         }
-        let Some((series, value)) = line.rsplit_once(' ') else { continue };
+        let Some((series, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
         let name = series.split('{').next().unwrap_or(series);
         if name == metric && labels.iter().all(|l| series.contains(l)) {
             total += value.parse::<f64>().unwrap_or(0.0);
