@@ -49,7 +49,10 @@ impl OutboxEvent {
 /// makes their inserts happen one after the other. Only a row that already failed an attempt can
 /// be failed or waiting for a retry, so the check reads a partial index of such rows.
 pub async fn claim_batch(pool: &PgPool, limit: i64) -> Result<Vec<OutboxEvent>, sqlx::Error> {
+    // Planned on every execution: a cached generic plan, made while the table was small, turns
+    // the anti-join into a scan per row once the table has grown (seen: 3 s instead of 9 ms).
     sqlx::query_as::<_, OutboxEvent>(CLAIM_SQL)
+        .persistent(false)
         .bind(limit)
         .fetch_all(pool)
         .await
