@@ -10,7 +10,7 @@
 # Settings (environment):
 #   ORDERS=3000 RATE=500     orders the load generator sends, and at how many per second
 #   PIPELINE_DB=pipeline     database the services use (created when missing)
-#   PIPELINE_RESET=0         1 = drop and recreate PIPELINE_DB first
+#   PIPELINE_RESET=1         drop and recreate PIPELINE_DB first (0 = keep earlier runs' data)
 #   READY_TIMEOUT=60         seconds to wait for the order service's /readyz
 #   DRAIN_TIMEOUT=120        seconds to wait, after the load, for outbox and consumer lag to reach 0
 #   STOP_TIMEOUT=30          seconds a service gets to exit after SIGTERM before SIGKILL
@@ -24,7 +24,7 @@ cd "$REPO_ROOT"
 ORDERS="${ORDERS:-3000}"
 RATE="${RATE:-500}"
 PIPELINE_DB="${PIPELINE_DB:-pipeline}"
-PIPELINE_RESET="${PIPELINE_RESET:-0}"
+PIPELINE_RESET="${PIPELINE_RESET:-1}"
 READY_TIMEOUT="${READY_TIMEOUT:-60}"
 DRAIN_TIMEOUT="${DRAIN_TIMEOUT:-120}"
 STOP_TIMEOUT="${STOP_TIMEOUT:-30}"

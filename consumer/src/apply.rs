@@ -11,6 +11,7 @@ use std::collections::{HashMap, HashSet};
 use chrono::{DateTime, Utc};
 use pipeline_core::envelope::{Envelope, EnvelopeError};
 use sqlx::{Acquire, PgConnection, PgPool, Postgres, Transaction};
+use tracing::Instrument;
 use uuid::Uuid;
 
 use crate::handler::{Event, Handler, HandlerError};
@@ -67,6 +68,8 @@ pub struct BatchReport {
     pub released: usize,
     /// Events whose sequence was not the next one of their order (parked or stale).
     pub out_of_sequence: usize,
+    /// Time from BEGIN to the end of COMMIT.
+    pub transaction_duration: std::time::Duration,
 }
 
 /// Why a batch did not commit.
@@ -133,6 +136,7 @@ pub async fn process_batch(
     messages: &[InboundMessage],
 ) -> Result<BatchReport, ProcessError> {
     let group = handler.group();
+    let began = std::time::Instant::now();
     let mut tx = pool.begin().await?;
     let mut outcomes: Vec<Option<Outcome>> = vec![None; messages.len()];
     let mut report = BatchReport::default();
@@ -178,74 +182,37 @@ pub async fn process_batch(
         o.dedup();
         o
     };
-    let mut progress = load_progress(&mut tx, group, &orders).await?;
-    let mut advanced: HashMap<String, i64> = HashMap::new();
-    let mut parked_orders = orders_with_parked(&mut tx, group, &orders).await?;
-    let mut effects: Vec<AppliedEffect> = Vec::new();
-
+    let mut state = BatchState {
+        progress: load_progress(&mut tx, group, &orders).await?,
+        advanced: HashMap::new(),
+        parked_orders: orders_with_parked(&mut tx, group, &orders).await?,
+        effects: Vec::new(),
+    };
     for (i, p) in &fresh {
         let env = &p.event.envelope;
-        let last = progress.get(&env.aggregate_id).copied().unwrap_or(0);
-        let outcome = if env.sequence == last + 1 {
-            match apply_one(&mut tx, handler, &p.event).await? {
-                Ok(()) => {
-                    effects.push(AppliedEffect::of(&p.event));
-                    let mut last = env.sequence;
-                    if parked_orders.contains(&env.aggregate_id) {
-                        last = release_parked(
-                            &mut tx,
-                            handler,
-                            &env.aggregate_id,
-                            last,
-                            &mut effects,
-                            &mut report,
-                        )
-                        .await?;
-                    }
-                    let _ = progress.insert(env.aggregate_id.clone(), last);
-                    let _ = advanced.insert(env.aggregate_id.clone(), last);
-                    Outcome::Applied
-                }
-                Err(reason) => {
-                    dead_letter(&mut tx, group, p.msg, Some(&p.event), &reason).await?;
-                    set_outcomes(&mut tx, group, &[(env.event_id, "dead_lettered")]).await?;
-                    Outcome::DeadLettered
-                }
-            }
-        } else if env.sequence <= last {
-            report.out_of_sequence += 1;
-            tracing::warn!(
-                group, event_id = %env.event_id, order_id = %env.aggregate_id,
-                sequence = env.sequence, last_applied = last,
-                "event sequence already applied under another event id; not applied"
-            );
-            set_outcomes(&mut tx, group, &[(env.event_id, "stale")]).await?;
-            Outcome::Stale
-        } else {
-            report.out_of_sequence += 1;
-            tracing::warn!(
-                group, event_id = %env.event_id, order_id = %env.aggregate_id,
-                sequence = env.sequence, expected = last + 1,
-                "event ahead of its order's next sequence; parked until the gap closes"
-            );
-            park(
-                &mut tx,
-                group,
-                p.msg,
-                &p.event,
-                &format!("waiting for sequence {}", last + 1),
-            )
+        // Every log line of this event's handling carries its ids and the caller's trace context.
+        let span = tracing::info_span!(
+            "event",
+            group,
+            event_id = %env.event_id,
+            order_id = %env.aggregate_id,
+            sequence = env.sequence,
+            event_type = %env.event_type,
+            traceparent = env.traceparent.as_deref().unwrap_or(""),
+        );
+        let outcome = handle_event(&mut tx, handler, &mut state, &mut report, p)
+            .instrument(span)
             .await?;
-            let _ = parked_orders.insert(env.aggregate_id.clone());
-            set_outcomes(&mut tx, group, &[(env.event_id, "parked")]).await?;
-            Outcome::Parked
-        };
         outcomes[*i] = Some(outcome);
     }
+    let BatchState {
+        advanced, effects, ..
+    } = state;
 
     record_effects(&mut tx, group, &effects).await?;
     save_progress(&mut tx, group, &advanced).await?;
     tx.commit().await?;
+    report.transaction_duration = began.elapsed();
 
     report.applied_occurred_at = effects.iter().map(|e| e.occurred_at).collect();
     report.outcomes = outcomes
@@ -253,6 +220,81 @@ pub async fn process_batch(
         .map(|o| o.unwrap_or(Outcome::Duplicate))
         .collect();
     Ok(report)
+}
+
+/// What a batch has learned so far about the orders it touches.
+struct BatchState {
+    /// Last applied sequence per order, as read at the start and advanced since.
+    progress: HashMap<String, i64>,
+    /// Orders whose last applied sequence this batch moved, with the new value.
+    advanced: HashMap<String, i64>,
+    /// Orders with parked events.
+    parked_orders: HashSet<String>,
+    effects: Vec<AppliedEffect>,
+}
+
+/// Applies, parks or skips one new event according to its order's next expected sequence.
+async fn handle_event(
+    tx: &mut Transaction<'_, Postgres>,
+    handler: &dyn Handler,
+    state: &mut BatchState,
+    report: &mut BatchReport,
+    p: &Pending<'_>,
+) -> Result<Outcome, ProcessError> {
+    let group = handler.group();
+    let env = &p.event.envelope;
+    let last = state.progress.get(&env.aggregate_id).copied().unwrap_or(0);
+    if env.sequence == last + 1 {
+        return match apply_one(tx, handler, &p.event).await? {
+            Ok(()) => {
+                state.effects.push(AppliedEffect::of(&p.event));
+                let mut last = env.sequence;
+                if state.parked_orders.contains(&env.aggregate_id) {
+                    last = release_parked(
+                        tx,
+                        handler,
+                        &env.aggregate_id,
+                        last,
+                        &mut state.effects,
+                        report,
+                    )
+                    .await?;
+                }
+                let _ = state.progress.insert(env.aggregate_id.clone(), last);
+                let _ = state.advanced.insert(env.aggregate_id.clone(), last);
+                Ok(Outcome::Applied)
+            }
+            Err(reason) => {
+                dead_letter(tx, group, p.msg, Some(&p.event), &reason).await?;
+                set_outcomes(tx, group, &[(env.event_id, "dead_lettered")]).await?;
+                Ok(Outcome::DeadLettered)
+            }
+        };
+    }
+    report.out_of_sequence += 1;
+    if env.sequence <= last {
+        tracing::warn!(
+            last_applied = last,
+            "event sequence already applied under another event id; not applied"
+        );
+        set_outcomes(tx, group, &[(env.event_id, "stale")]).await?;
+        return Ok(Outcome::Stale);
+    }
+    tracing::warn!(
+        expected = last + 1,
+        "event ahead of its order's next sequence; parked until the gap closes"
+    );
+    park(
+        tx,
+        group,
+        p.msg,
+        &p.event,
+        &format!("waiting for sequence {}", last + 1),
+    )
+    .await?;
+    let _ = state.parked_orders.insert(env.aggregate_id.clone());
+    set_outcomes(tx, group, &[(env.event_id, "parked")]).await?;
+    Ok(Outcome::Parked)
 }
 
 fn read_event(msg: &InboundMessage) -> Result<Event, String> {

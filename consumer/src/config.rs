@@ -104,6 +104,13 @@ pub struct RunArgs {
     /// How long a revoke waits for in-flight batches, in milliseconds.
     #[arg(long, env = "CONSUMER_REVOKE_TIMEOUT_MS", default_value_t = 10_000)]
     pub revoke_timeout_ms: u64,
+    /// Interval of the lag collector, in milliseconds; 0 turns it off.
+    #[arg(long, env = "LAG_INTERVAL_MS", default_value_t = 5_000)]
+    pub lag_interval_ms: u64,
+    /// Further consumer group ids whose lag to export besides the groups run here (expected
+    /// groups keep reporting lag while none of their members runs).
+    #[arg(long = "lag-group", env = "LAG_GROUPS", value_delimiter = ',')]
+    pub lag_groups: Vec<String>,
     /// First retry delay of a batch after a transient failure, in milliseconds.
     #[arg(long, env = "CONSUMER_RETRY_BASE_MS", default_value_t = 100)]
     pub retry_base_ms: u64,

@@ -9,6 +9,7 @@ pub mod config;
 pub mod group;
 pub mod handler;
 pub mod inventory;
+pub mod lag;
 pub mod metrics;
 pub mod notification;
 pub mod report;
@@ -53,9 +54,19 @@ pub async fn run_with_sender(
     let pool = args.db.connect().await?;
     let registry = Registry::new();
     let metrics = ConsumerMetrics::register(&registry).context("registering metrics")?;
+    let lag_collector = lag::LagCollector::new().context("lag metrics")?;
+    registry
+        .register(Box::new(lag_collector.clone()))
+        .context("registering lag metrics")?;
     let addr = ops_http::serve(
         args.metrics_listen,
-        ops_http::router(registry, ops_http::database_ready(pool.clone())),
+        ops_http::router(
+            registry,
+            ops_http::all_ready(vec![
+                ops_http::database_ready(pool.clone()),
+                ops_http::kafka_ready(&args.kafka)?,
+            ]),
+        ),
         shutdown.clone(),
     )
     .await?;
@@ -73,6 +84,42 @@ pub async fn run_with_sender(
             stop.cancel();
         });
     }
+
+    let lag_thread = if args.lag_interval_ms > 0 {
+        let mut expected: Vec<String> = args
+            .groups
+            .iter()
+            .map(|g| format!("{}{}", args.group_prefix, g.name()))
+            .collect();
+        expected.extend(args.lag_groups.iter().cloned());
+        expected.sort();
+        expected.dedup();
+        let (kafka, topics, interval, stop) = (
+            args.kafka.clone(),
+            args.topics.clone(),
+            Duration::from_millis(args.lag_interval_ms),
+            stop.clone(),
+        );
+        Some(
+            std::thread::Builder::new()
+                .name("lag-collector".into())
+                .spawn(move || {
+                    if let Err(e) = lag::run_collector(
+                        &kafka,
+                        &expected,
+                        &topics,
+                        interval,
+                        &lag_collector,
+                        &stop,
+                    ) {
+                        tracing::error!(error = %e, "lag collector stopped");
+                    }
+                })
+                .context("starting lag collector")?,
+        )
+    } else {
+        None
+    };
 
     let settings = args.group_settings();
     let mut threads = Vec::new();
@@ -132,6 +179,9 @@ pub async fn run_with_sender(
     }
     for task in background {
         let _ = task.await;
+    }
+    if let Some(t) = lag_thread {
+        let _ = tokio::task::spawn_blocking(move || t.join()).await;
     }
     if let Some(reason) = fatal.reason() {
         anyhow::bail!("stopped on a fatal error: {reason}");

@@ -10,6 +10,7 @@ pub struct ConsumerMetrics {
     pub messages: IntCounterVec,
     pub out_of_sequence: IntCounterVec,
     pub processing_duration: HistogramVec,
+    pub transaction_duration: HistogramVec,
     pub batch_size: HistogramVec,
     pub end_to_end: HistogramVec,
     pub commit_duration: HistogramVec,
@@ -39,7 +40,15 @@ impl ConsumerMetrics {
             processing_duration: HistogramVec::new(
                 HistogramOpts::new(
                     "consumer_batch_duration_seconds",
-                    "Time to process one partition batch, database transaction included",
+                    "Time to process one partition batch, retries and database transaction included",
+                )
+                .buckets(exponential_buckets(0.0005, 2.0, 16)?),
+                &["group"],
+            )?,
+            transaction_duration: HistogramVec::new(
+                HistogramOpts::new(
+                    "consumer_db_transaction_duration_seconds",
+                    "Time from BEGIN to the end of COMMIT of a committed batch transaction",
                 )
                 .buckets(exponential_buckets(0.0005, 2.0, 16)?),
                 &["group"],
@@ -94,6 +103,7 @@ impl ConsumerMetrics {
         registry.register(Box::new(m.messages.clone()))?;
         registry.register(Box::new(m.out_of_sequence.clone()))?;
         registry.register(Box::new(m.processing_duration.clone()))?;
+        registry.register(Box::new(m.transaction_duration.clone()))?;
         registry.register(Box::new(m.batch_size.clone()))?;
         registry.register(Box::new(m.end_to_end.clone()))?;
         registry.register(Box::new(m.commit_duration.clone()))?;

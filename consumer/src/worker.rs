@@ -83,12 +83,12 @@ pub async fn run_partition(
             }
         }
         let mut attempt: u32 = 0;
+        let started = Instant::now();
         loop {
             // Never start a transaction for a partition this process no longer owns.
             if stop.is_cancelled() {
                 return;
             }
-            let started = Instant::now();
             match process_batch(&shared.pool, shared.handler.as_ref(), &batch).await {
                 Ok(report) => {
                     let m = &shared.metrics;

@@ -119,12 +119,26 @@ pub fn group_lag(
     topics: &[String],
     timeout: Duration,
 ) -> anyhow::Result<Vec<PartitionLag>> {
-    let consumer: BaseConsumer = kafka
+    let consumer = offsets_reader(kafka, group)?;
+    partition_lags(&consumer, topics, timeout)
+}
+
+/// A client that reads `group`'s committed offsets without joining the group.
+pub fn offsets_reader(kafka: &KafkaArgs, group: &str) -> anyhow::Result<BaseConsumer> {
+    kafka
         .client_config()
         .set("group.id", group)
         .set("enable.auto.commit", "false")
         .create()
-        .context("creating Kafka client for lag")?;
+        .context("creating Kafka client for offsets")
+}
+
+/// [`group_lag`] with a reader made by [`offsets_reader`].
+pub fn partition_lags(
+    consumer: &BaseConsumer,
+    topics: &[String],
+    timeout: Duration,
+) -> anyhow::Result<Vec<PartitionLag>> {
     let mut tpl = TopicPartitionList::new();
     for topic in topics {
         let metadata = consumer
@@ -138,7 +152,7 @@ pub fn group_lag(
     }
     let committed = consumer
         .committed_offsets(tpl, timeout)
-        .with_context(|| format!("fetching committed offsets of group {group}"))?;
+        .context("fetching committed offsets")?;
     let mut out = Vec::new();
     for elem in committed.elements() {
         let (_, high) = consumer

@@ -88,3 +88,47 @@ pub fn database_ready(pool: sqlx::PgPool) -> ReadinessCheck {
         })
     })
 }
+
+/// A readiness check that asks the Kafka cluster for its broker list.
+pub fn kafka_ready(kafka: &crate::kafka::KafkaArgs) -> anyhow::Result<ReadinessCheck> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let client: Arc<BaseConsumer> = Arc::new(
+        kafka
+            .client_config()
+            .create()
+            .context("creating Kafka client for readiness")?,
+    );
+    Ok(Arc::new(move || {
+        let client = client.clone();
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || {
+                client
+                    .fetch_metadata(None, std::time::Duration::from_secs(2))
+                    .map_err(|e| format!("kafka: {e}"))
+                    .and_then(|m| {
+                        if m.brokers().is_empty() {
+                            Err("kafka: no brokers".to_owned())
+                        } else {
+                            Ok(())
+                        }
+                    })
+            })
+            .await
+            .map_err(|e| format!("kafka: {e}"))?
+        })
+    }))
+}
+
+/// Ready when every check is.
+pub fn all_ready(checks: Vec<ReadinessCheck>) -> ReadinessCheck {
+    let checks = Arc::new(checks);
+    Arc::new(move || {
+        let checks = checks.clone();
+        Box::pin(async move {
+            for check in checks.iter() {
+                check().await?;
+            }
+            Ok(())
+        })
+    })
+}

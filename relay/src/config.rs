@@ -71,6 +71,9 @@ pub struct RunArgs {
     /// librdkafka `compression.type` (none, lz4, zstd, snappy, gzip).
     #[arg(long, env = "RELAY_COMPRESSION", default_value = "none")]
     pub compression: String,
+    /// librdkafka statistics interval in milliseconds (client metrics); 0 turns them off.
+    #[arg(long, env = "KAFKA_STATISTICS_INTERVAL_MS", default_value_t = 5_000)]
+    pub statistics_interval_ms: u64,
     /// Delay after the first failed attempt, in milliseconds (doubles each attempt).
     #[arg(long, env = "RELAY_RETRY_BASE_MS", default_value_t = 200)]
     pub retry_base_ms: u64,
@@ -105,6 +108,7 @@ impl RunArgs {
             delivery_timeout: Duration::from_millis(self.delivery_timeout_ms),
             linger: Duration::from_millis(self.linger_ms),
             compression: self.compression.clone(),
+            statistics_interval: Duration::from_millis(self.statistics_interval_ms),
         }
     }
 
@@ -115,6 +119,10 @@ impl RunArgs {
         anyhow::ensure!(
             self.delivery_timeout_ms >= 1000,
             "--delivery-timeout-ms below 1000 leaves librdkafka no room to retry"
+        );
+        anyhow::ensure!(
+            self.delivery_timeout_ms > self.linger_ms,
+            "--delivery-timeout-ms must exceed --linger-ms, or every message times out while lingering"
         );
         anyhow::ensure!(
             self.retry_base_ms > 0 && self.retry_base_ms <= self.retry_max_ms,

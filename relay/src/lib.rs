@@ -28,7 +28,13 @@ pub async fn run(args: RunArgs, shutdown: CancellationToken) -> anyhow::Result<(
     let metrics = RelayMetrics::register(&registry).context("registering metrics")?;
     let addr = ops_http::serve(
         args.metrics_listen,
-        ops_http::router(registry, ops_http::database_ready(pool.clone())),
+        ops_http::router(
+            registry,
+            ops_http::all_ready(vec![
+                ops_http::database_ready(pool.clone()),
+                ops_http::kafka_ready(&args.kafka)?,
+            ]),
+        ),
         shutdown.clone(),
     )
     .await?;

@@ -1,8 +1,10 @@
 //! The relay's Prometheus metrics, registered on a registry passed in.
 
 use prometheus::{
-    exponential_buckets, Gauge, Histogram, HistogramOpts, IntCounterVec, IntGauge, Opts, Registry,
+    exponential_buckets, Gauge, GaugeVec, Histogram, HistogramOpts, IntCounterVec, IntGauge, Opts,
+    Registry,
 };
+use rdkafka::statistics::Statistics;
 
 /// Metrics of the relay and of the outbox it drains.
 #[derive(Clone)]
@@ -16,6 +18,9 @@ pub struct RelayMetrics {
     pub active: IntGauge,
     pub unpublished: IntGauge,
     pub oldest_unpublished_age: Gauge,
+    pub producer_queue: IntGauge,
+    pub producer_queue_max: IntGauge,
+    pub broker_rtt: GaugeVec,
 }
 
 impl RelayMetrics {
@@ -69,6 +74,21 @@ impl RelayMetrics {
                 "outbox_oldest_unpublished_age_seconds",
                 "Age of the oldest unpublished outbox event by the database clock, 0 when none",
             )?,
+            producer_queue: IntGauge::new(
+                "relay_kafka_producer_queue_messages",
+                "Messages in the Kafka producer's queue (librdkafka msg_cnt)",
+            )?,
+            producer_queue_max: IntGauge::new(
+                "relay_kafka_producer_queue_max_messages",
+                "Capacity of the Kafka producer's queue (librdkafka msg_max)",
+            )?,
+            broker_rtt: GaugeVec::new(
+                Opts::new(
+                    "relay_kafka_broker_rtt_seconds",
+                    "Average broker round-trip time over librdkafka's last statistics window",
+                ),
+                &["broker"],
+            )?,
         };
         registry.register(Box::new(m.published.clone()))?;
         registry.register(Box::new(m.publish_errors.clone()))?;
@@ -79,6 +99,27 @@ impl RelayMetrics {
         registry.register(Box::new(m.active.clone()))?;
         registry.register(Box::new(m.unpublished.clone()))?;
         registry.register(Box::new(m.oldest_unpublished_age.clone()))?;
+        registry.register(Box::new(m.producer_queue.clone()))?;
+        registry.register(Box::new(m.producer_queue_max.clone()))?;
+        registry.register(Box::new(m.broker_rtt.clone()))?;
         Ok(m)
+    }
+
+    /// Copies librdkafka's periodic statistics into the client gauges. Broker series are rebuilt
+    /// each time, so a broker that left the cluster leaves no stale series.
+    pub fn record_statistics(&self, stats: &Statistics) {
+        self.producer_queue.set(stats.msg_cnt as i64);
+        self.producer_queue_max.set(stats.msg_max as i64);
+        self.broker_rtt.reset();
+        for broker in stats.brokers.values() {
+            if broker.nodeid < 0 {
+                continue; // bootstrap placeholder, not a broker
+            }
+            if let Some(rtt) = &broker.rtt {
+                self.broker_rtt
+                    .with_label_values(&[&broker.nodename])
+                    .set(rtt.avg as f64 / 1e6);
+            }
+        }
     }
 }

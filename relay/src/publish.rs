@@ -9,10 +9,37 @@ use pipeline_core::envelope::Envelope;
 use pipeline_core::kafka::KafkaArgs;
 use rdkafka::error::KafkaError;
 use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::statistics::Statistics;
 use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::ClientContext;
 
 use crate::claim::OutboxEvent;
 use crate::mark::Published;
+use crate::metrics::RelayMetrics;
+
+/// The relay's producer client context: turns librdkafka statistics into metrics and its logs
+/// into `tracing` events.
+pub struct RelayClientContext {
+    metrics: RelayMetrics,
+}
+
+impl ClientContext for RelayClientContext {
+    fn stats(&self, statistics: Statistics) {
+        self.metrics.record_statistics(&statistics);
+    }
+
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
+        use rdkafka::config::RDKafkaLogLevel::*;
+        match level {
+            Emerg | Alert | Critical | Error => tracing::error!(fac, "librdkafka: {message}"),
+            Warning => tracing::warn!(fac, "librdkafka: {message}"),
+            _ => tracing::debug!(fac, "librdkafka: {message}"),
+        }
+    }
+}
+
+/// The relay's producer.
+pub type RelayProducer = FutureProducer<RelayClientContext>;
 
 /// Producer settings of the relay.
 #[derive(Debug, Clone)]
@@ -23,13 +50,16 @@ pub struct ProducerSettings {
     pub linger: Duration,
     /// `compression.type`.
     pub compression: String,
+    /// `statistics.interval.ms` (0 disables client statistics).
+    pub statistics_interval: Duration,
 }
 
 /// Creates the idempotent, `acks=all` producer.
 pub fn create_producer(
     kafka: &KafkaArgs,
     settings: &ProducerSettings,
-) -> anyhow::Result<FutureProducer> {
+    metrics: RelayMetrics,
+) -> anyhow::Result<RelayProducer> {
     let mut config = kafka.client_config();
     config
         .set("acks", "all")
@@ -42,14 +72,20 @@ pub fn create_producer(
         .set("linger.ms", settings.linger.as_millis().to_string())
         .set("compression.type", &settings.compression)
         .set("batch.num.messages", "10000")
-        .set("queue.buffering.max.messages", "200000");
+        .set("queue.buffering.max.messages", "200000")
+        .set(
+            "statistics.interval.ms",
+            settings.statistics_interval.as_millis().to_string(),
+        );
     // Pass-through options win: an operator may tune anything but the guarantees above.
     for (k, v) in &kafka.kafka_options {
         if !matches!(k.as_str(), "acks" | "enable.idempotence") {
             config.set(k, v);
         }
     }
-    config.create().context("creating Kafka producer")
+    config
+        .create_with_context(RelayClientContext { metrics })
+        .context("creating Kafka producer")
 }
 
 /// One event that could not be delivered.
@@ -77,7 +113,7 @@ pub struct BatchDelivery {
 ///
 /// The idempotent producer keeps the order of one partition across its internal retries. When an
 /// event cannot even be queued, the later events of its aggregate in this batch are not sent.
-pub async fn publish_batch(producer: &FutureProducer, events: &[OutboxEvent]) -> BatchDelivery {
+pub async fn publish_batch(producer: &RelayProducer, events: &[OutboxEvent]) -> BatchDelivery {
     let mut outcome = BatchDelivery::default();
     let mut blocked: HashSet<&str> = HashSet::new();
     let mut in_flight = Vec::with_capacity(events.len());

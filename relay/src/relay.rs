@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use chrono::Utc;
 use pipeline_core::db::OUTBOX_CHANNEL;
-use rdkafka::producer::{FutureProducer, Producer};
+use rdkafka::producer::Producer;
 use sqlx::postgres::PgListener;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
@@ -16,7 +16,7 @@ use crate::config::RunArgs;
 use crate::leader::Leadership;
 use crate::mark::{mark_published, record_failures, FailedAttempt};
 use crate::metrics::RelayMetrics;
-use crate::publish::{create_producer, publish_batch};
+use crate::publish::{create_producer, publish_batch, RelayProducer};
 
 /// Counts of one relay step.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -30,7 +30,7 @@ pub struct BatchOutcome {
 /// One step of the relay: claim up to `batch_size` events, publish them, record the results.
 pub async fn relay_batch(
     pool: &PgPool,
-    producer: &FutureProducer,
+    producer: &RelayProducer,
     batch_size: i64,
     retry: &RetryPolicy,
     metrics: &RelayMetrics,
@@ -116,7 +116,7 @@ pub async fn run(
         };
         tracing::info!("relay is active");
         metrics.active.set(1);
-        let producer = create_producer(&args.kafka, &args.producer_settings())?;
+        let producer = create_producer(&args.kafka, &args.producer_settings(), metrics.clone())?;
         let result = run_active(
             args,
             &pool,
@@ -139,7 +139,7 @@ pub async fn run(
 async fn run_active(
     args: &RunArgs,
     pool: &PgPool,
-    producer: &FutureProducer,
+    producer: &RelayProducer,
     retry: &RetryPolicy,
     metrics: &RelayMetrics,
     leadership: &mut Leadership,
