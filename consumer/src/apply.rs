@@ -14,7 +14,10 @@ use sqlx::{Acquire, PgConnection, PgPool, Postgres, Transaction};
 use tracing::Instrument;
 use uuid::Uuid;
 
+use crate::dead_letter::{self, DeadLetter, DeadLetterSink};
 use crate::handler::{Event, Handler, HandlerError};
+use crate::process_error::is_rejection;
+pub use crate::process_error::ProcessError;
 
 /// A record as read from Kafka, owned so it can cross to the partition's task.
 #[derive(Debug, Clone)]
@@ -72,72 +75,58 @@ pub struct BatchReport {
     pub transaction_duration: std::time::Duration,
 }
 
-/// Why a batch did not commit.
-#[derive(Debug, thiserror::Error)]
-pub enum ProcessError {
-    /// The database is unavailable or the transaction conflicted: retry the batch.
-    #[error("transient database error: {0}")]
-    Transient(#[source] sqlx::Error),
-    /// The database refuses the work itself (missing table, permission): retrying cannot help.
-    #[error("fatal database error: {0}")]
-    Fatal(#[source] sqlx::Error),
-}
-
-impl From<sqlx::Error> for ProcessError {
-    fn from(e: sqlx::Error) -> Self {
-        if is_fatal(&e) {
-            ProcessError::Fatal(e)
-        } else {
-            ProcessError::Transient(e)
-        }
-    }
-}
-
-impl From<HandlerError> for ProcessError {
-    fn from(e: HandlerError) -> Self {
-        match e {
-            HandlerError::Database(e) => e.into(),
-            // Callers turn rejections into dead letters before they get here.
-            HandlerError::Rejected(reason) => ProcessError::Fatal(sqlx::Error::Protocol(format!(
-                "unhandled rejection: {reason}"
-            ))),
-        }
-    }
-}
-
-/// SQLSTATE classes that no retry can fix: syntax or undefined objects (42), invalid
-/// authorisation (28), invalid catalog (3D), feature not supported (0A).
-fn is_fatal(e: &sqlx::Error) -> bool {
-    match e {
-        sqlx::Error::Database(db) => db
-            .code()
-            .map(|c| {
-                ["42", "28", "3D", "0A"]
-                    .iter()
-                    .any(|class| c.starts_with(class))
-            })
-            .unwrap_or(false),
-        sqlx::Error::Configuration(_)
-        | sqlx::Error::ColumnNotFound(_)
-        | sqlx::Error::TypeNotFound { .. } => true,
-        _ => false,
-    }
-}
-
 struct Pending<'m> {
     msg: &'m InboundMessage,
     event: Event,
 }
 
-/// Processes `messages` (one partition, in offset order) in one transaction and commits it.
+/// The partition a batch belongs to and the token this consumer owns it with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fence {
+    pub topic: String,
+    pub partition: i32,
+    pub owner: Uuid,
+}
+
+/// What a batch runs with.
+pub struct BatchContext<'a> {
+    pub pool: &'a PgPool,
+    pub handler: &'a dyn Handler,
+    /// When set, the batch applies nothing unless this consumer still owns the partition.
+    pub fence: Option<&'a Fence>,
+    /// When set, dead letters are also published to the dead-letter topic before commit.
+    pub dead_letters: Option<&'a DeadLetterSink>,
+}
+
+/// Processes `messages` (one partition, in offset order) in one transaction and commits it,
+/// without fencing or a dead-letter topic.
 pub async fn process_batch(
     pool: &PgPool,
     handler: &dyn Handler,
     messages: &[InboundMessage],
 ) -> Result<BatchReport, ProcessError> {
+    let ctx = BatchContext {
+        pool,
+        handler,
+        fence: None,
+        dead_letters: None,
+    };
+    process_batch_with(&ctx, messages).await
+}
+
+/// Processes `messages` (one partition, in offset order) in one transaction and commits it.
+pub async fn process_batch_with(
+    ctx: &BatchContext<'_>,
+    messages: &[InboundMessage],
+) -> Result<BatchReport, ProcessError> {
+    let handler = ctx.handler;
     let group = handler.group();
     let began = std::time::Instant::now();
-    let mut tx = pool.begin().await?;
+    let mut tx = ctx.pool.begin().await?;
+    if let Some(fence) = ctx.fence {
+        check_owner(&mut tx, group, fence).await?;
+    }
+    let mut letters: Vec<DeadLetter> = Vec::new();
     let mut outcomes: Vec<Option<Outcome>> = vec![None; messages.len()];
     let mut report = BatchReport::default();
 
@@ -154,7 +143,9 @@ pub async fn process_batch(
                 }
             }
             Err(reason) => {
-                dead_letter(&mut tx, group, msg, None, &reason).await?;
+                let letter = DeadLetter::now(msg, None, &reason);
+                dead_letter::record(&mut tx, group, &letter).await?;
+                letters.push(letter);
                 outcomes[i] = Some(Outcome::DeadLettered);
             }
         }
@@ -187,6 +178,7 @@ pub async fn process_batch(
         advanced: HashMap::new(),
         parked_orders: orders_with_parked(&mut tx, group, &orders).await?,
         effects: Vec::new(),
+        letters,
     };
     for (i, p) in &fresh {
         let env = &p.event.envelope;
@@ -206,11 +198,17 @@ pub async fn process_batch(
         outcomes[*i] = Some(outcome);
     }
     let BatchState {
-        advanced, effects, ..
+        advanced,
+        effects,
+        letters,
+        ..
     } = state;
 
     record_effects(&mut tx, group, &effects).await?;
     save_progress(&mut tx, group, &advanced).await?;
+    if let (Some(sink), false) = (ctx.dead_letters, letters.is_empty()) {
+        sink.publish(group, &letters).await?;
+    }
     tx.commit().await?;
     report.transaction_duration = began.elapsed();
 
@@ -223,14 +221,17 @@ pub async fn process_batch(
 }
 
 /// What a batch has learned so far about the orders it touches.
-struct BatchState {
+#[derive(Default)]
+pub(crate) struct BatchState {
     /// Last applied sequence per order, as read at the start and advanced since.
-    progress: HashMap<String, i64>,
+    pub(crate) progress: HashMap<String, i64>,
     /// Orders whose last applied sequence this batch moved, with the new value.
-    advanced: HashMap<String, i64>,
+    pub(crate) advanced: HashMap<String, i64>,
     /// Orders with parked events.
-    parked_orders: HashSet<String>,
-    effects: Vec<AppliedEffect>,
+    pub(crate) parked_orders: HashSet<String>,
+    pub(crate) effects: Vec<AppliedEffect>,
+    /// Dead letters recorded so far, to publish before commit.
+    pub(crate) letters: Vec<DeadLetter>,
 }
 
 /// Applies, parks or skips one new event according to its order's next expected sequence.
@@ -250,22 +251,17 @@ async fn handle_event(
                 state.effects.push(AppliedEffect::of(&p.event));
                 let mut last = env.sequence;
                 if state.parked_orders.contains(&env.aggregate_id) {
-                    last = release_parked(
-                        tx,
-                        handler,
-                        &env.aggregate_id,
-                        last,
-                        &mut state.effects,
-                        report,
-                    )
-                    .await?;
+                    last =
+                        release_parked(tx, handler, &env.aggregate_id, last, state, report).await?;
                 }
                 let _ = state.progress.insert(env.aggregate_id.clone(), last);
                 let _ = state.advanced.insert(env.aggregate_id.clone(), last);
                 Ok(Outcome::Applied)
             }
             Err(reason) => {
-                dead_letter(tx, group, p.msg, Some(&p.event), &reason).await?;
+                let letter = DeadLetter::now(p.msg, Some(&p.event), &reason);
+                dead_letter::record(tx, group, &letter).await?;
+                state.letters.push(letter);
                 set_outcomes(tx, group, &[(env.event_id, "dead_lettered")]).await?;
                 Ok(Outcome::DeadLettered)
             }
@@ -297,6 +293,55 @@ async fn handle_event(
     Ok(Outcome::Parked)
 }
 
+/// Dead-letters one message on its own, when it kept failing past the retry budget: records it
+/// processed (outcome `dead_lettered`) and in `dead_letter`, publishes it, and commits. A message
+/// this group already processed is left alone.
+pub async fn dead_letter_alone(
+    ctx: &BatchContext<'_>,
+    msg: &InboundMessage,
+    reason: &str,
+    attempts: i32,
+    first_failure_at: DateTime<Utc>,
+) -> Result<Outcome, ProcessError> {
+    let group = ctx.handler.group();
+    let mut tx = ctx.pool.begin().await?;
+    if let Some(fence) = ctx.fence {
+        check_owner(&mut tx, group, fence).await?;
+    }
+    let event = read_event(msg).ok();
+    if let Some(event) = &event {
+        let inserted = sqlx::query(
+            "INSERT INTO processed_message (group_name, event_id, topic, partition, kafka_offset, outcome)
+             VALUES ($1, $2, $3, $4, $5, 'dead_lettered') ON CONFLICT (group_name, event_id) DO NOTHING",
+        )
+        .bind(group)
+        .bind(event.envelope.event_id)
+        .bind(&msg.topic)
+        .bind(msg.partition)
+        .bind(msg.offset)
+        .execute(&mut *tx)
+        .await?;
+        if inserted.rows_affected() == 0 {
+            tx.commit().await?;
+            return Ok(Outcome::Duplicate);
+        }
+    }
+    let letter = DeadLetter {
+        message: msg.clone(),
+        event,
+        reason: reason.to_owned(),
+        attempts,
+        first_failure_at,
+        last_failure_at: Utc::now(),
+    };
+    dead_letter::record(&mut tx, group, &letter).await?;
+    if let Some(sink) = ctx.dead_letters {
+        sink.publish(group, std::slice::from_ref(&letter)).await?;
+    }
+    tx.commit().await?;
+    Ok(Outcome::DeadLettered)
+}
+
 fn read_event(msg: &InboundMessage) -> Result<Event, String> {
     let envelope = msg.envelope.clone().map_err(|e| e.to_string())?;
     let payload = msg.payload.as_deref().ok_or("record has no payload")?;
@@ -306,7 +351,7 @@ fn read_event(msg: &InboundMessage) -> Result<Event, String> {
 }
 
 /// Applies one event inside a savepoint, so a rejected event leaves no partial effect.
-async fn apply_one(
+pub(crate) async fn apply_one(
     tx: &mut Transaction<'_, Postgres>,
     handler: &dyn Handler,
     event: &Event,
@@ -321,8 +366,47 @@ async fn apply_one(
             savepoint.rollback().await?;
             Ok(Err(reason))
         }
+        Err(HandlerError::Database(e)) if is_rejection(&e) => {
+            savepoint.rollback().await?;
+            Ok(Err(format!("rejected by the database: {e}")))
+        }
         Err(HandlerError::Database(e)) => Err(e.into()),
     }
+}
+
+async fn check_owner(
+    tx: &mut PgConnection,
+    group: &str,
+    fence: &Fence,
+) -> Result<(), ProcessError> {
+    let owned: Option<i32> = sqlx::query_scalar(
+        "SELECT 1 FROM partition_owner
+         WHERE group_name = $1 AND topic = $2 AND partition = $3 AND owner = $4 FOR SHARE",
+    )
+    .bind(group)
+    .bind(&fence.topic)
+    .bind(fence.partition)
+    .bind(fence.owner)
+    .fetch_optional(tx)
+    .await?;
+    owned.map(|_| ()).ok_or(ProcessError::Fenced)
+}
+
+/// Makes `owner` the owner of a partition for `group`; waits for the previous owner's in-flight
+/// batch, which holds a share lock on the row.
+pub async fn claim_partition(pool: &PgPool, group: &str, fence: &Fence) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO partition_owner (group_name, topic, partition, owner) VALUES ($1, $2, $3, $4)
+         ON CONFLICT (group_name, topic, partition)
+         DO UPDATE SET owner = EXCLUDED.owner, assigned_at = clock_timestamp()",
+    )
+    .bind(group)
+    .bind(&fence.topic)
+    .bind(fence.partition)
+    .bind(fence.owner)
+    .execute(pool)
+    .await?;
+    Ok(())
 }
 
 async fn insert_processed(
@@ -394,12 +478,12 @@ async fn orders_with_parked(
 }
 
 /// Applies parked events of `order` that now follow `last` without a gap. Returns the new last.
-async fn release_parked(
+pub(crate) async fn release_parked(
     tx: &mut Transaction<'_, Postgres>,
     handler: &dyn Handler,
     order: &str,
     mut last: i64,
-    effects: &mut Vec<AppliedEffect>,
+    state: &mut BatchState,
     report: &mut BatchReport,
 ) -> Result<i64, ProcessError> {
     let group = handler.group();
@@ -427,7 +511,7 @@ async fn release_parked(
         };
         match apply_one(tx, handler, &event).await? {
             Ok(()) => {
-                effects.push(AppliedEffect::of(&event));
+                state.effects.push(AppliedEffect::of(&event));
                 set_outcomes(tx, group, &[(row.event_id, "applied")]).await?;
                 report.released += 1;
                 last += 1;
@@ -443,7 +527,9 @@ async fn release_parked(
                     headers: serde_json::Value::Object(Default::default()),
                     envelope: Ok(event.envelope.clone()),
                 };
-                dead_letter(tx, group, &msg, Some(&event), &reason).await?;
+                let letter = DeadLetter::now(&msg, Some(&event), &reason);
+                dead_letter::record(tx, group, &letter).await?;
+                state.letters.push(letter);
                 set_outcomes(tx, group, &[(row.event_id, "dead_lettered")]).await?;
                 return Ok(last);
             }
@@ -492,39 +578,7 @@ async fn park(
     Ok(())
 }
 
-async fn dead_letter(
-    tx: &mut PgConnection,
-    group: &str,
-    msg: &InboundMessage,
-    event: Option<&Event>,
-    reason: &str,
-) -> Result<(), sqlx::Error> {
-    tracing::warn!(
-        group, topic = %msg.topic, partition = msg.partition, offset = msg.offset,
-        event_id = ?event.map(|e| e.envelope.event_id), reason, "message dead-lettered"
-    );
-    sqlx::query(
-        "INSERT INTO dead_letter (group_name, event_id, order_id, topic, partition, kafka_offset,
-                                  reason, key, payload, headers)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
-         ON CONFLICT (group_name, topic, partition, kafka_offset) DO NOTHING",
-    )
-    .bind(group)
-    .bind(event.map(|e| e.envelope.event_id))
-    .bind(event.map(|e| e.envelope.aggregate_id.clone()))
-    .bind(&msg.topic)
-    .bind(msg.partition)
-    .bind(msg.offset)
-    .bind(reason)
-    .bind(&msg.key)
-    .bind(&msg.payload)
-    .bind(&msg.headers)
-    .execute(tx)
-    .await?;
-    Ok(())
-}
-
-struct AppliedEffect {
+pub(crate) struct AppliedEffect {
     event_id: Uuid,
     order_id: String,
     sequence: i64,
@@ -533,7 +587,7 @@ struct AppliedEffect {
 }
 
 impl AppliedEffect {
-    fn of(event: &Event) -> Self {
+    pub(crate) fn of(event: &Event) -> Self {
         AppliedEffect {
             event_id: event.envelope.event_id,
             order_id: event.envelope.aggregate_id.clone(),
@@ -544,7 +598,7 @@ impl AppliedEffect {
     }
 }
 
-async fn record_effects(
+pub(crate) async fn record_effects(
     tx: &mut PgConnection,
     group: &str,
     effects: &[AppliedEffect],
@@ -575,7 +629,7 @@ async fn record_effects(
     Ok(())
 }
 
-async fn save_progress(
+pub(crate) async fn save_progress(
     tx: &mut PgConnection,
     group: &str,
     progress: &HashMap<String, i64>,
@@ -600,7 +654,7 @@ async fn save_progress(
     Ok(())
 }
 
-async fn set_outcomes(
+pub(crate) async fn set_outcomes(
     tx: &mut PgConnection,
     group: &str,
     outcomes: &[(Uuid, &str)],

@@ -38,6 +38,54 @@ pub enum Command {
     },
     /// Print what the pipeline did: orders, outbox, processed per group, lag.
     Report(Box<ReportArgs>),
+    /// List, replay or discard dead letters.
+    DeadLetters(Box<DeadLetterArgs>),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct DeadLetterArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    #[command(flatten)]
+    pub kafka: KafkaArgs,
+    /// The group whose dead letters to handle.
+    #[arg(long, env = "CONSUMER_GROUP")]
+    pub group: GroupKind,
+    /// Prefix of the Kafka group ids, as given to `run`.
+    #[arg(long, env = "CONSUMER_GROUP_PREFIX", default_value = "")]
+    pub group_prefix: String,
+    /// Dead-letter topic template, as given to `run`; empty: do not publish dead letters raised
+    /// while releasing parked events.
+    #[arg(long, env = "DEAD_LETTER_TOPIC", default_value = "{topic}.dlq")]
+    pub dead_letter_topic: String,
+    #[command(subcommand)]
+    pub action: DeadLetterAction,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DeadLetterAction {
+    /// List dead letters, oldest first (JSON lines).
+    List {
+        /// Only those with this status: open, replayed or discarded.
+        #[arg(long)]
+        status: Option<String>,
+    },
+    /// Apply a dead-lettered event again, then the order's parked events in sequence order.
+    Replay {
+        #[arg(long)]
+        id: i64,
+        /// Why, kept with the dead letter.
+        #[arg(long, default_value = "replayed by operator")]
+        note: String,
+    },
+    /// Skip a dead-lettered event for good, then apply the order's parked events in order.
+    Discard {
+        #[arg(long)]
+        id: i64,
+        /// Why, kept with the dead letter.
+        #[arg(long, default_value = "discarded by operator")]
+        note: String,
+    },
 }
 
 /// The groups this binary knows.
@@ -111,6 +159,21 @@ pub struct RunArgs {
     /// groups keep reporting lag while none of their members runs).
     #[arg(long = "lag-group", env = "LAG_GROUPS", value_delimiter = ',')]
     pub lag_groups: Vec<String>,
+    /// Dead-letter topic; `{topic}` stands for the original topic. Empty: dead letters are only
+    /// recorded in the database.
+    #[arg(long, env = "DEAD_LETTER_TOPIC", default_value = "{topic}.dlq")]
+    pub dead_letter_topic: String,
+    /// Partitions of dead-letter topics created at start-up when missing.
+    #[arg(long, env = "DEAD_LETTER_PARTITIONS", default_value_t = 3)]
+    pub dead_letter_partitions: i32,
+    /// How long a batch may keep failing while the database answers before its messages are
+    /// retried one by one and the one that still fails is dead-lettered, in milliseconds.
+    #[arg(long, env = "CONSUMER_RETRY_BUDGET_MS", default_value_t = 30_000)]
+    pub retry_budget_ms: u64,
+    /// PostgreSQL statement_timeout of the consumer's connections, in milliseconds: bounds one
+    /// statement of a batch, so a revoke never waits on a stuck statement.
+    #[arg(long, env = "CONSUMER_STATEMENT_TIMEOUT_MS", default_value_t = 5_000)]
+    pub statement_timeout_ms: u64,
     /// First retry delay of a batch after a transient failure, in milliseconds.
     #[arg(long, env = "CONSUMER_RETRY_BASE_MS", default_value_t = 100)]
     pub retry_base_ms: u64,
@@ -154,6 +217,27 @@ impl RunArgs {
         anyhow::ensure!(
             self.retry_base_ms > 0 && self.retry_base_ms <= self.retry_max_ms,
             "--retry-base-ms must be positive and at most --retry-max-ms"
+        );
+        anyhow::ensure!(
+            self.statement_timeout_ms > 0 && self.statement_timeout_ms < self.revoke_timeout_ms,
+            "--statement-timeout-ms ({}) must be positive and below --revoke-timeout-ms ({}): \
+             a revoke waits for the statement in flight",
+            self.statement_timeout_ms,
+            self.revoke_timeout_ms
+        );
+        anyhow::ensure!(
+            self.retry_budget_ms >= self.retry_base_ms,
+            "--retry-budget-ms must allow at least one retry (>= --retry-base-ms)"
+        );
+        anyhow::ensure!(
+            self.session_timeout_ms >= 3_000,
+            "--session-timeout-ms below 3000 leaves no room for the 1 s heartbeat"
+        );
+        anyhow::ensure!(
+            self.dead_letter_topic.is_empty()
+                || self.dead_letter_topic.contains("{topic}")
+                || self.topics.len() == 1,
+            "--dead-letter-topic without {{topic}} would mix several topics' dead letters"
         );
         Ok(())
     }

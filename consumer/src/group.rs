@@ -23,7 +23,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 use tokio_util::sync::CancellationToken;
 
 use crate::apply::InboundMessage;
-use crate::worker::{run_partition, Progress, WorkerShared};
+use crate::worker::{PartitionWorker, Progress, WorkerShared};
 
 type PartitionKey = (String, i32);
 
@@ -166,14 +166,15 @@ impl GroupContext {
         let (sender, rx) = unbounded_channel();
         let queued = Arc::new(AtomicUsize::new(0));
         let stop = CancellationToken::new();
-        let done = self.runtime.spawn(run_partition(
+        let worker = PartitionWorker::new(
             self.shared.clone(),
             key.0.clone(),
             key.1,
             rx,
             queued.clone(),
             stop.clone(),
-        ));
+        );
+        let done = self.runtime.spawn(worker.run());
         let _ = tasks.insert(
             key.clone(),
             PartitionTask {
@@ -330,11 +331,35 @@ pub fn run_group(
     tracing::info!(%group, topics = ?settings.topics, "consumer group started");
 
     let ctx = consumer.context();
+    let mut missing_topic_since: Option<Instant> = None;
+    let mut fatal = None;
     while !shutdown.is_cancelled() {
         match consumer.poll(Duration::from_millis(50)) {
             None => {}
-            Some(Ok(msg)) => dispatch(ctx, &msg),
-            Some(Err(e)) => tracing::warn!(%group, error = %e, "Kafka consumer error"),
+            Some(Ok(msg)) => {
+                missing_topic_since = None;
+                dispatch(ctx, &msg);
+            }
+            Some(Err(e)) => match classify_poll_error(&e) {
+                PollError::Fatal => {
+                    fatal = Some(anyhow::anyhow!(
+                        "group {group}: {e} (check credentials and ACLs)"
+                    ));
+                    break;
+                }
+                PollError::MissingTopic => {
+                    let since = *missing_topic_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() > MISSING_TOPIC_GRACE {
+                        fatal = Some(anyhow::anyhow!(
+                            "group {group}: subscribed topic missing for {MISSING_TOPIC_GRACE:?}: {e} \
+                             (create it, or fix --topic)"
+                        ));
+                        break;
+                    }
+                    tracing::warn!(%group, error = %e, "subscribed topic not available");
+                }
+                PollError::Transient => tracing::warn!(%group, error = %e, "Kafka consumer error"),
+            },
         }
         ctx.collect_progress();
         let finished = ctx.take_pending(None);
@@ -350,7 +375,39 @@ pub fn run_group(
     ctx.commit(&consumer, &finished, CommitMode::Sync);
     tracing::info!(%group, committed_partitions = finished.len(), "consumer group stopped");
     consumer.unsubscribe();
-    Ok(())
+    match fatal {
+        Some(e) => {
+            tracing::error!(error = %e, "stopping on a fatal Kafka error");
+            Err(e)
+        }
+        None => Ok(()),
+    }
+}
+
+/// How long a subscribed topic may be missing before the process stops as misconfigured.
+const MISSING_TOPIC_GRACE: Duration = Duration::from_secs(30);
+
+enum PollError {
+    /// Misconfiguration no retry fixes: stop with a clear error rather than spin.
+    Fatal,
+    MissingTopic,
+    Transient,
+}
+
+fn classify_poll_error(e: &rdkafka::error::KafkaError) -> PollError {
+    use rdkafka::types::RDKafkaErrorCode::*;
+    match e.rdkafka_error_code() {
+        Some(
+            TopicAuthorizationFailed
+            | GroupAuthorizationFailed
+            | ClusterAuthorizationFailed
+            | SaslAuthenticationFailed
+            | Authentication
+            | InvalidConfig,
+        ) => PollError::Fatal,
+        Some(UnknownTopicOrPartition | UnknownTopic) => PollError::MissingTopic,
+        _ => PollError::Transient,
+    }
 }
 
 fn dispatch(ctx: &GroupContext, msg: &BorrowedMessage<'_>) {

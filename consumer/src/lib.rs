@@ -6,13 +6,16 @@
 
 pub mod apply;
 pub mod config;
+pub mod dead_letter;
 pub mod group;
 pub mod handler;
 pub mod inventory;
 pub mod lag;
 pub mod metrics;
 pub mod notification;
+pub mod process_error;
 pub mod report;
+pub mod resolve;
 pub mod worker;
 
 use std::sync::{mpsc, Arc};
@@ -51,7 +54,21 @@ pub async fn run_with_sender(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     args.validate()?;
-    let pool = args.db.connect().await?;
+    let pool = args
+        .db
+        .connect_with_statement_timeout(Some(Duration::from_millis(args.statement_timeout_ms)))
+        .await?;
+    let dead_letters = if args.dead_letter_topic.is_empty() {
+        None
+    } else {
+        let sink = dead_letter::DeadLetterSink::new(&args.kafka, &args.dead_letter_topic)?;
+        let topics: Vec<String> = args.topics.iter().map(|t| sink.topic_for(t)).collect();
+        args.kafka
+            .ensure_topics(&topics, args.dead_letter_partitions)
+            .await
+            .context("creating dead-letter topics")?;
+        Some(Arc::new(sink))
+    };
     let registry = Registry::new();
     let metrics = ConsumerMetrics::register(&registry).context("registering metrics")?;
     let lag_collector = lag::LagCollector::new().context("lag metrics")?;
@@ -131,12 +148,14 @@ pub async fn run_with_sender(
         let shared = WorkerShared {
             pool: pool.clone(),
             handler,
+            dead_letters: dead_letters.clone(),
             metrics: metrics.clone(),
             progress: progress_tx,
             fatal: fatal.clone(),
             max_batch: args.max_batch,
             retry_base: Duration::from_millis(args.retry_base_ms),
             retry_max: Duration::from_millis(args.retry_max_ms),
+            retry_budget: Duration::from_millis(args.retry_budget_ms),
         };
         if kind == GroupKind::Notification {
             background.push(tokio::spawn(notification::dispatch(
@@ -205,5 +224,34 @@ pub async fn seed_stock(pool: &PgPool, products: u32, quantity: i32) -> anyhow::
     .execute(pool)
     .await
     .context("seeding stock")?;
+    Ok(())
+}
+
+/// Runs a `dead-letters` subcommand.
+pub async fn resolve_cli(args: config::DeadLetterArgs) -> anyhow::Result<()> {
+    use config::DeadLetterAction;
+    let pool = args.db.connect().await?;
+    let group = format!("{}{}", args.group_prefix, args.group.name());
+    let handler = handler_for(args.group, group.clone());
+    let (id, how, note) = match &args.action {
+        DeadLetterAction::List { status } => {
+            for row in resolve::list(&pool, &group, status.as_deref()).await? {
+                println!("{}", serde_json::to_string(&row)?);
+            }
+            return Ok(());
+        }
+        DeadLetterAction::Replay { id, note } => (*id, resolve::Resolution::Replay, note),
+        DeadLetterAction::Discard { id, note } => (*id, resolve::Resolution::Discard, note),
+    };
+    let sink = if args.dead_letter_topic.is_empty() {
+        None
+    } else {
+        Some(dead_letter::DeadLetterSink::new(
+            &args.kafka,
+            &args.dead_letter_topic,
+        )?)
+    };
+    let resolved = resolve::resolve(&pool, handler.as_ref(), sink.as_ref(), id, how, note).await?;
+    println!("{}", serde_json::to_string(&resolved)?);
     Ok(())
 }

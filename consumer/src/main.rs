@@ -20,6 +20,7 @@ async fn main() -> anyhow::Result<()> {
             println!("stocked {products} products with {quantity} each");
             Ok(())
         }
+        Command::DeadLetters(args) => consumer::resolve_cli(*args).await,
         Command::Report(args) => {
             let pool = args.db.connect().await?;
             let groups: Vec<(String, String)> = args

@@ -1,17 +1,28 @@
 //! One task per assigned partition: takes the partition's messages in order, processes them in
 //! batches, and reports the next offset to commit only after each batch's transaction commits.
+//!
+//! Failures: while a dependency is down the partition waits and retries, for as long as it takes,
+//! keeping its order. When the database answers but a batch keeps failing past the retry budget,
+//! the batch is retried one message at a time, and a message that still fails alone past the
+//! budget is dead-lettered, so one bad message never blocks its partition for longer than that.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use rand::Rng;
 use sqlx::PgPool;
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
 
-use crate::apply::{process_batch, InboundMessage, ProcessError};
+use crate::apply::{
+    claim_partition, dead_letter_alone, process_batch_with, BatchContext, BatchReport, Fence,
+    InboundMessage, ProcessError,
+};
+use crate::dead_letter::DeadLetterSink;
 use crate::handler::Handler;
 use crate::metrics::ConsumerMetrics;
 
@@ -48,104 +59,256 @@ impl FatalSignal {
 pub struct WorkerShared {
     pub pool: PgPool,
     pub handler: Arc<dyn Handler>,
+    pub dead_letters: Option<Arc<DeadLetterSink>>,
     pub metrics: ConsumerMetrics,
     pub progress: mpsc::Sender<Progress>,
     pub fatal: FatalSignal,
     pub max_batch: usize,
     pub retry_base: Duration,
     pub retry_max: Duration,
+    /// How long a batch may keep failing, with the database answering, before its messages are
+    /// isolated and the failing one dead-lettered.
+    pub retry_budget: Duration,
 }
 
-/// Runs until `stop` is cancelled or the channel closes. Messages left in the channel are
-/// abandoned uncommitted: the partition's next owner reads them again.
-pub async fn run_partition(
+/// One partition's task.
+pub struct PartitionWorker {
     shared: WorkerShared,
-    topic: String,
-    partition: i32,
-    mut rx: UnboundedReceiver<InboundMessage>,
+    group: String,
+    fence: Fence,
+    rx: UnboundedReceiver<InboundMessage>,
     queued: Arc<AtomicUsize>,
     stop: CancellationToken,
-) {
-    let group = shared.handler.group().to_owned();
-    let mut batch: Vec<InboundMessage> = Vec::with_capacity(shared.max_batch);
-    loop {
-        let first = tokio::select! {
-            biased;
-            _ = stop.cancelled() => return,
-            m = rx.recv() => match m { Some(m) => m, None => return },
-        };
-        batch.clear();
-        batch.push(first);
-        while batch.len() < shared.max_batch {
-            match rx.try_recv() {
-                Ok(m) => batch.push(m),
-                Err(_) => break,
-            }
+    pending: VecDeque<InboundMessage>,
+    /// Offsets up to this one are processed one message at a time.
+    isolate_through: Option<i64>,
+    failing_since: Option<(Instant, DateTime<Utc>)>,
+    attempts: u32,
+}
+
+impl PartitionWorker {
+    pub fn new(
+        shared: WorkerShared,
+        topic: String,
+        partition: i32,
+        rx: UnboundedReceiver<InboundMessage>,
+        queued: Arc<AtomicUsize>,
+        stop: CancellationToken,
+    ) -> Self {
+        let group = shared.handler.group().to_owned();
+        PartitionWorker {
+            shared,
+            group,
+            fence: Fence {
+                topic,
+                partition,
+                owner: Uuid::new_v4(),
+            },
+            rx,
+            queued,
+            stop,
+            pending: VecDeque::new(),
+            isolate_through: None,
+            failing_since: None,
+            attempts: 0,
         }
-        let mut attempt: u32 = 0;
-        let started = Instant::now();
+    }
+
+    /// Runs until stopped, fenced or the channel closes. Messages not yet committed are left to
+    /// the partition's next owner.
+    pub async fn run(mut self) {
+        if !self.claim().await {
+            return;
+        }
         loop {
+            if self.pending.is_empty() {
+                let first = tokio::select! {
+                    biased;
+                    _ = self.stop.cancelled() => return,
+                    m = self.rx.recv() => match m { Some(m) => m, None => return },
+                };
+                self.pending.push_back(first);
+            }
+            while self.pending.len() < self.shared.max_batch {
+                match self.rx.try_recv() {
+                    Ok(m) => self.pending.push_back(m),
+                    Err(_) => break,
+                }
+            }
             // Never start a transaction for a partition this process no longer owns.
-            if stop.is_cancelled() {
+            if self.stop.is_cancelled() || !self.step().await {
                 return;
             }
-            match process_batch(&shared.pool, shared.handler.as_ref(), &batch).await {
-                Ok(report) => {
-                    let m = &shared.metrics;
-                    m.processing_duration
-                        .with_label_values(&[&group])
-                        .observe(started.elapsed().as_secs_f64());
-                    m.batch_size
-                        .with_label_values(&[&group])
-                        .observe(batch.len() as f64);
-                    for o in &report.outcomes {
-                        m.messages.with_label_values(&[&group, o.label()]).inc();
+        }
+    }
+
+    async fn claim(&mut self) -> bool {
+        let mut attempt = 0;
+        loop {
+            match claim_partition(&self.shared.pool, &self.group, &self.fence).await {
+                Ok(()) => return true,
+                Err(e) => {
+                    attempt += 1;
+                    tracing::warn!(group = %self.group, partition = self.fence.partition, error = %e,
+                        "cannot record partition ownership; retrying");
+                    if !self.pause(attempt).await {
+                        return false;
                     }
-                    if report.released > 0 {
-                        m.messages
-                            .with_label_values(&[&group, "released"])
-                            .inc_by(report.released as u64);
-                    }
-                    m.out_of_sequence
-                        .with_label_values(&[&group])
-                        .inc_by(report.out_of_sequence as u64);
-                    let now = Utc::now();
-                    let e2e = m.end_to_end.with_label_values(&[&group]);
-                    for at in &report.applied_occurred_at {
-                        let micros = (now - *at).num_microseconds().unwrap_or(0).max(0);
-                        e2e.observe(micros as f64 / 1e6);
-                    }
-                    let last = batch.last().map(|m| m.offset).unwrap_or(0);
-                    let _ = shared.progress.send(Progress {
-                        topic: topic.clone(),
-                        partition,
-                        next_offset: last + 1,
-                    });
-                    break;
-                }
-                Err(ProcessError::Transient(e)) => {
-                    attempt = attempt.saturating_add(1);
-                    let delay = backoff(shared.retry_base, shared.retry_max, attempt);
-                    shared
-                        .metrics
-                        .batch_retries
-                        .with_label_values(&[&group])
-                        .inc();
-                    tracing::warn!(%group, %topic, partition, attempt, error = %e, delay_ms = delay.as_millis() as u64,
-                        "batch failed; the partition waits and retries");
-                    tokio::select! {
-                        _ = stop.cancelled() => return,
-                        _ = tokio::time::sleep(delay) => {}
-                    }
-                }
-                Err(ProcessError::Fatal(e)) => {
-                    tracing::error!(%group, %topic, partition, error = %e, "fatal error; stopping");
-                    shared.fatal.raise(format!("group {group}: {e}"));
-                    return;
                 }
             }
         }
-        let _ = queued.fetch_sub(batch.len(), Ordering::AcqRel);
+    }
+
+    /// Processes the next batch once; false when the task must end.
+    async fn step(&mut self) -> bool {
+        let isolating = match (self.isolate_through, self.pending.front()) {
+            (Some(through), Some(front)) => front.offset <= through,
+            _ => false,
+        };
+        if !isolating {
+            self.isolate_through = None;
+        }
+        let limit = if isolating { 1 } else { self.shared.max_batch };
+        let batch: Vec<InboundMessage> = self.pending.iter().take(limit).cloned().collect();
+        let ctx = BatchContext {
+            pool: &self.shared.pool,
+            handler: self.shared.handler.as_ref(),
+            fence: Some(&self.fence),
+            dead_letters: self.shared.dead_letters.as_deref(),
+        };
+        let started = Instant::now();
+        match process_batch_with(&ctx, &batch).await {
+            Ok(report) => {
+                self.record(&report, batch.len(), started);
+                self.done(&batch);
+                true
+            }
+            Err(ProcessError::Unavailable(e)) => {
+                self.attempts += 1;
+                self.retry_metric(batch.len());
+                tracing::warn!(group = %self.group, partition = self.fence.partition, attempt = self.attempts,
+                    error = %e, "dependency unavailable; the partition waits and retries");
+                self.pause(self.attempts).await
+            }
+            Err(ProcessError::Transient(e)) => {
+                self.attempts += 1;
+                self.retry_metric(batch.len());
+                let (since, first_at) = *self
+                    .failing_since
+                    .get_or_insert((Instant::now(), Utc::now()));
+                if since.elapsed() < self.shared.retry_budget {
+                    tracing::warn!(group = %self.group, partition = self.fence.partition, attempt = self.attempts,
+                        error = %e, "batch failed; retrying");
+                    return self.pause(self.attempts).await;
+                }
+                if batch.len() > 1 {
+                    tracing::warn!(group = %self.group, partition = self.fence.partition, messages = batch.len(),
+                        error = %e, "batch kept failing past the retry budget; retrying its messages one by one");
+                    self.isolate_through = batch.last().map(|m| m.offset);
+                    self.failing_since = None;
+                    self.attempts = 0;
+                    return true;
+                }
+                let reason = format!(
+                    "retry budget exhausted after {} attempts: {e}",
+                    self.attempts
+                );
+                let attempts = i32::try_from(self.attempts).unwrap_or(i32::MAX);
+                match dead_letter_alone(&ctx, &batch[0], &reason, attempts, first_at).await {
+                    Ok(outcome) => {
+                        self.shared
+                            .metrics
+                            .messages
+                            .with_label_values(&[&self.group, outcome.label()])
+                            .inc();
+                        self.done(&batch);
+                        true
+                    }
+                    Err(ProcessError::Fenced) => false,
+                    Err(ProcessError::Fatal(e)) => self.fatal(e),
+                    Err(e) => {
+                        tracing::warn!(group = %self.group, error = %e, "cannot dead-letter yet; retrying");
+                        self.pause(self.attempts).await
+                    }
+                }
+            }
+            Err(ProcessError::Fatal(e)) => self.fatal(e),
+            Err(ProcessError::Fenced) => {
+                tracing::info!(group = %self.group, partition = self.fence.partition,
+                    "partition now owned by another consumer; this task stops");
+                false
+            }
+        }
+    }
+
+    fn fatal(&self, e: sqlx::Error) -> bool {
+        tracing::error!(group = %self.group, partition = self.fence.partition, error = %e, "fatal error; stopping");
+        self.shared
+            .fatal
+            .raise(format!("group {}: {e}", self.group));
+        false
+    }
+
+    /// Sleeps with backoff; false when stopped meanwhile.
+    async fn pause(&self, attempt: u32) -> bool {
+        let delay = backoff(self.shared.retry_base, self.shared.retry_max, attempt);
+        tokio::select! {
+            _ = self.stop.cancelled() => false,
+            _ = tokio::time::sleep(delay) => true,
+        }
+    }
+
+    fn retry_metric(&self, messages: usize) {
+        let m = &self.shared.metrics;
+        m.batch_retries.with_label_values(&[&self.group]).inc();
+        m.messages
+            .with_label_values(&[&self.group, "retried"])
+            .inc_by(messages as u64);
+    }
+
+    /// Drops a committed batch from the queue and reports its offset.
+    fn done(&mut self, batch: &[InboundMessage]) {
+        self.pending.drain(..batch.len());
+        let _ = self.queued.fetch_sub(batch.len(), Ordering::AcqRel);
+        self.failing_since = None;
+        self.attempts = 0;
+        if let Some(last) = batch.last() {
+            let _ = self.shared.progress.send(Progress {
+                topic: self.fence.topic.clone(),
+                partition: self.fence.partition,
+                next_offset: last.offset + 1,
+            });
+        }
+    }
+
+    fn record(&self, report: &BatchReport, size: usize, started: Instant) {
+        let (m, group) = (&self.shared.metrics, self.group.as_str());
+        m.processing_duration
+            .with_label_values(&[group])
+            .observe(started.elapsed().as_secs_f64());
+        m.transaction_duration
+            .with_label_values(&[group])
+            .observe(report.transaction_duration.as_secs_f64());
+        m.batch_size
+            .with_label_values(&[group])
+            .observe(size as f64);
+        for o in &report.outcomes {
+            m.messages.with_label_values(&[group, o.label()]).inc();
+        }
+        if report.released > 0 {
+            m.messages
+                .with_label_values(&[group, "released"])
+                .inc_by(report.released as u64);
+        }
+        m.out_of_sequence
+            .with_label_values(&[group])
+            .inc_by(report.out_of_sequence as u64);
+        let now = Utc::now();
+        let e2e = m.end_to_end.with_label_values(&[group]);
+        for at in &report.applied_occurred_at {
+            let micros = (now - *at).num_microseconds().unwrap_or(0).max(0);
+            e2e.observe(micros as f64 / 1e6);
+        }
     }
 }
 

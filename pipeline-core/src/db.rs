@@ -62,10 +62,21 @@ pub fn redact_url(url: &str) -> String {
 impl DbArgs {
     /// Connects (waiting up to `acquire_timeout` for the server) and migrates when asked to.
     pub async fn connect(&self) -> anyhow::Result<PgPool> {
-        let options: PgConnectOptions = self
+        self.connect_with_statement_timeout(None).await
+    }
+
+    /// [`DbArgs::connect`], with a `statement_timeout` on every connection when given.
+    pub async fn connect_with_statement_timeout(
+        &self,
+        statement_timeout: Option<std::time::Duration>,
+    ) -> anyhow::Result<PgPool> {
+        let mut options: PgConnectOptions = self
             .database_url
             .parse()
             .with_context(|| format!("invalid DATABASE_URL {}", redact_url(&self.database_url)))?;
+        if let Some(t) = statement_timeout {
+            options = options.options([("statement_timeout", t.as_millis().to_string())]);
+        }
         let pool = PgPoolOptions::new()
             .max_connections(self.database_max_connections)
             .acquire_timeout(Duration::from_secs(10))

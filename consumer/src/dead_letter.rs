@@ -1,0 +1,190 @@
+//! Dead letters: messages a group cannot apply because the message itself is bad.
+//!
+//! Each one is recorded in the `dead_letter` table in the transaction that records it processed,
+//! and published to the dead-letter topic (`<topic>.dlq` by default) with headers saying why,
+//! where it came from and when it failed. The publish is acknowledged before that transaction
+//! commits, so a dead letter is never recorded without being published; a crash in between can
+//! only publish it twice (same original topic, partition and offset).
+
+use std::time::Duration;
+
+use anyhow::Context;
+use chrono::{DateTime, SecondsFormat, Utc};
+use futures::future::try_join_all;
+use pipeline_core::kafka::KafkaArgs;
+use rdkafka::error::KafkaError;
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use sqlx::PgConnection;
+
+use crate::apply::InboundMessage;
+use crate::handler::Event;
+
+/// Header names of dead-letter records.
+pub mod headers {
+    pub const REASON: &str = "dlq-reason";
+    pub const GROUP: &str = "dlq-group";
+    pub const ORIGINAL_TOPIC: &str = "dlq-original-topic";
+    pub const ORIGINAL_PARTITION: &str = "dlq-original-partition";
+    pub const ORIGINAL_OFFSET: &str = "dlq-original-offset";
+    pub const ATTEMPTS: &str = "dlq-attempts";
+    pub const FIRST_FAILURE_AT: &str = "dlq-first-failure-at";
+    pub const LAST_FAILURE_AT: &str = "dlq-last-failure-at";
+}
+
+/// One dead letter of a batch.
+#[derive(Debug, Clone)]
+pub struct DeadLetter {
+    pub message: InboundMessage,
+    pub event: Option<Event>,
+    pub reason: String,
+    pub attempts: i32,
+    pub first_failure_at: DateTime<Utc>,
+    pub last_failure_at: DateTime<Utc>,
+}
+
+impl DeadLetter {
+    /// A message rejected on its first attempt.
+    pub fn now(message: &InboundMessage, event: Option<&Event>, reason: &str) -> Self {
+        let now = Utc::now();
+        DeadLetter {
+            message: message.clone(),
+            event: event.cloned(),
+            reason: reason.to_owned(),
+            attempts: 1,
+            first_failure_at: now,
+            last_failure_at: now,
+        }
+    }
+}
+
+/// Records `letter` in the `dead_letter` table (once per group and record).
+pub async fn record(
+    conn: &mut PgConnection,
+    group: &str,
+    letter: &DeadLetter,
+) -> Result<(), sqlx::Error> {
+    let msg = &letter.message;
+    let env = letter.event.as_ref().map(|e| &e.envelope);
+    tracing::warn!(
+        group, topic = %msg.topic, partition = msg.partition, offset = msg.offset,
+        event_id = ?env.map(|e| e.event_id), order_id = ?env.map(|e| e.aggregate_id.as_str()),
+        reason = %letter.reason, "message dead-lettered"
+    );
+    sqlx::query(
+        "INSERT INTO dead_letter (group_name, event_id, order_id, sequence, event_type, topic, partition,
+                                  kafka_offset, reason, key, payload, headers, attempts,
+                                  first_failure_at, last_failure_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
+         ON CONFLICT (group_name, topic, partition, kafka_offset) DO NOTHING",
+    )
+    .bind(group)
+    .bind(env.map(|e| e.event_id))
+    .bind(env.map(|e| e.aggregate_id.clone()))
+    .bind(env.map(|e| e.sequence))
+    .bind(env.map(|e| e.event_type.clone()))
+    .bind(&msg.topic)
+    .bind(msg.partition)
+    .bind(msg.offset)
+    .bind(&letter.reason)
+    .bind(&msg.key)
+    .bind(&msg.payload)
+    .bind(&msg.headers)
+    .bind(letter.attempts)
+    .bind(letter.first_failure_at)
+    .bind(letter.last_failure_at)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Publishes dead letters to Kafka.
+pub struct DeadLetterSink {
+    producer: FutureProducer,
+    /// Topic name template; `{topic}` is replaced by the original topic.
+    topic_template: String,
+}
+
+impl DeadLetterSink {
+    pub fn new(kafka: &KafkaArgs, topic_template: &str) -> anyhow::Result<Self> {
+        let mut config = kafka.client_config();
+        config
+            .set("acks", "all")
+            .set("enable.idempotence", "true")
+            .set("message.timeout.ms", "30000")
+            .set("linger.ms", "1");
+        Ok(DeadLetterSink {
+            producer: config.create().context("creating dead-letter producer")?,
+            topic_template: topic_template.to_owned(),
+        })
+    }
+
+    /// The dead-letter topic of `topic`.
+    pub fn topic_for(&self, topic: &str) -> String {
+        self.topic_template.replace("{topic}", topic)
+    }
+
+    /// Publishes every letter and waits for all acknowledgements.
+    pub async fn publish(&self, group: &str, letters: &[DeadLetter]) -> Result<(), KafkaError> {
+        let sends = letters.iter().map(|l| self.publish_one(group, l));
+        let _ = try_join_all(sends).await?;
+        Ok(())
+    }
+
+    async fn publish_one(&self, group: &str, letter: &DeadLetter) -> Result<(), KafkaError> {
+        let msg = &letter.message;
+        let topic = self.topic_for(&msg.topic);
+        let (partition, offset, attempts) = (
+            msg.partition.to_string(),
+            msg.offset.to_string(),
+            letter.attempts.to_string(),
+        );
+        let first = letter
+            .first_failure_at
+            .to_rfc3339_opts(SecondsFormat::Micros, true);
+        let last = letter
+            .last_failure_at
+            .to_rfc3339_opts(SecondsFormat::Micros, true);
+        let mut hdrs = OwnedHeaders::new();
+        // The original headers first, then ours.
+        if let serde_json::Value::Object(map) = &msg.headers {
+            for (k, v) in map {
+                let value = v
+                    .as_str()
+                    .map(str::to_owned)
+                    .unwrap_or_else(|| v.to_string());
+                hdrs = hdrs.insert(Header {
+                    key: k,
+                    value: Some(&value),
+                });
+            }
+        }
+        for (key, value) in [
+            (headers::REASON, letter.reason.as_str()),
+            (headers::GROUP, group),
+            (headers::ORIGINAL_TOPIC, msg.topic.as_str()),
+            (headers::ORIGINAL_PARTITION, partition.as_str()),
+            (headers::ORIGINAL_OFFSET, offset.as_str()),
+            (headers::ATTEMPTS, attempts.as_str()),
+            (headers::FIRST_FAILURE_AT, first.as_str()),
+            (headers::LAST_FAILURE_AT, last.as_str()),
+        ] {
+            hdrs = hdrs.insert(Header {
+                key,
+                value: Some(value),
+            });
+        }
+        let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&topic).headers(hdrs);
+        if let Some(k) = &msg.key {
+            record = record.key(k.as_slice());
+        }
+        if let Some(p) = &msg.payload {
+            record = record.payload(p.as_slice());
+        }
+        self.producer
+            .send(record, Duration::from_secs(5))
+            .await
+            .map(|_| ())
+            .map_err(|(e, _)| e)
+    }
+}

@@ -1,0 +1,234 @@
+//! Resolving dead letters: replay one (apply it again, e.g. after fixing the handler or the data)
+//! or discard it deliberately. Either way the order's events parked behind it are then applied in
+//! sequence order, in the same transaction.
+
+use chrono::{DateTime, Utc};
+use pipeline_core::envelope::{Envelope, OCCURRED_AT};
+use serde::Serialize;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::apply::{
+    apply_one, record_effects, release_parked, save_progress, set_outcomes, AppliedEffect,
+    BatchReport, BatchState, ProcessError,
+};
+use crate::dead_letter::DeadLetterSink;
+use crate::handler::{Event, Handler};
+
+/// What to do with a dead letter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resolution {
+    /// Apply the event again.
+    Replay,
+    /// Skip it: it will never be applied; later events of its order go on.
+    Discard,
+}
+
+/// Why a dead letter could not be resolved.
+#[derive(Debug, thiserror::Error)]
+pub enum ResolveError {
+    #[error("no dead letter {0} for this group")]
+    NotFound(i64),
+    #[error("dead letter {id} is already {status}")]
+    AlreadyResolved { id: i64, status: String },
+    #[error("dead letter {0} has no readable event (no key or envelope headers): it can only be discarded")]
+    Unreadable(i64),
+    #[error("order {order_id} has not applied sequence {expected} yet; resolve that event first")]
+    EarlierPending { order_id: String, expected: i64 },
+    #[error("the handler rejected the event again: {0}")]
+    StillRejected(String),
+    #[error(transparent)]
+    Process(#[from] ProcessError),
+}
+
+impl From<sqlx::Error> for ResolveError {
+    fn from(e: sqlx::Error) -> Self {
+        ResolveError::Process(e.into())
+    }
+}
+
+/// A dead letter as listed for operators.
+#[derive(Debug, Serialize, sqlx::FromRow)]
+pub struct DeadLetterRow {
+    pub id: i64,
+    pub group_name: String,
+    pub event_id: Option<Uuid>,
+    pub order_id: Option<String>,
+    pub sequence: Option<i64>,
+    pub event_type: Option<String>,
+    pub topic: String,
+    pub partition: i32,
+    pub kafka_offset: i64,
+    pub reason: String,
+    pub attempts: i32,
+    pub status: String,
+    pub created_at: DateTime<Utc>,
+    /// Later events of the same order waiting behind this one.
+    pub parked_behind: i64,
+}
+
+/// Dead letters of `group`, oldest first, optionally only those with `status`.
+pub async fn list(
+    pool: &PgPool,
+    group: &str,
+    status: Option<&str>,
+) -> Result<Vec<DeadLetterRow>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT d.id, d.group_name, d.event_id, d.order_id, d.sequence, d.event_type, d.topic,
+                d.partition, d.kafka_offset, d.reason, d.attempts, d.status, d.created_at,
+                (SELECT count(*) FROM parked_event p
+                 WHERE p.group_name = d.group_name AND p.order_id = d.order_id) AS parked_behind
+         FROM dead_letter d
+         WHERE d.group_name = $1 AND ($2::text IS NULL OR d.status = $2)
+         ORDER BY d.id",
+    )
+    .bind(group)
+    .bind(status)
+    .fetch_all(pool)
+    .await
+}
+
+#[derive(sqlx::FromRow)]
+struct Letter {
+    status: String,
+    event_id: Option<Uuid>,
+    order_id: Option<String>,
+    sequence: Option<i64>,
+    event_type: Option<String>,
+    payload: Option<Vec<u8>>,
+    headers: serde_json::Value,
+    created_at: DateTime<Utc>,
+}
+
+/// What a resolution did.
+#[derive(Debug, Serialize)]
+pub struct Resolved {
+    pub id: i64,
+    pub applied: bool,
+    /// Parked events applied after it, in sequence order.
+    pub released: usize,
+    /// The order's last applied sequence afterwards.
+    pub last_sequence: Option<i64>,
+}
+
+/// Replays or discards dead letter `id` of `handler`'s group.
+pub async fn resolve(
+    pool: &PgPool,
+    handler: &dyn Handler,
+    dead_letters: Option<&DeadLetterSink>,
+    id: i64,
+    how: Resolution,
+    note: &str,
+) -> Result<Resolved, ResolveError> {
+    let group = handler.group();
+    let mut tx = pool.begin().await?;
+    let letter: Letter = sqlx::query_as(
+        "SELECT status, event_id, order_id, sequence, event_type, payload, headers, created_at
+         FROM dead_letter WHERE id = $1 AND group_name = $2 FOR UPDATE",
+    )
+    .bind(id)
+    .bind(group)
+    .fetch_optional(&mut *tx)
+    .await?
+    .ok_or(ResolveError::NotFound(id))?;
+    if letter.status != "open" {
+        return Err(ResolveError::AlreadyResolved {
+            id,
+            status: letter.status,
+        });
+    }
+    let mut resolved = Resolved {
+        id,
+        applied: false,
+        released: 0,
+        last_sequence: None,
+    };
+    if let (Some(event_id), Some(order), Some(seq), Some(event_type)) = (
+        letter.event_id,
+        letter.order_id.clone(),
+        letter.sequence,
+        letter.event_type.clone(),
+    ) {
+        let last: i64 = sqlx::query_scalar(
+            "SELECT last_sequence FROM order_progress WHERE group_name = $1 AND order_id = $2 FOR UPDATE",
+        )
+        .bind(group)
+        .bind(&order)
+        .fetch_optional(&mut *tx)
+        .await?
+        .unwrap_or(0);
+        if seq != last + 1 {
+            return Err(ResolveError::EarlierPending {
+                order_id: order,
+                expected: last + 1,
+            });
+        }
+        let mut state = BatchState::default();
+        if how == Resolution::Replay {
+            let occurred_at = letter
+                .headers
+                .get(OCCURRED_AT)
+                .and_then(|v| v.as_str())
+                .and_then(|s| DateTime::parse_from_rfc3339(s).ok())
+                .map(|t| t.with_timezone(&Utc))
+                .unwrap_or(letter.created_at);
+            let payload = letter
+                .payload
+                .as_deref()
+                .and_then(|p| serde_json::from_slice(p).ok())
+                .ok_or(ResolveError::StillRejected("payload is not JSON".into()))?;
+            let event = Event {
+                envelope: Envelope {
+                    event_id,
+                    event_type,
+                    aggregate_id: order.clone(),
+                    sequence: seq,
+                    occurred_at,
+                    traceparent: None,
+                },
+                payload,
+            };
+            apply_one(&mut tx, handler, &event)
+                .await?
+                .map_err(ResolveError::StillRejected)?;
+            state.effects.push(AppliedEffect::of(&event));
+            set_outcomes(&mut tx, group, &[(event_id, "applied")]).await?;
+            resolved.applied = true;
+        }
+        let mut report = BatchReport::default();
+        let last = release_parked(&mut tx, handler, &order, seq, &mut state, &mut report).await?;
+        let _ = state.advanced.insert(order, last);
+        record_effects(&mut tx, group, &state.effects).await?;
+        save_progress(&mut tx, group, &state.advanced).await?;
+        if let (Some(sink), false) = (dead_letters, state.letters.is_empty()) {
+            sink.publish(group, &state.letters)
+                .await
+                .map_err(ProcessError::from)?;
+        }
+        resolved.released = report.released;
+        resolved.last_sequence = Some(last);
+    } else if how == Resolution::Replay {
+        return Err(ResolveError::Unreadable(id));
+    }
+    let status = match how {
+        Resolution::Replay => "replayed",
+        Resolution::Discard => "discarded",
+    };
+    sqlx::query(
+        "UPDATE dead_letter SET status = $2, resolved_at = clock_timestamp(), resolution = $3 WHERE id = $1",
+    )
+    .bind(id)
+    .bind(status)
+    .bind(note)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    tracing::info!(
+        group,
+        dead_letter = id,
+        status,
+        released = resolved.released,
+        "dead letter resolved"
+    );
+    Ok(resolved)
+}
