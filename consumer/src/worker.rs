@@ -179,6 +179,9 @@ impl PartitionWorker {
         let started = Instant::now();
         match process_batch_with(&ctx, &batch).await {
             Ok(report) => {
+                pipeline_core::crash_point::crash_point(
+                    pipeline_core::crash_point::CONSUMER_AFTER_DB_COMMIT,
+                );
                 self.record(&report, batch.len(), started);
                 self.done(&batch);
                 true

@@ -1,5 +1,6 @@
 //! What the order service, the relay and the consumers share.
 
+pub mod crash_point;
 pub mod db;
 pub mod envelope;
 pub mod kafka;

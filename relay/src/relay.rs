@@ -42,6 +42,7 @@ pub async fn relay_batch(
     }
     let delivery = publish_batch(producer, &events).await;
     let acked_at = Utc::now();
+    pipeline_core::crash_point::crash_point(pipeline_core::crash_point::RELAY_AFTER_DELIVERY);
     mark_published(pool, &delivery.published).await?;
     let failures: Vec<FailedAttempt> = delivery
         .failed
