@@ -5,7 +5,8 @@
 #
 # It brings up the local stack the pipeline needs, without docker:
 #   - PostgreSQL on 127.0.0.1:5432, user postgres, trust auth (Debian's packages, pg_ctlcluster);
-#   - nisshi, a Kafka-protocol broker from crates.io, on 127.0.0.1:9092.
+#   - nisshi, a Kafka-protocol broker from crates.io, on 127.0.0.1:9092;
+#   - prometheus and promtool (Debian's prometheus package), for the monitoring checks.
 #
 # Settings (environment):
 #   RUN_DIR                logs and pid files            (default: <repo>/.run, git-ignored)
@@ -378,4 +379,28 @@ stop_broker() {
         rm -f "$RUN_DIR/nisshi.pid"
         BROKER_STARTED=0
     fi
+}
+
+# ---------------------------------------------------------------------------------------------
+# Prometheus (promtool checks of deploy/prometheus, and the Prometheus end-to-end test)
+
+# ensure_prometheus — prometheus and promtool on PATH, from Debian's prometheus package when
+# missing. The tests run their own Prometheus on a free port; a packaged service that the
+# install started (on a host running systemd) is stopped and disabled again.
+ensure_prometheus() {
+    if have prometheus && have promtool; then
+        log "prometheus: $(command -v prometheus) ($(prometheus --version 2>&1 | head -n1))"
+        return 0
+    fi
+    have apt-get || die "prometheus/promtool are missing and apt-get is not available to install them"
+    log "prometheus not found: installing Debian's prometheus package (prometheus, promtool)"
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+    hash -r
+    { have prometheus && have promtool; } || die "apt-get install prometheus left no prometheus/promtool on PATH"
+    if have systemctl && systemctl is-active --quiet prometheus.service 2>/dev/null; then
+        log "stopping and disabling the prometheus.service the package started (not needed here)"
+        as_root systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+    fi
+    log "prometheus: $(command -v prometheus) ($(prometheus --version 2>&1 | head -n1))"
 }

@@ -4,9 +4,11 @@
 #   scripts/test.sh [EXTRA CARGO TEST ARGS...]
 #
 # Brings up PostgreSQL (127.0.0.1:5432) and a Kafka-protocol broker (nisshi, 127.0.0.1:9092),
-# installing them when missing, builds the binaries, runs the workspace's tests against them, then
-# clippy and rustfmt. Exits non-zero when any step fails. A broker it started is stopped at exit;
-# PostgreSQL is left running. Extra arguments go to `cargo test`, e.g. `scripts/test.sh -p relay`.
+# installing them when missing (and Prometheus: prometheus, promtool), builds the binaries, runs
+# the workspace's tests against them, checks the monitoring files (scripts/check-observability.sh),
+# then clippy and rustfmt. Exits non-zero when any step fails. A broker it started is stopped at
+# exit; PostgreSQL is left running. Extra arguments go to `cargo test`, e.g.
+# `scripts/test.sh -p relay`.
 set -euo pipefail
 # shellcheck source=scripts/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -57,13 +59,16 @@ step() {
     fi
 }
 
-stage "[1/7] PostgreSQL"
+stage "[1/9] PostgreSQL"
 ensure_postgres
 
-stage "[2/7] Kafka-protocol broker (nisshi)"
+stage "[2/9] Kafka-protocol broker (nisshi)"
 ensure_broker # installs nisshi first (ensure_nisshi) unless a broker already listens
 
-stage "[3/7] Toolchain"
+stage "[3/9] Prometheus (prometheus, promtool)"
+ensure_prometheus # the monitoring checks and the Prometheus end-to-end test need both
+
+stage "[4/9] Toolchain"
 cargo --version
 rustc --version
 missing=()
@@ -74,21 +79,25 @@ if ((${#missing[@]})); then
     rustup component add "${missing[@]}"
 fi
 
-stage "[4/7] cargo build --release --workspace --bins"
+stage "[5/9] cargo build --release --workspace --bins"
 ensure_build_deps
 cargo build --release --workspace --bins
 
-stage "[5/7] cargo test --release --workspace"
+stage "[6/9] cargo test --release --workspace"
 step "cargo test" env \
     DATABASE_URL="postgres://postgres@127.0.0.1:5432/postgres" \
     KAFKA_BROKERS="127.0.0.1:9092" \
     PIPELINE_BIN_DIR="$TARGET_DIR/release" \
+    PROMETHEUS_BIN="$(command -v prometheus)" \
     cargo test --release --workspace "$@"
 
-stage "[6/7] cargo clippy --release --workspace --all-targets -- -D warnings"
+stage "[7/9] monitoring: promtool checks, alert unit tests, dashboard queries"
+step "observability checks" scripts/check-observability.sh
+
+stage "[8/9] cargo clippy --release --workspace --all-targets -- -D warnings"
 step "clippy" cargo clippy --release --workspace --all-targets -- -D warnings
 
-stage "[7/7] cargo fmt --all -- --check"
+stage "[9/9] cargo fmt --all -- --check"
 step "rustfmt" cargo fmt --all -- --check
 
 ((${#FAILED[@]} == 0)) || exit 1

@@ -14,7 +14,10 @@ pub fn crash_point(name: &str) {
     use std::sync::OnceLock;
     static ARMED: OnceLock<Option<(String, String)>> = OnceLock::new();
     let armed = ARMED.get_or_init(|| {
-        match (std::env::var("PIPELINE_CRASH_AT"), std::env::var("PIPELINE_CRASH_TRIGGER")) {
+        match (
+            std::env::var("PIPELINE_CRASH_AT"),
+            std::env::var("PIPELINE_CRASH_TRIGGER"),
+        ) {
             (Ok(point), Ok(trigger)) => Some((point, trigger)),
             _ => None,
         }

@@ -388,3 +388,6 @@ pub async fn scrape_sum(addr: &str, metric: &str, labels: &[&str]) -> anyhow::Re
     }
     Ok(total)
 }
+
+pub mod bench;
+pub mod verify;

@@ -1,0 +1,134 @@
+//! The relay draining a preloaded outbox backlog into a fresh topic.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::bail;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+use super::broker::{round3, BrokerResult};
+use super::config::Settings;
+use super::orders::{preload_outbox, EVENTS_PER_ORDER};
+use super::procstat::{round1, shared_processes, CpuMeter, CpuUse, Watched};
+use super::services::{self, outbox_pending, peak_rss, EnvRegistry};
+use crate::{scrape_sum, TestEnv};
+
+/// How fast the relay emptied the outbox.
+#[derive(Debug, Clone, Serialize)]
+pub struct RelayResult {
+    pub events: u64,
+    pub orders: u64,
+    pub partitions: i32,
+    /// Average bytes of the payloads as the relay reads them (`payload::text`).
+    pub payload_bytes: f64,
+    pub preload_seconds: f64,
+    /// `relay` arguments (the rest are its defaults).
+    pub relay_args: Vec<String>,
+    /// From starting the relay process to no pending event left (polled every 100 ms).
+    pub drain_seconds: f64,
+    pub relay_drain_eps: f64,
+    /// From the first to the last `published_at`: the relay's own work, without start-up.
+    pub active_seconds: f64,
+    pub relay_active_eps: f64,
+    /// relay_drain_eps / broker produce_eps of this run.
+    pub relay_vs_broker: Option<f64>,
+    /// relay_drain_eps / the broker's relay-like batched produce eps.
+    pub relay_vs_broker_batched: Option<f64>,
+    pub batches: f64,
+    pub avg_batch_size: f64,
+    pub avg_batch_ms: f64,
+    pub cpu: CpuUse,
+    pub peak_rss_mb: BTreeMap<String, f64>,
+}
+
+/// Preloads the backlog, runs the relay until it is drained, and returns the environment
+/// (its topic now holds the events) for the consumer phase.
+pub async fn run(
+    settings: &Settings,
+    envs: &EnvRegistry,
+    broker: Option<&BrokerResult>,
+    notes: &mut Vec<String>,
+) -> anyhow::Result<(RelayResult, TestEnv)> {
+    let env = envs.create("bench_relay", settings.partitions).await?;
+    let orders = settings.backlog.div_ceil(EVENTS_PER_ORDER as u64);
+    let started = Instant::now();
+    let events = preload_outbox(&env.pool, &env.topic, orders, settings.products).await?;
+    let preload_seconds = started.elapsed().as_secs_f64();
+    let payload_bytes: f64 =
+        sqlx::query_scalar("SELECT avg(octet_length(payload::text))::float8 FROM outbox")
+            .fetch_one(&env.pool)
+            .await?;
+    // The preload's dirty pages are written now, not during the drain.
+    sqlx::query("CHECKPOINT").execute(&env.pool).await?;
+
+    let relay_args = services::relay_args(settings);
+    let spawned = Instant::now();
+    let (mut relay, metrics) = services::start_relay(&env, settings).await?;
+    let mut watched = vec![Watched::Pid("relay", relay.pid().as_raw().unsigned_abs())];
+    watched.extend(shared_processes());
+    let meter = CpuMeter::start(watched);
+    let deadline = spawned + settings.drain_timeout;
+    loop {
+        if outbox_pending(&env).await? == 0 {
+            break;
+        }
+        if Instant::now() > deadline || relay.exited() {
+            bail!(
+                "relay did not drain {events} events within {:?} (log: {})",
+                settings.drain_timeout,
+                relay.log_path.display()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let drain_seconds = spawned.elapsed().as_secs_f64();
+    let cpu = meter.finish();
+    let peak_rss_mb = peak_rss(&[("relay", &relay)]);
+
+    let batches = scrape_sum(&metrics, "relay_batch_size_count", &[]).await?;
+    let batch_events = scrape_sum(&metrics, "relay_batch_size_sum", &[]).await?;
+    let batch_seconds = scrape_sum(&metrics, "relay_batch_duration_seconds_sum", &[]).await?;
+    notes.extend(services::stop(relay).await);
+
+    let (first, last, unpublished): (Option<DateTime<Utc>>, Option<DateTime<Utc>>, i64) =
+        sqlx::query_as(
+            "SELECT min(published_at), max(published_at), count(*) FILTER (WHERE state <> 'published')
+             FROM outbox",
+        )
+        .fetch_one(&env.pool)
+        .await?;
+    if unpublished > 0 {
+        bail!("{unpublished} events left unpublished (failed)");
+    }
+    let active_seconds = match (first, last) {
+        (Some(f), Some(l)) => (l - f).num_microseconds().unwrap_or(0) as f64 / 1e6,
+        _ => 0.0,
+    };
+    let n = events as f64;
+    let relay_drain_eps = (n / drain_seconds).round();
+    let result = RelayResult {
+        events,
+        orders,
+        partitions: settings.partitions,
+        payload_bytes: round1(payload_bytes),
+        preload_seconds: round3(preload_seconds),
+        relay_args,
+        drain_seconds: round3(drain_seconds),
+        relay_drain_eps,
+        active_seconds: round3(active_seconds),
+        relay_active_eps: if active_seconds > 0.0 {
+            (n / active_seconds).round()
+        } else {
+            0.0
+        },
+        relay_vs_broker: broker.map(|b| round3(relay_drain_eps / b.produce_eps)),
+        relay_vs_broker_batched: broker.map(|b| round3(relay_drain_eps / b.produce_batched_eps)),
+        batches,
+        avg_batch_size: round1(batch_events / batches.max(1.0)),
+        avg_batch_ms: round1(batch_seconds * 1000.0 / batches.max(1.0)),
+        cpu,
+        peak_rss_mb,
+    };
+    Ok((result, env))
+}

@@ -1,0 +1,299 @@
+//! The benchmark's report: every figure with the settings it was taken with, the targets checked
+//! against them, and what bounded a missed one.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use anyhow::Context;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+use super::broker::BrokerResult;
+use super::config::Settings;
+use super::consumer_drain::GroupDrain;
+use super::latency::LatencyRun;
+use super::procstat::{cores, CpuUse};
+use super::relay_drain::RelayResult;
+use super::sustained::SustainedResult;
+
+/// Largest resident set a service may reach.
+pub const RSS_TARGET_MB: f64 = 200.0;
+
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub started_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+    pub host: Host,
+    pub settings: Settings,
+    pub broker: Option<BrokerResult>,
+    pub relay: Option<RelayResult>,
+    pub consumer: Vec<GroupDrain>,
+    pub latency: Vec<LatencyRun>,
+    pub sustained: Option<SustainedResult>,
+    /// Highest peak resident memory (VmHWM) of each service over every phase, MiB.
+    pub peak_rss_mb: BTreeMap<String, f64>,
+    pub targets: Vec<TargetCheck>,
+    /// Things seen along the way: unclean exits, dead letters, parked events, clean-up problems.
+    pub notes: Vec<String>,
+    /// Phases that failed.
+    pub errors: Vec<String>,
+}
+
+/// Where the figures were taken.
+#[derive(Debug, Default, Serialize)]
+pub struct Host {
+    pub cores: usize,
+    /// /proc/loadavg when the run started and when it ended: a busy machine shows here.
+    pub load_average: String,
+    pub load_average_end: String,
+    pub postgres: String,
+    /// The broker's command line, when it runs on this machine.
+    pub broker_command: String,
+    /// The storage engine on the broker's command line, to compare with --storage-engine.
+    pub broker_storage_seen: Option<String>,
+    pub git_revision: String,
+}
+
+/// One target and whether this run met it.
+#[derive(Debug, Clone, Serialize)]
+pub struct TargetCheck {
+    pub name: String,
+    pub target: String,
+    pub value: Option<f64>,
+    /// `None` when the phase did not run.
+    pub pass: Option<bool>,
+    /// For a miss: CPU of the processes in the phase, and what else explains it.
+    pub bound_by: Option<String>,
+}
+
+impl Report {
+    pub fn new(settings: &Settings, host: Host) -> Report {
+        Report {
+            started_at: Utc::now(),
+            finished_at: None,
+            host,
+            settings: settings.clone(),
+            broker: None,
+            relay: None,
+            consumer: Vec::new(),
+            latency: Vec::new(),
+            sustained: None,
+            peak_rss_mb: BTreeMap::new(),
+            targets: Vec::new(),
+            notes: Vec::new(),
+            errors: Vec::new(),
+        }
+    }
+
+    /// Gathers peak memory and checks the targets.
+    pub fn finish(&mut self) {
+        self.finished_at = Some(Utc::now());
+        self.host.load_average_end = load_average();
+        let mut peaks: Vec<&BTreeMap<String, f64>> = Vec::new();
+        peaks.extend(self.relay.iter().map(|r| &r.peak_rss_mb));
+        for g in &self.consumer {
+            peaks.extend([&g.batched.peak_rss_mb, &g.per_message.peak_rss_mb]);
+        }
+        peaks.extend(self.latency.iter().map(|l| &l.peak_rss_mb));
+        if let Some(s) = &self.sustained {
+            peaks.extend(s.steps.iter().map(|s| &s.peak_rss_mb));
+        }
+        for map in peaks {
+            for (name, &mb) in map {
+                let e = self.peak_rss_mb.entry(name.clone()).or_insert(0.0);
+                *e = e.max(mb);
+            }
+        }
+        self.targets = self.check_targets();
+    }
+
+    fn check_targets(&self) -> Vec<TargetCheck> {
+        let mut t = Vec::new();
+        let relay_cpu = self.relay.as_ref().map(|r| cpu_line("relay drain", &r.cpu));
+        t.push(at_least(
+            "relay_drain_eps",
+            25_000.0,
+            self.relay.as_ref().map(|r| r.relay_drain_eps),
+            relay_cpu.clone(),
+        ));
+        t.push(at_least(
+            "relay_vs_broker",
+            0.7,
+            self.relay.as_ref().and_then(|r| r.relay_vs_broker),
+            relay_cpu,
+        ));
+        for g in &self.consumer {
+            let why = Some(format!(
+                "{}; avg batch {} events in {} ms",
+                cpu_line("batched drain", &g.batched.cpu),
+                g.batched.avg_batch_size,
+                g.batched.avg_batch_ms
+            ));
+            t.push(at_least(
+                &format!("consumer_drain_eps[{}]", g.group),
+                15_000.0,
+                Some(g.batched.eps),
+                why.clone(),
+            ));
+            t.push(at_least(
+                &format!("consumer_drain_eps[{}] / consumer_per_message_eps", g.group),
+                5.0,
+                Some(g.batched_vs_per_message),
+                why,
+            ));
+        }
+        match self.latency.iter().find(|l| (l.rate - 1000.0).abs() < 0.5) {
+            Some(run) => {
+                for (group, lat) in &run.groups {
+                    let why = Some(format!(
+                        "stages p50/p99 ms: service {}/{}, relay {}/{}, outbox→applied {}/{}; {}",
+                        lat.service_p50_ms,
+                        lat.service_p99_ms,
+                        lat.relay_p50_ms,
+                        lat.relay_p99_ms,
+                        lat.outbox_to_applied_p50_ms,
+                        lat.outbox_to_applied_p99_ms,
+                        cpu_line("1000/s", &run.cpu)
+                    ));
+                    t.push(at_most(
+                        &format!("e2e_p50_ms@1000[{group}]"),
+                        10.0,
+                        Some(lat.e2e_p50_ms),
+                        why.clone(),
+                    ));
+                    t.push(at_most(
+                        &format!("e2e_p99_ms@1000[{group}]"),
+                        25.0,
+                        Some(lat.e2e_p99_ms),
+                        why,
+                    ));
+                }
+            }
+            None => t.push(at_most("e2e_p50_ms@1000", 10.0, None, None)),
+        }
+        let sustained = self.sustained.as_ref();
+        let first_miss = sustained.and_then(|s| s.steps.iter().find(|s| !s.held));
+        t.push(at_least(
+            "sustained_events_per_s",
+            4_000.0,
+            sustained.map(|s| s.events_per_s),
+            first_miss.map(|s| {
+                format!(
+                    "{}/s not held: {}; {}",
+                    s.rate,
+                    s.reasons.join("; "),
+                    cpu_line("that step", &s.cpu)
+                )
+            }),
+        ));
+        for (name, &mb) in &self.peak_rss_mb {
+            t.push(at_most(
+                &format!("peak_rss_mb[{name}]"),
+                RSS_TARGET_MB,
+                Some(mb),
+                None,
+            ));
+        }
+        t
+    }
+
+    /// Writes the report as pretty JSON, creating the folder.
+    pub fn write(&self, path: &Path) -> anyhow::Result<()> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
+        let json = serde_json::to_string_pretty(self)?;
+        std::fs::write(path, json).with_context(|| format!("writing {}", path.display()))
+    }
+}
+
+fn cpu_line(phase: &str, cpu: &CpuUse) -> String {
+    let busy = cpu.total() + cpu.other_percent.unwrap_or(0.0);
+    let saturated = if busy >= 0.9 * (cores() * 100) as f64 {
+        ": the machine's cores are saturated"
+    } else {
+        ""
+    };
+    format!("CPU during {phase}: {}{saturated}", cpu.summary())
+}
+
+fn check(
+    name: &str,
+    target: String,
+    value: Option<f64>,
+    pass: Option<bool>,
+    why: Option<String>,
+) -> TargetCheck {
+    TargetCheck {
+        name: name.to_owned(),
+        target,
+        value,
+        bound_by: if pass == Some(false) { why } else { None },
+        pass,
+    }
+}
+
+fn at_least(name: &str, min: f64, value: Option<f64>, why: Option<String>) -> TargetCheck {
+    check(
+        name,
+        format!(">= {min}"),
+        value,
+        value.map(|v| v >= min),
+        why,
+    )
+}
+
+fn at_most(name: &str, max: f64, value: Option<f64>, why: Option<String>) -> TargetCheck {
+    check(
+        name,
+        format!("<= {max}"),
+        value,
+        value.map(|v| v <= max),
+        why,
+    )
+}
+
+/// What can be learnt about the machine and the broker; best effort.
+pub async fn host() -> Host {
+    let broker_command = super::procstat::pids_named("nisshi")
+        .first()
+        .and_then(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).ok())
+        .map(|raw| {
+            raw.split(|b| *b == 0)
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect::<Vec<_>>()
+                .join(" ")
+                .trim()
+                .to_owned()
+        })
+        .unwrap_or_default();
+    let broker_storage_seen = broker_command
+        .split_whitespace()
+        .skip_while(|a| *a != "--storage-engine")
+        .nth(1)
+        .map(|url| url.split("://").next().unwrap_or(url).to_owned());
+    let git_revision = std::process::Command::new("git")
+        .args(["describe", "--always", "--dirty"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default();
+    Host {
+        cores: cores(),
+        load_average: load_average(),
+        load_average_end: String::new(),
+        postgres: super::services::postgres_version()
+            .await
+            .unwrap_or_default(),
+        broker_command,
+        broker_storage_seen,
+        git_revision,
+    }
+}
+
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default()
+}

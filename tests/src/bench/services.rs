@@ -1,0 +1,402 @@
+//! Starting the real binaries with the benchmark's flags, and the environments they run in.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use anyhow::Context;
+use rdkafka::admin::{AdminClient, AdminOptions};
+use rdkafka::client::DefaultClientContext;
+use sqlx::{Connection, PgConnection};
+
+use super::config::Settings;
+use super::procstat::{peak_rss_mb, shared_processes, Watched};
+use crate::{scrape_sum, wait_until, Service, TestEnv};
+
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+const STOP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What the benchmark created: dropped at the end (or as soon as a phase is done with it), unless
+/// `--keep`.
+pub struct EnvRegistry {
+    keep: bool,
+    left: Mutex<Vec<Created>>,
+}
+
+/// A database, topic and log folder of one environment; a topic alone for the broker phase.
+#[derive(Debug, Clone)]
+struct Created {
+    database: Option<String>,
+    topic: String,
+    log_dir: Option<PathBuf>,
+}
+
+impl EnvRegistry {
+    pub fn new(keep: bool) -> EnvRegistry {
+        EnvRegistry {
+            keep,
+            left: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// A fresh environment (database, topic, group prefix), remembered for clean-up.
+    pub async fn create(&self, name: &str, partitions: i32) -> anyhow::Result<TestEnv> {
+        let env = TestEnv::new(name, partitions).await?;
+        self.remember(Created {
+            database: Some(database_name(&env.database_url).to_owned()),
+            topic: env.topic.clone(),
+            log_dir: Some(env.log_dir.clone()),
+        });
+        Ok(env)
+    }
+
+    /// Remembers a topic created outside an environment.
+    pub fn track_topic(&self, topic: &str) {
+        self.remember(Created {
+            database: None,
+            topic: topic.to_owned(),
+            log_dir: None,
+        });
+    }
+
+    fn remember(&self, created: Created) {
+        if let Ok(mut left) = self.left.lock() {
+            left.push(created);
+        }
+    }
+
+    /// Drops what `env` created now, unless `--keep`. Returns what could not be removed.
+    pub async fn release(&self, env: TestEnv) -> Vec<String> {
+        env.pool.close().await;
+        self.release_topic(&env.topic).await
+    }
+
+    /// Drops what was created with `topic` (its environment's database and logs too).
+    pub async fn release_topic(&self, topic: &str) -> Vec<String> {
+        let found = self.left.lock().ok().and_then(|mut left| {
+            let i = left.iter().position(|c| c.topic == topic)?;
+            Some(left.remove(i))
+        });
+        match found {
+            Some(created) if !self.keep => remove(&created).await,
+            _ => Vec::new(),
+        }
+    }
+
+    /// Drops everything not yet released, unless `--keep`.
+    pub async fn cleanup(&self) -> Vec<String> {
+        let left: Vec<Created> = self
+            .left
+            .lock()
+            .map(|mut l| std::mem::take(&mut *l))
+            .unwrap_or_default();
+        let mut problems = Vec::new();
+        if !self.keep {
+            for created in &left {
+                problems.extend(remove(created).await);
+            }
+        }
+        problems
+    }
+}
+
+async fn remove(created: &Created) -> Vec<String> {
+    let mut problems = Vec::new();
+    if let Some(db) = &created.database {
+        if let Err(e) = drop_database(db).await {
+            problems.push(format!("dropping database {db}: {e:#}"));
+        }
+    }
+    if let Err(e) = delete_topic(&created.topic).await {
+        problems.push(format!("deleting topic {}: {e:#}", created.topic));
+    }
+    if let Some(dir) = &created.log_dir {
+        if let Err(e) = std::fs::remove_dir_all(dir) {
+            problems.push(format!("removing {}: {e}", dir.display()));
+        }
+    }
+    problems
+}
+
+/// The server the harness creates its databases on (the harness's own default).
+fn admin_url() -> String {
+    std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
+}
+
+fn database_name(url: &str) -> &str {
+    let path = url.split('?').next().unwrap_or(url);
+    path.rsplit('/').next().unwrap_or(path)
+}
+
+async fn drop_database(name: &str) -> anyhow::Result<()> {
+    let mut admin = PgConnection::connect(&admin_url()).await?;
+    sqlx::query(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
+        .execute(&mut admin)
+        .await?;
+    Ok(())
+}
+
+fn brokers() -> String {
+    std::env::var("KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".into())
+}
+
+async fn delete_topic(topic: &str) -> anyhow::Result<()> {
+    let admin: AdminClient<DefaultClientContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .create()?;
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    for result in admin.delete_topics(&[topic], &opts).await? {
+        if let Err((_, code)) = result {
+            anyhow::bail!("{code}");
+        }
+    }
+    Ok(())
+}
+
+/// The arguments `relay run` gets.
+pub fn relay_args(settings: &Settings) -> Vec<String> {
+    [
+        "run",
+        "--metrics-listen",
+        "127.0.0.1:0",
+        "--batch-size",
+        &settings.relay_batch_size.to_string(),
+        "--linger-ms",
+        &settings.relay_linger_ms.to_string(),
+        "--poll-interval-ms",
+        &settings.relay_poll_interval_ms.to_string(),
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
+/// The arguments `consumer run` gets for `groups` with `max_batch`.
+pub fn consumer_args(env: &TestEnv, groups: &[&str], max_batch: u32) -> Vec<String> {
+    let mut args: Vec<String> = vec!["run".into()];
+    for g in groups {
+        args.extend(["--group".to_owned(), (*g).to_owned()]);
+    }
+    args.extend(
+        [
+            "--topic",
+            &env.topic,
+            "--group-prefix",
+            &env.group_prefix,
+            "--max-batch",
+            &max_batch.to_string(),
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ]
+        .map(str::to_owned),
+    );
+    args
+}
+
+/// Starts `bin` with `args` and waits for its `<listening>` log line; returns it with the address.
+pub async fn start(
+    env: &TestEnv,
+    bin: &str,
+    label: &str,
+    args: &[String],
+    listening: &str,
+) -> anyhow::Result<(Service, String)> {
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let svc = env.spawn(bin, label, &args)?;
+    let addr = svc.wait_for_log_value(listening, START_TIMEOUT).await?;
+    Ok((svc, addr))
+}
+
+pub async fn start_relay(env: &TestEnv, settings: &Settings) -> anyhow::Result<(Service, String)> {
+    let args = relay_args(settings);
+    start(env, "relay", "relay", &args, "relay metrics listening on ").await
+}
+
+pub async fn start_consumer(
+    env: &TestEnv,
+    label: &str,
+    groups: &[&str],
+    max_batch: u32,
+) -> anyhow::Result<(Service, String)> {
+    let args = consumer_args(env, groups, max_batch);
+    start(
+        env,
+        "consumer",
+        label,
+        &args,
+        "consumer metrics listening on ",
+    )
+    .await
+}
+
+/// Stocks products 1..=`products` with `stock` each (`consumer seed-stock`).
+pub fn seed_stock(env: &TestEnv, settings: &Settings) -> anyhow::Result<()> {
+    let (products, stock) = (settings.products.to_string(), settings.stock.to_string());
+    tokio::task::block_in_place(|| {
+        env.run_to_end(
+            "consumer",
+            &["seed-stock", "--products", &products, "--quantity", &stock],
+            Duration::from_secs(60),
+        )
+    })?;
+    Ok(())
+}
+
+/// Seeds the catalogue (`producer seed-catalog`) and the stock.
+pub fn seed_catalog_and_stock(env: &TestEnv, settings: &Settings) -> anyhow::Result<()> {
+    let products = settings.products.to_string();
+    tokio::task::block_in_place(|| {
+        env.run_to_end(
+            "producer",
+            &["seed-catalog", "--products", &products],
+            Duration::from_secs(60),
+        )
+    })?;
+    seed_stock(env, settings)
+}
+
+/// Stops a service with SIGTERM; an unclean or slow exit is returned as a note.
+pub async fn stop(service: Service) -> Option<String> {
+    let label = service.label.clone();
+    match service.stop(STOP_TIMEOUT).await {
+        Ok(true) => None,
+        Ok(false) => Some(format!("{label} exited with an error status after SIGTERM")),
+        Err(e) => Some(format!("{label}: {e:#}")),
+    }
+}
+
+/// The whole pipeline in one environment: order service, relay, consumer running both groups.
+pub struct Pipeline {
+    pub order_service: Service,
+    pub url: String,
+    pub relay: Service,
+    pub consumer: Service,
+    pub consumer_args: Vec<String>,
+}
+
+pub const GROUPS: [&str; 2] = ["inventory", "notification"];
+
+impl Pipeline {
+    /// Seeds the catalogue and stock, starts the three services and waits until the relay is
+    /// active and both groups own every partition.
+    pub async fn start(env: &TestEnv, settings: &Settings) -> anyhow::Result<Pipeline> {
+        seed_catalog_and_stock(env, settings)?;
+        let (order_service, url) = env.order_service().await?;
+        let (relay, relay_metrics) = start_relay(env, settings).await?;
+        let consumer_args = consumer_args(env, &GROUPS, settings.consumer_max_batch);
+        let (consumer, consumer_metrics) = start(
+            env,
+            "consumer",
+            "consumer",
+            &consumer_args,
+            "consumer metrics listening on ",
+        )
+        .await?;
+        let partitions = f64::from(settings.partitions) * GROUPS.len() as f64;
+        wait_until(
+            "relay active, partitions assigned",
+            START_TIMEOUT,
+            || async {
+                let active = scrape_sum(&relay_metrics, "relay_active", &[]).await?;
+                let assigned =
+                    scrape_sum(&consumer_metrics, "consumer_assigned_partitions", &[]).await?;
+                Ok((active >= 1.0 && assigned >= partitions).then_some(()))
+            },
+        )
+        .await?;
+        Ok(Pipeline {
+            order_service,
+            url: format!("{url}/"),
+            relay,
+            consumer,
+            consumer_args,
+        })
+    }
+
+    /// The services plus broker, PostgreSQL and the benchmark itself.
+    pub fn watched(&self) -> Vec<Watched> {
+        let mut w = vec![
+            Watched::Pid(
+                "order-service",
+                self.order_service.pid().as_raw().unsigned_abs(),
+            ),
+            Watched::Pid("relay", self.relay.pid().as_raw().unsigned_abs()),
+            Watched::Pid("consumer", self.consumer.pid().as_raw().unsigned_abs()),
+        ];
+        w.extend(shared_processes());
+        w
+    }
+
+    /// Peak resident memory of each service so far.
+    pub fn peak_rss(&self) -> BTreeMap<String, f64> {
+        peak_rss(&[
+            ("order-service", &self.order_service),
+            ("relay", &self.relay),
+            ("consumer", &self.consumer),
+        ])
+    }
+
+    /// Stops the consumer, relay and order service; returns notes on unclean exits.
+    pub async fn stop(self) -> Vec<String> {
+        let mut notes = Vec::new();
+        for svc in [self.consumer, self.relay, self.order_service] {
+            notes.extend(stop(svc).await);
+        }
+        notes
+    }
+}
+
+/// Peak resident memory of named services, in MiB.
+pub fn peak_rss(services: &[(&str, &Service)]) -> BTreeMap<String, f64> {
+    services
+        .iter()
+        .filter_map(|(name, svc)| {
+            Some((
+                (*name).to_owned(),
+                peak_rss_mb(svc.pid().as_raw().unsigned_abs())?,
+            ))
+        })
+        .collect()
+}
+
+/// Events not yet published: the pending rows, read through the pending index.
+pub async fn outbox_pending(env: &TestEnv) -> anyhow::Result<i64> {
+    sqlx::query_scalar("SELECT count(*) FROM outbox WHERE state = 'pending'")
+        .fetch_one(&env.pool)
+        .await
+        .context("counting pending outbox events")
+}
+
+/// A group's lag, read without blocking the runtime's other tasks.
+pub fn lag(env: &TestEnv, kind: &str) -> anyhow::Result<Option<i64>> {
+    tokio::task::block_in_place(|| env.lag(kind))
+}
+
+/// Waits until the outbox is empty and every group in `groups` has committed everything.
+pub async fn wait_drained(env: &TestEnv, groups: &[&str], timeout: Duration) -> anyhow::Result<()> {
+    wait_until("outbox drained and groups caught up", timeout, || async {
+        let pending: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM outbox WHERE state <> 'published'")
+                .fetch_one(&env.pool)
+                .await?;
+        if pending > 0 {
+            return Ok(None);
+        }
+        for g in groups {
+            if lag(env, g)? != Some(0) {
+                return Ok(None);
+            }
+        }
+        Ok(Some(()))
+    })
+    .await
+}
+
+/// `SELECT version()` of the server the environments are created on.
+pub async fn postgres_version() -> anyhow::Result<String> {
+    let mut admin = PgConnection::connect(&admin_url()).await?;
+    Ok(sqlx::query_scalar("SELECT version()")
+        .fetch_one(&mut admin)
+        .await?)
+}

@@ -1,0 +1,268 @@
+//! The report as a readable table for the terminal.
+
+use std::fmt::Write;
+
+use super::procstat::CpuUse;
+use super::report::Report;
+
+/// Renders `r` as text.
+pub fn render(r: &Report) -> String {
+    let mut out = String::new();
+    // Writing to a String cannot fail.
+    let _ = write_report(&mut out, r);
+    out
+}
+
+fn eps(x: f64) -> String {
+    let n = x.round() as i64;
+    let s = n.abs().to_string();
+    let mut grouped = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            grouped.push(',');
+        }
+        grouped.push(c);
+    }
+    if n < 0 {
+        format!("-{grouped}")
+    } else {
+        grouped
+    }
+}
+
+fn cpu(c: &CpuUse) -> String {
+    format!("      CPU: {}", c.summary())
+}
+
+fn write_report(o: &mut String, r: &Report) -> std::fmt::Result {
+    let s = &r.settings;
+    writeln!(o)?;
+    writeln!(
+        o,
+        "Pipeline benchmark ({}) — {} cores, load {} (at the end {}) — broker storage: {} (seen: {}) — {} partitions, {} products — {}",
+        if s.quick { "quick" } else { "full" },
+        r.host.cores,
+        r.host.load_average,
+        r.host.load_average_end,
+        s.storage_engine,
+        r.host.broker_storage_seen.as_deref().unwrap_or("?"),
+        s.partitions,
+        s.products,
+        r.host.git_revision,
+    )?;
+    if let Some(b) = &r.broker {
+        writeln!(
+            o,
+            "\n1. Broker ceiling: {} messages of {} B avg (payload {} B) over {} orders",
+            eps(b.messages as f64),
+            b.message_bytes,
+            b.payload_bytes,
+            eps(b.orders as f64)
+        )?;
+        let config: Vec<String> = b
+            .producer_config
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        writeln!(
+            o,
+            "   producer (the relay's settings): {}",
+            config.join(" ")
+        )?;
+        writeln!(
+            o,
+            "   broker_produce_eps  {:>10}   ({:.2} s)",
+            eps(b.produce_eps),
+            b.produce_seconds
+        )?;
+        writeln!(o, "{}", cpu(&b.cpu_produce))?;
+        writeln!(
+            o,
+            "   broker_consume_eps  {:>10}   ({:.2} s)",
+            eps(b.consume_eps),
+            b.consume_seconds
+        )?;
+        writeln!(o, "{}", cpu(&b.cpu_consume))?;
+        writeln!(o, "   produce, relay-like {:>9}   ({:.2} s; batches of {}, each waiting for all its acks)", eps(b.produce_batched_eps), b.produce_batched_seconds, s.relay_batch_size)?;
+    }
+    if let Some(x) = &r.relay {
+        writeln!(
+            o,
+            "\n2. Relay drain: {} events ({} orders, payload {} B), preloaded in {:.1} s; relay {}",
+            eps(x.events as f64),
+            eps(x.orders as f64),
+            x.payload_bytes,
+            x.preload_seconds,
+            x.relay_args.join(" ")
+        )?;
+        writeln!(
+            o,
+            "   relay_drain_eps     {:>10}   ({:.2} s from process start to drained)",
+            eps(x.relay_drain_eps),
+            x.drain_seconds
+        )?;
+        writeln!(
+            o,
+            "   relay_active_eps    {:>10}   ({:.2} s first → last published_at)",
+            eps(x.relay_active_eps),
+            x.active_seconds
+        )?;
+        let vs = x
+            .relay_vs_broker
+            .map_or("n/a".to_owned(), |v| format!("{v:.3}"));
+        let vs_batched = x
+            .relay_vs_broker_batched
+            .map_or("n/a".to_owned(), |v| format!("{v:.3}"));
+        writeln!(
+            o,
+            "   relay_vs_broker     {vs:>10}   (vs the relay-like batched produce: {vs_batched})"
+        )?;
+        writeln!(
+            o,
+            "   {} batches, avg {} events in {} ms",
+            x.batches, x.avg_batch_size, x.avg_batch_ms
+        )?;
+        writeln!(o, "{}", cpu(&x.cpu))?;
+    }
+    if !r.consumer.is_empty() {
+        writeln!(o, "\n3. Consumer drain of the relay's topic, one group at a time (eps = processed / seconds from process start)")?;
+        writeln!(
+            o,
+            "   {:<13} {:>10} {:>12} {:>10} {:>12} {:>7}",
+            "group", "batched", "(active)", "per-msg", "(active)", "ratio"
+        )?;
+        for g in &r.consumer {
+            let partial = if g.per_message.complete { "" } else { " *" };
+            writeln!(
+                o,
+                "   {:<13} {:>10} {:>12} {:>10} {:>12} {:>7.1}{partial}",
+                g.group,
+                eps(g.batched.eps),
+                eps(g.batched.active_eps),
+                eps(g.per_message.eps),
+                eps(g.per_message.active_eps),
+                g.batched_vs_per_message
+            )?;
+        }
+        for g in &r.consumer {
+            for (mode, run) in [("batched", &g.batched), ("per-message", &g.per_message)] {
+                writeln!(o, "   {} {mode} (--max-batch {}): {} of {} events in {:.1} s, start-up {:.1} s, avg batch {} in {} ms", g.group, run.max_batch, eps(run.processed as f64), eps(run.events as f64), run.seconds, run.startup_seconds, run.avg_batch_size, run.avg_batch_ms)?;
+                writeln!(o, "{}", cpu(&run.cpu))?;
+            }
+        }
+        if r.consumer.iter().any(|g| !g.per_message.complete) {
+            writeln!(
+                o,
+                "   * per-message run stopped at its time limit; rate over what it processed"
+            )?;
+        }
+    }
+    if !r.latency.is_empty() {
+        writeln!(
+            o,
+            "\n4. End-to-end latency, open loop (intended send → group's applied_at), ms"
+        )?;
+        writeln!(
+            o,
+            "   {:>6} {:<13} {:>8} {:>8} {:>8} {:>8}  {:>15} {:>15} {:>15}  {:>9}",
+            "rate",
+            "group",
+            "p50",
+            "p99",
+            "p99.9",
+            "max",
+            "service p50/99",
+            "relay p50/99",
+            "out→app p50/99",
+            "ok/s"
+        )?;
+        for run in &r.latency {
+            for (group, l) in &run.groups {
+                writeln!(
+                    o,
+                    "   {:>6} {:<13} {:>8.1} {:>8.1} {:>8.1} {:>8.1}  {:>15} {:>15} {:>15}  {:>9}",
+                    run.rate,
+                    group,
+                    l.e2e_p50_ms,
+                    l.e2e_p99_ms,
+                    l.e2e_p999_ms,
+                    l.e2e_max_ms,
+                    format!("{:.1}/{:.1}", l.service_p50_ms, l.service_p99_ms),
+                    format!("{:.1}/{:.1}", l.relay_p50_ms, l.relay_p99_ms),
+                    format!(
+                        "{:.1}/{:.1}",
+                        l.outbox_to_applied_p50_ms, l.outbox_to_applied_p99_ms
+                    ),
+                    eps(run.requests.achieved_rps)
+                )?;
+            }
+            writeln!(o, "   {:>6} requests: {} ok, {} failed, response p50/p99 {:.1}/{:.1} ms, schedule lag p99 {:.1} ms", "", run.requests.ok, run.requests.failed(), run.requests.response_p50_ms, run.requests.response_p99_ms, run.requests.schedule_lag_p99_ms)?;
+            writeln!(o, "{}", cpu(&run.cpu))?;
+        }
+    }
+    if let Some(sus) = &r.sustained {
+        writeln!(o, "\n5. Sustained: {} events/s held (steps of {} s after {} s warm-up; bound {} s of events)", eps(sus.events_per_s), s.sustain_duration.as_secs(), s.warmup.as_secs(), sus.lag_bound_seconds)?;
+        for st in &sus.steps {
+            let lags: Vec<String> = st
+                .end
+                .lag
+                .iter()
+                .map(|(g, l)| format!("{g} {}", l.map_or("?".into(), |l| eps(l as f64))))
+                .collect();
+            writeln!(
+                o,
+                "   {:>6}/s {:<5} ok/s {:>6}  end: outbox {} lag {}  resp p99 {:.0} ms",
+                st.rate,
+                if st.held { "held" } else { "NOT" },
+                eps(st.requests.achieved_rps),
+                eps(st.end.outbox as f64),
+                lags.join(", "),
+                st.requests.response_p99_ms
+            )?;
+            for reason in &st.reasons {
+                writeln!(o, "           - {reason}")?;
+            }
+            writeln!(o, "{}", cpu(&st.cpu))?;
+        }
+    }
+    if !r.peak_rss_mb.is_empty() {
+        let peaks: Vec<String> = r
+            .peak_rss_mb
+            .iter()
+            .map(|(n, mb)| format!("{n} {mb:.0}"))
+            .collect();
+        writeln!(
+            o,
+            "\n6. Peak resident memory (VmHWM, MiB, max over phases): {}",
+            peaks.join(", ")
+        )?;
+    }
+    writeln!(o, "\nTargets")?;
+    for t in &r.targets {
+        let verdict = match t.pass {
+            Some(true) => "PASS",
+            Some(false) => "FAIL",
+            None => "n/a ",
+        };
+        let value = t
+            .value
+            .map_or("not measured".to_owned(), |v| format!("{v}"));
+        writeln!(
+            o,
+            "   {verdict}  {:<58} {:>12}  (target {})",
+            t.name, value, t.target
+        )?;
+        if let Some(why) = &t.bound_by {
+            writeln!(o, "         ↳ {why}")?;
+        }
+    }
+    for (title, items) in [("Notes", &r.notes), ("Errors", &r.errors)] {
+        if !items.is_empty() {
+            writeln!(o, "\n{title}")?;
+            for n in items {
+                writeln!(o, "   - {n}")?;
+            }
+        }
+    }
+    Ok(())
+}

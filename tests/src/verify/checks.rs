@@ -1,0 +1,265 @@
+//! After the load: wait until the pipeline has drained, then check the history against the
+//! database and the topic.
+//!
+//! - lost: per group, an expected event (acknowledged, or committed to the outbox without an
+//!   acknowledgement) with neither an applied effect nor a dead letter;
+//! - duplicate effects: per group, effects beyond the first for one event id (`applied_effect`
+//!   has no unique constraint, so a broken dedupe shows here);
+//! - reorders: per group and order, effects (in id order) whose sequence is not the previous
+//!   one + 1 (the first must be 1);
+//! - Kafka duplicates: records of the topic whose event id came before (reported, not failed).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use pipeline_core::kafka::group_lag;
+use serde::Serialize;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use super::driver::History;
+use super::environment::{Environment, GROUP_KINDS};
+use super::topic_scan;
+use super::topology::{Topology, STOCK};
+use crate::wait_until;
+
+/// Counts of one consumer group.
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct GroupCounts {
+    pub applied: i64,
+    pub lost: i64,
+    pub duplicate_effects: i64,
+    pub reorders: i64,
+    pub dead_lettered: i64,
+    pub parked: i64,
+}
+
+/// What the checks found.
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct CheckResults {
+    pub outbox_events: i64,
+    pub unacknowledged_committed: i64,
+    /// Acknowledged changes the outbox does not hold (counted as lost in every group).
+    pub acknowledged_not_in_outbox: i64,
+    /// Acknowledged (order, sequence) whose outbox event has another type than the change.
+    pub sequence_type_mismatches: i64,
+    pub lost: i64,
+    pub duplicate_effects: i64,
+    pub reorders: i64,
+    pub dead_lettered: i64,
+    pub parked: i64,
+    pub by_group: BTreeMap<String, GroupCounts>,
+    /// Products whose available + reserved + shipped quantity differs from the seeded stock.
+    pub stock_mismatched_products: i64,
+    pub topic_records: u64,
+    pub kafka_duplicates: u64,
+    pub topic_records_without_event_id: u64,
+    /// Events the outbox marks published that the topic does not hold.
+    pub published_missing_from_topic: i64,
+    /// Up to 20 examples of each failure, for the investigation.
+    pub examples: BTreeMap<String, Vec<String>>,
+}
+
+/// Waits until the outbox is drained and both groups have committed up to the end of the topic.
+pub async fn wait_drained(
+    env: &Environment,
+    topology: &Topology,
+    timeout: Duration,
+) -> anyhow::Result<f64> {
+    let started = Instant::now();
+    let kafka = topology.kafka();
+    wait_until("outbox drained and both groups caught up", timeout, || async {
+        let pending: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM outbox WHERE state <> 'published'")
+                .fetch_one(&env.pool)
+                .await?;
+        if pending > 0 {
+            return Ok(None);
+        }
+        for kind in GROUP_KINDS {
+            let (kafka, group, topic) = (kafka.clone(), env.group(kind), env.topic.clone());
+            let parts = tokio::task::spawn_blocking(move || {
+                group_lag(&kafka, &group, &[topic], Duration::from_secs(10))
+            })
+            .await??;
+            if parts.iter().any(|p| p.end > 0 && p.lag() != Some(0)) {
+                return Ok(None);
+            }
+        }
+        Ok(Some(()))
+    })
+    .await?;
+    Ok(started.elapsed().as_secs_f64())
+}
+
+/// Runs every check.
+pub async fn run(
+    env: &Environment,
+    topology: &Topology,
+    history: &History,
+) -> anyhow::Result<CheckResults> {
+    let pool = &env.pool;
+    store_acknowledged(pool, history).await?;
+    let groups: Vec<String> = GROUP_KINDS.iter().map(|k| env.group(k)).collect();
+    let mut results = CheckResults {
+        outbox_events: count(pool, "SELECT count(*) FROM outbox").await?,
+        unacknowledged_committed: count(
+            pool,
+            "SELECT count(*) FROM outbox o WHERE NOT EXISTS (SELECT 1 FROM verify_acknowledged a
+             WHERE a.order_id = o.aggregate_id AND a.sequence = o.sequence)",
+        )
+        .await?,
+        acknowledged_not_in_outbox: count(
+            pool,
+            "SELECT count(*) FROM verify_acknowledged a WHERE NOT EXISTS (SELECT 1 FROM outbox o
+             WHERE o.aggregate_id = a.order_id AND o.sequence = a.sequence)",
+        )
+        .await?,
+        sequence_type_mismatches: count(
+            pool,
+            "SELECT count(*) FROM verify_acknowledged a JOIN outbox o
+             ON o.aggregate_id = a.order_id AND o.sequence = a.sequence
+             WHERE o.event_type <> a.event_type",
+        )
+        .await?,
+        stock_mismatched_products: stock_mismatches(pool).await?,
+        ..CheckResults::default()
+    };
+    for group in &groups {
+        let counts = group_counts(pool, group).await?;
+        results.lost += counts.lost;
+        results.duplicate_effects += counts.duplicate_effects;
+        results.reorders += counts.reorders;
+        results.dead_lettered += counts.dead_lettered;
+        results.parked += counts.parked;
+        let _ = results.by_group.insert(group.clone(), counts);
+    }
+    results.examples = super::examples::collect(pool, &groups).await?;
+
+    let (kafka, topic) = (topology.kafka(), env.topic.clone());
+    let scan = tokio::task::spawn_blocking(move || {
+        topic_scan::scan(&kafka, &topic, Duration::from_secs(300))
+    })
+    .await??;
+    results.topic_records = scan.records;
+    results.kafka_duplicates = scan.duplicates;
+    results.topic_records_without_event_id = scan.without_event_id;
+    let published: Vec<Uuid> =
+        sqlx::query_scalar("SELECT event_id FROM outbox WHERE state = 'published'")
+            .fetch_all(pool)
+            .await?;
+    results.published_missing_from_topic = published
+        .iter()
+        .filter(|id| !scan.event_ids.contains(id))
+        .count() as i64;
+    Ok(results)
+}
+
+/// Copies the acknowledged history into the run's database, so the checks are joins.
+async fn store_acknowledged(pool: &PgPool, history: &History) -> anyhow::Result<()> {
+    let _ = sqlx::query(
+        "CREATE TABLE verify_acknowledged (
+             order_id text NOT NULL, sequence bigint NOT NULL, event_type text NOT NULL)",
+    )
+    .execute(pool)
+    .await?;
+    for chunk in history.acknowledged.chunks(20_000) {
+        let orders: Vec<String> = chunk.iter().map(|e| e.order_id.to_string()).collect();
+        let sequences: Vec<i64> = chunk.iter().map(|e| e.sequence).collect();
+        let types: Vec<&str> = chunk.iter().map(|e| e.event_type).collect();
+        let _ = sqlx::query(
+            "INSERT INTO verify_acknowledged
+             SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[])",
+        )
+        .bind(&orders)
+        .bind(&sequences)
+        .bind(&types)
+        .execute(pool)
+        .await
+        .context("storing the acknowledged history")?;
+    }
+    let _ = sqlx::query("CREATE INDEX ON verify_acknowledged (order_id, sequence)")
+        .execute(pool)
+        .await?;
+    let _ = sqlx::query("ANALYZE verify_acknowledged").execute(pool).await?;
+    Ok(())
+}
+
+/// The events every group must have applied or dead-lettered: acknowledged ones and those the
+/// outbox holds without an acknowledgement (committed, answer lost).
+pub const EXPECTED_EVENTS: &str = "
+    SELECT coalesce(a.order_id, o.aggregate_id) AS order_id,
+           coalesce(a.sequence, o.sequence) AS sequence,
+           o.event_id
+    FROM verify_acknowledged a
+    FULL JOIN outbox o ON o.aggregate_id = a.order_id AND o.sequence = a.sequence";
+
+/// Expected events of `$1` (a group) with neither an effect nor a dead letter.
+pub const LOST_EVENTS: &str = "
+    FROM expected e
+    WHERE NOT EXISTS (SELECT 1 FROM applied_effect x
+                      WHERE x.group_name = $1 AND x.order_id = e.order_id
+                        AND x.sequence = e.sequence)
+      AND NOT EXISTS (SELECT 1 FROM dead_letter d
+                      WHERE d.group_name = $1 AND (d.event_id = e.event_id
+                            OR (d.order_id = e.order_id AND d.sequence = e.sequence)))";
+
+/// Effects of `$1` (a group) whose sequence does not follow the order's previous effect.
+pub const REORDERED_EFFECTS: &str = "
+    FROM (SELECT id, order_id, sequence, event_id,
+                 lag(sequence) OVER (PARTITION BY order_id ORDER BY id) AS previous
+          FROM applied_effect WHERE group_name = $1) x
+    WHERE x.sequence <> coalesce(x.previous, 0) + 1";
+
+async fn group_counts(pool: &PgPool, group: &str) -> anyhow::Result<GroupCounts> {
+    let one = |sql: String| {
+        let group = group.to_owned();
+        async move {
+            sqlx::query_scalar::<_, i64>(&sql)
+                .bind(group)
+                .fetch_one(pool)
+                .await
+                .with_context(|| format!("running {sql}"))
+        }
+    };
+    Ok(GroupCounts {
+        applied: one("SELECT count(*) FROM applied_effect WHERE group_name = $1".into()).await?,
+        lost: one(format!(
+            "WITH expected AS ({EXPECTED_EVENTS}) SELECT count(*) {LOST_EVENTS}"
+        ))
+        .await?,
+        duplicate_effects: one(
+            "SELECT count(*) - count(DISTINCT event_id) FROM applied_effect
+             WHERE group_name = $1"
+                .into(),
+        )
+        .await?,
+        reorders: one(format!("SELECT count(*) {REORDERED_EFFECTS}")).await?,
+        dead_lettered: one("SELECT count(*) FROM dead_letter WHERE group_name = $1".into())
+            .await?,
+        parked: one("SELECT count(*) FROM parked_event WHERE group_name = $1".into()).await?,
+    })
+}
+
+/// The inventory's effects are not idempotent by themselves: stock is conserved only if every
+/// reservation, release and fulfilment happened exactly once.
+async fn stock_mismatches(pool: &PgPool) -> anyhow::Result<i64> {
+    Ok(sqlx::query_scalar(
+        "SELECT count(*) FROM inventory_stock s
+         LEFT JOIN (SELECT l.product_id, sum(l.quantity) AS qty FROM inventory_reservation_line l
+                    JOIN inventory_reservation r USING (order_id)
+                    WHERE r.status = 'fulfilled' GROUP BY l.product_id) f USING (product_id)
+         WHERE s.available + s.reserved + COALESCE(f.qty, 0) <> $1",
+    )
+    .bind(STOCK)
+    .fetch_one(pool)
+    .await?)
+}
+
+async fn count(pool: &PgPool, sql: &str) -> anyhow::Result<i64> {
+    sqlx::query_scalar(sql)
+        .fetch_one(pool)
+        .await
+        .with_context(|| format!("running {sql}"))
+}

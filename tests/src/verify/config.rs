@@ -1,0 +1,183 @@
+//! The `verify` command line and the settings a run derives from it.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+
+use super::schedule::FaultKind;
+
+/// Runs the real binaries under load while injecting faults, then checks that every
+/// acknowledged event was applied exactly once and in order by each consumer group.
+#[derive(Debug, Parser)]
+#[command(name = "verify", version, about)]
+pub struct VerifyArgs {
+    /// The test-suite profile: at least 10,000 events and one fault of each kind (a few minutes).
+    #[arg(long, conflicts_with = "long")]
+    pub short: bool,
+    /// The thorough profile: at least 100,000 events and 56 faults (15 to 30 minutes).
+    #[arg(long)]
+    pub long: bool,
+    /// Seed of the fault schedule and the order mix; the same seed gives the same schedule.
+    /// Random when absent (the report records it).
+    #[arg(long, env = "VERIFY_SEED")]
+    pub seed: Option<u64>,
+    /// Least number of acknowledged events; the load goes on until the fault schedule is done.
+    #[arg(long, env = "VERIFY_EVENTS")]
+    pub events: Option<u64>,
+    /// Number of faults to inject.
+    #[arg(long, env = "VERIFY_FAULTS")]
+    pub faults: Option<usize>,
+    /// Events per second the driver aims at (open loop, bounded by --concurrency).
+    #[arg(long, env = "VERIFY_RATE")]
+    pub rate: Option<f64>,
+    /// Most orders in flight in the driver.
+    #[arg(long, env = "VERIFY_CONCURRENCY", default_value_t = 128)]
+    pub concurrency: usize,
+    /// Where to write the JSON report.
+    #[arg(long, env = "VERIFY_REPORT")]
+    pub report: PathBuf,
+    /// Directory of the normal binaries (`producer`); default: this executable's directory.
+    #[arg(long, env = "PIPELINE_BIN_DIR")]
+    pub bin_dir: Option<PathBuf>,
+    /// Directory of the `relay` and `consumer` binaries built with the `fault-injection` feature.
+    #[arg(long, env = "VERIFY_FAULT_BIN_DIR")]
+    pub fault_bin_dir: PathBuf,
+    /// The `nisshi` broker executable.
+    #[arg(long, env = "NISSHI_BIN", default_value = "nisshi")]
+    pub nisshi: PathBuf,
+    /// A PostgreSQL server URL; its database is only used to create the run's databases.
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/postgres"
+    )]
+    pub database_url: String,
+    /// Where the run's logs, trigger files and broker directory go (a subdirectory per run).
+    #[arg(long, env = "VERIFY_WORK_DIR")]
+    pub work_dir: Option<PathBuf>,
+    /// Keep the run's databases (and the broker's storage) instead of dropping them.
+    #[arg(long)]
+    pub keep: bool,
+    /// How long to wait, after the load, for the outbox to drain and both groups to catch up.
+    #[arg(long, env = "VERIFY_DRAIN_TIMEOUT_SECS", default_value_t = 300)]
+    pub drain_timeout_secs: u64,
+    /// Leave out these fault kinds (comma separated), e.g. postgres_restart on a shared server.
+    #[arg(long, value_delimiter = ',', value_enum)]
+    pub skip_fault: Vec<FaultKind>,
+}
+
+/// The profile a run uses when `--events`, `--faults` or `--rate` are not given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Profile {
+    Short,
+    Long,
+}
+
+/// Everything a run needs, resolved.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub profile: Profile,
+    pub seed: u64,
+    pub min_events: u64,
+    pub faults: usize,
+    pub rate: f64,
+    pub concurrency: usize,
+    pub report: PathBuf,
+    pub bin_dir: PathBuf,
+    pub fault_bin_dir: PathBuf,
+    pub nisshi: PathBuf,
+    pub server_url: String,
+    pub work_root: PathBuf,
+    pub keep: bool,
+    pub drain_timeout: Duration,
+    pub skip: Vec<FaultKind>,
+    pub timing: Timing,
+}
+
+/// Seeded ranges of the fault schedule's waits, in milliseconds (inclusive).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timing {
+    /// Quiet time before each fault.
+    pub gap_ms: (u64, u64),
+    /// How long a killed or crashed process, the broker or PostgreSQL stays down.
+    pub down_ms: (u64, u64),
+    /// How long a frozen consumer stays stopped: longer than its session timeout.
+    pub freeze_ms: (u64, u64),
+    /// How long the extra consumer of a rebalance stays after it got partitions.
+    pub rebalance_dwell_ms: (u64, u64),
+}
+
+/// The consumers' `--session-timeout-ms`: a frozen consumer loses its partitions after this.
+pub const SESSION_TIMEOUT_MS: u64 = 6_000;
+
+impl Settings {
+    pub fn resolve(args: VerifyArgs) -> anyhow::Result<Settings> {
+        let profile = if args.long {
+            Profile::Long
+        } else {
+            Profile::Short
+        };
+        let (min_events, faults, rate, timing) = match profile {
+            Profile::Short => (
+                10_000,
+                FaultKind::ALL.len(),
+                1_000.0,
+                Timing {
+                    gap_ms: (1_000, 3_000),
+                    down_ms: (500, 2_500),
+                    freeze_ms: (SESSION_TIMEOUT_MS + 3_000, SESSION_TIMEOUT_MS + 5_000),
+                    rebalance_dwell_ms: (500, 2_000),
+                },
+            ),
+            Profile::Long => (
+                100_000,
+                7 * FaultKind::ALL.len(),
+                1_000.0,
+                Timing {
+                    gap_ms: (2_000, 6_000),
+                    down_ms: (500, 5_000),
+                    freeze_ms: (SESSION_TIMEOUT_MS + 3_000, SESSION_TIMEOUT_MS + 8_000),
+                    rebalance_dwell_ms: (1_000, 5_000),
+                },
+            ),
+        };
+        let rate = args.rate.unwrap_or(rate);
+        anyhow::ensure!(
+            rate.is_finite() && rate > 0.0,
+            "--rate must be a positive number"
+        );
+        anyhow::ensure!(args.concurrency > 0, "--concurrency must be positive");
+        let bin_dir = match args.bin_dir {
+            Some(dir) => dir,
+            None => std::env::current_exe()
+                .context("locating the verify executable")?
+                .parent()
+                .map(PathBuf::from)
+                .context("the verify executable has no directory")?,
+        };
+        let work_root = args
+            .work_dir
+            .unwrap_or_else(|| bin_dir.join("verify-runs"));
+        Ok(Settings {
+            profile,
+            seed: args.seed.unwrap_or_else(rand::random),
+            min_events: args.events.unwrap_or(min_events),
+            faults: args.faults.unwrap_or(faults),
+            rate,
+            concurrency: args.concurrency,
+            report: args.report,
+            bin_dir,
+            fault_bin_dir: args.fault_bin_dir,
+            nisshi: args.nisshi,
+            server_url: args.database_url,
+            work_root,
+            keep: args.keep,
+            drain_timeout: Duration::from_secs(args.drain_timeout_secs),
+            skip: args.skip_fault,
+            timing,
+        })
+    }
+}

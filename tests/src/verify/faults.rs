@@ -1,0 +1,323 @@
+//! Injects the scheduled faults one after the other into the running pipeline and measures how
+//! long the pipeline takes to recover from each (see [`super::recovery`]).
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use nix::sys::signal::Signal;
+use serde::Serialize;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::environment::Environment;
+use super::postgres::{foreign_sessions, PgCluster};
+use super::recovery::{wait_fresh_event_applied, wait_pipeline_up};
+use super::say;
+use super::schedule::{FaultKind, PlannedFault};
+use super::topology::{Member, Topology, BROKER, EXTRA_CONSUMER};
+use crate::wait_until;
+
+/// A fault is abandoned when the pipeline has not recovered this long after it.
+const RECOVERY_DEADLINE: Duration = Duration::from_secs(180);
+/// How long an armed crash point may wait for the next batch.
+const TRIGGER_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a PostgreSQL restart waits for other clients' sessions to end.
+const SHARED_SERVER_WAIT: Duration = Duration::from_secs(60);
+
+/// What happened to one fault.
+#[derive(Debug, Clone, Serialize)]
+pub struct FaultRecord {
+    pub index: usize,
+    pub kind: FaultKind,
+    /// The process or service hit.
+    pub target: String,
+    /// Wall-clock time of the injection (UTC, as in the processes' logs).
+    pub injected_at: String,
+    /// Seconds since the load started.
+    pub at_seconds: f64,
+    pub down_seconds: f64,
+    /// Whether the fault actually happened (a crash point may not be reached; a PostgreSQL
+    /// restart is skipped while other clients use the server).
+    pub injected: bool,
+    pub recovery_seconds: Option<f64>,
+    pub note: Option<String>,
+}
+
+/// The fault injector of one run.
+pub struct Injector<'a> {
+    pub topology: &'a Topology,
+    pub env: &'a Environment,
+    pub postgres: &'a PgCluster,
+    /// When the load started: fault times are reported relative to it.
+    pub started: Instant,
+}
+
+/// What an injection did, once the faulted part is back.
+struct Injected {
+    target: String,
+    happened: bool,
+    note: Option<String>,
+}
+
+impl Injector<'_> {
+    /// Runs the schedule; stops early on `abort`.
+    pub async fn run(&self, plan: &[PlannedFault], abort: &CancellationToken) -> Vec<FaultRecord> {
+        let mut records = Vec::with_capacity(plan.len());
+        for fault in plan {
+            tokio::select! {
+                () = abort.cancelled() => break,
+                () = tokio::time::sleep(fault.gap) => {}
+            }
+            let at = Instant::now();
+            let injected_at = chrono::Utc::now().to_rfc3339();
+            say(&format!(
+                "fault {}/{}: {} (down {:.1} s)",
+                fault.index + 1,
+                plan.len(),
+                fault.kind,
+                fault.down.as_secs_f64()
+            ));
+            let outcome = tokio::select! {
+                () = abort.cancelled() => break,
+                outcome = self.inject_and_recover(fault, at) => outcome,
+            };
+            let (injected, recovered) = match outcome {
+                Ok(pair) => pair,
+                Err(e) => (
+                    Injected {
+                        target: String::new(),
+                        happened: false,
+                        note: Some(format!("{e:#}")),
+                    },
+                    None,
+                ),
+            };
+            let record = FaultRecord {
+                index: fault.index,
+                kind: fault.kind,
+                target: injected.target,
+                injected_at,
+                at_seconds: round2((at - self.started).as_secs_f64()),
+                down_seconds: round2(fault.down.as_secs_f64()),
+                injected: injected.happened,
+                recovery_seconds: recovered.map(|t| round2((t - at).as_secs_f64())),
+                note: injected.note,
+            };
+            say(&format!(
+                "fault {}: {} {} → recovered in {}{}",
+                fault.index + 1,
+                record.kind,
+                record.target,
+                record
+                    .recovery_seconds
+                    .map_or("(not recovered)".to_owned(), |s| format!("{s:.1} s")),
+                record
+                    .note
+                    .as_deref()
+                    .map_or(String::new(), |n| format!(" ({n})"))
+            ));
+            records.push(record);
+        }
+        records
+    }
+
+    async fn inject_and_recover(
+        &self,
+        fault: &PlannedFault,
+        at: Instant,
+    ) -> anyhow::Result<(Injected, Option<Instant>)> {
+        let injected = self.inject(fault).await?;
+        let deadline = at + RECOVERY_DEADLINE;
+        let left = deadline.saturating_duration_since(Instant::now());
+        if wait_pipeline_up(self.topology, left).await.is_err() {
+            return Ok((injected, None));
+        }
+        Ok((
+            injected,
+            wait_fresh_event_applied(&self.env.pool, deadline).await,
+        ))
+    }
+
+    /// Injects one fault and waits until the faulted part is back up.
+    async fn inject(&self, fault: &PlannedFault) -> anyhow::Result<Injected> {
+        let supervisor = &self.topology.supervisor;
+        let consumer = &self.topology.consumers[fault.consumer % self.topology.consumers.len()];
+        match fault.kind {
+            FaultKind::RelayKill => {
+                let relay = self.active_relay().await?;
+                let starts = supervisor.starts(&relay.label)?;
+                supervisor.kill(&relay.label, fault.down)?;
+                self.wait_restarted(&relay.label, starts).await?;
+                Ok(done(&relay.label))
+            }
+            FaultKind::RelayCrashAfterDelivery => {
+                let relay = self.active_relay().await?;
+                self.crash_at_point(&relay, fault.down).await
+            }
+            FaultKind::ConsumerKill => {
+                let starts = supervisor.starts(&consumer.label)?;
+                supervisor.kill(&consumer.label, fault.down)?;
+                self.wait_restarted(&consumer.label, starts).await?;
+                Ok(done(&consumer.label))
+            }
+            FaultKind::ConsumerCrashAfterCommit => self.crash_at_point(consumer, fault.down).await,
+            FaultKind::BrokerRestart => {
+                let starts = supervisor.starts(BROKER)?;
+                supervisor.kill(BROKER, fault.down)?;
+                self.wait_restarted(BROKER, starts).await?;
+                self.topology.wait_for_broker(RECOVERY_DEADLINE).await?;
+                Ok(done(BROKER))
+            }
+            FaultKind::PostgresRestart => self.restart_postgres(fault.down).await,
+            FaultKind::Rebalance => self.rebalance(fault.down).await,
+            FaultKind::ConsumerFreeze => {
+                supervisor.signal(&consumer.label, Signal::SIGSTOP)?;
+                tokio::time::sleep(fault.down).await;
+                supervisor.signal(&consumer.label, Signal::SIGCONT)?;
+                Ok(done(&consumer.label))
+            }
+        }
+    }
+
+    async fn active_relay(&self) -> anyhow::Result<Member> {
+        wait_until("an active relay", Duration::from_secs(60), || async {
+            Ok(self.topology.active_relay().await.cloned())
+        })
+        .await
+    }
+
+    /// Waits until the supervisor has started `label` again after `starts` starts.
+    async fn wait_restarted(&self, label: &str, starts: u32) -> anyhow::Result<()> {
+        let supervisor = &self.topology.supervisor;
+        wait_until(
+            &format!("{label} restarted"),
+            RECOVERY_DEADLINE,
+            || async {
+                Ok((supervisor.starts(label)? > starts && supervisor.is_up(label)).then_some(()))
+            },
+        )
+        .await
+    }
+
+    /// Arms a process's crash point, waits for it to fire (the process aborts) and for the
+    /// process to be started again.
+    async fn crash_at_point(&self, member: &Member, down: Duration) -> anyhow::Result<Injected> {
+        let supervisor = &self.topology.supervisor;
+        let starts = supervisor.starts(&member.label)?;
+        supervisor.expect_exit(&member.label, down)?;
+        std::fs::write(&member.trigger, b"crash\n")
+            .with_context(|| format!("writing {}", member.trigger.display()))?;
+        let fired = wait_until(
+            &format!("{}'s crash point", member.label),
+            TRIGGER_TIMEOUT,
+            || async { Ok((!member.trigger.exists()).then_some(())) },
+        )
+        .await
+        .is_ok()
+            || !disarm(&member.trigger)?;
+        if !fired {
+            supervisor.unexpect_exit(&member.label)?;
+            return Ok(Injected {
+                target: member.label.clone(),
+                happened: false,
+                note: Some(format!(
+                    "crash point not reached within {TRIGGER_TIMEOUT:?}"
+                )),
+            });
+        }
+        self.wait_restarted(&member.label, starts).await?;
+        Ok(done(&member.label))
+    }
+
+    async fn restart_postgres(&self, down: Duration) -> anyhow::Result<Injected> {
+        let target = format!("postgresql {}", self.postgres.id());
+        let own = self.env.databases();
+        let server = &self.env.server_url;
+        let others = wait_until(
+            "other clients to leave PostgreSQL",
+            SHARED_SERVER_WAIT,
+            || async {
+                let others = foreign_sessions(server, &own).await?;
+                Ok(others.is_empty().then_some(()))
+            },
+        )
+        .await;
+        if others.is_err() {
+            let sessions = foreign_sessions(server, &own).await.unwrap_or_default();
+            return Ok(Injected {
+                target,
+                happened: false,
+                note: Some(format!(
+                    "skipped: PostgreSQL is shared with other clients ({})",
+                    sessions.join(", ")
+                )),
+            });
+        }
+        self.postgres.stop_immediate().await?;
+        tokio::time::sleep(down).await;
+        self.postgres.start().await?;
+        Ok(done(&target))
+    }
+
+    /// A third consumer joins, gets partitions, stays a while and leaves with SIGTERM.
+    async fn rebalance(&self, dwell: Duration) -> anyhow::Result<Injected> {
+        let topology = self.topology;
+        let extra = &topology.extra_consumer;
+        topology
+            .supervisor
+            .start(topology.consumer_spec(extra))?;
+        let joined = wait_until(
+            "the extra consumer to get partitions",
+            Duration::from_secs(60),
+            || async {
+                let assigned = topology
+                    .scrape(extra.ops, "consumer_assigned_partitions")
+                    .await
+                    .unwrap_or(0.0);
+                Ok((assigned > 0.0).then_some(()))
+            },
+        )
+        .await;
+        tokio::time::sleep(dwell).await;
+        let status = topology
+            .supervisor
+            .stop(EXTRA_CONSUMER, Duration::from_secs(30))
+            .await?;
+        let mut notes = Vec::new();
+        if let Err(e) = joined {
+            notes.push(format!("{e:#}"));
+        }
+        match status {
+            Some(s) if s.success() => {}
+            Some(s) => notes.push(format!("{EXTRA_CONSUMER} exited with {s} after SIGTERM")),
+            None => notes.push(format!("{EXTRA_CONSUMER} had to be killed after SIGTERM")),
+        }
+        Ok(Injected {
+            target: EXTRA_CONSUMER.to_owned(),
+            happened: true,
+            note: (!notes.is_empty()).then(|| notes.join("; ")),
+        })
+    }
+}
+
+fn done(target: &str) -> Injected {
+    Injected {
+        target: target.to_owned(),
+        happened: true,
+        note: None,
+    }
+}
+
+/// Removes an unfired trigger; `false` when it was already gone (it fired after all).
+fn disarm(trigger: &Path) -> anyhow::Result<bool> {
+    match std::fs::remove_file(trigger) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => bail!("removing {}: {e}", trigger.display()),
+    }
+}
+
+fn round2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}

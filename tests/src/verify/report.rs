@@ -1,0 +1,240 @@
+//! The run's report: JSON for machines, a table for people.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+use anyhow::Context;
+use serde::Serialize;
+
+use super::checks::CheckResults;
+use super::config::{Profile, Settings};
+use super::driver::History;
+use super::faults::FaultRecord;
+use super::schedule::FaultKind;
+
+/// What the load driver did.
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct DriverSummary {
+    pub seconds: f64,
+    pub target_events_per_second: f64,
+    pub events_per_second: f64,
+    pub orders: u64,
+    pub retries: u64,
+    pub failed_attempts: BTreeMap<String, u64>,
+    pub unresolved_steps: u64,
+    pub refused_steps: u64,
+    pub step_problems: Vec<String>,
+}
+
+/// The report of one run. Check fields are `null` when the run did not get to the checks.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub seed: u64,
+    pub profile: Profile,
+    /// Lost, duplicate effects and reorders all 0.
+    pub passed: bool,
+    pub events_acknowledged: u64,
+    pub unacknowledged_committed: Option<i64>,
+    /// Injected faults by kind.
+    pub faults: BTreeMap<FaultKind, u64>,
+    /// Scheduled faults that did not happen, by kind (see `fault_log` for why).
+    pub faults_not_injected: BTreeMap<FaultKind, u64>,
+    pub lost: Option<i64>,
+    pub duplicate_effects: Option<i64>,
+    pub reorders: Option<i64>,
+    pub dead_lettered: Option<i64>,
+    pub kafka_duplicates: Option<u64>,
+    pub recovery_seconds_p50: Option<f64>,
+    pub recovery_seconds_max: Option<f64>,
+    /// Everything the checks found, per group included.
+    pub checks: Option<CheckResults>,
+    pub fault_log: Vec<FaultRecord>,
+    /// Process exits no fault caused (each was restarted), by process.
+    pub unplanned_exits: BTreeMap<String, u32>,
+    pub driver: DriverSummary,
+    pub drain_seconds: Option<f64>,
+    pub duration_seconds: f64,
+    /// Logs of every process of the run.
+    pub work_dir: Option<String>,
+    /// What kept the run from completing (a run with errors fails even if `passed`).
+    pub errors: Vec<String>,
+}
+
+impl Report {
+    pub fn new(settings: &Settings) -> Report {
+        Report {
+            seed: settings.seed,
+            profile: settings.profile,
+            passed: false,
+            events_acknowledged: 0,
+            unacknowledged_committed: None,
+            faults: BTreeMap::new(),
+            faults_not_injected: BTreeMap::new(),
+            lost: None,
+            duplicate_effects: None,
+            reorders: None,
+            dead_lettered: None,
+            kafka_duplicates: None,
+            recovery_seconds_p50: None,
+            recovery_seconds_max: None,
+            checks: None,
+            fault_log: Vec::new(),
+            unplanned_exits: BTreeMap::new(),
+            driver: DriverSummary {
+                target_events_per_second: settings.rate,
+                ..DriverSummary::default()
+            },
+            drain_seconds: None,
+            duration_seconds: 0.0,
+            work_dir: None,
+            errors: Vec::new(),
+        }
+    }
+
+    pub fn set_history(&mut self, history: &History) {
+        self.events_acknowledged = history.acknowledged.len() as u64;
+        self.driver.seconds = round2(history.seconds);
+        if history.seconds > 0.0 {
+            self.driver.events_per_second =
+                (self.events_acknowledged as f64 / history.seconds).round();
+        }
+        self.driver.orders = history.orders;
+        self.driver.retries = history.retries;
+        self.driver.failed_attempts = history.failed_attempts.clone();
+        self.driver.unresolved_steps = history.unresolved_steps;
+        self.driver.refused_steps = history.refused_steps;
+        self.driver.step_problems = history.step_problems.clone();
+    }
+
+    pub fn set_faults(&mut self, log: Vec<FaultRecord>) {
+        let mut recoveries = Vec::new();
+        for record in &log {
+            let tally = if record.injected {
+                &mut self.faults
+            } else {
+                &mut self.faults_not_injected
+            };
+            *tally.entry(record.kind).or_default() += 1;
+            if record.injected {
+                match record.recovery_seconds {
+                    Some(s) => recoveries.push(s),
+                    None => self.errors.push(format!(
+                        "fault {} ({}) did not recover",
+                        record.index + 1,
+                        record.kind
+                    )),
+                }
+            }
+        }
+        recoveries.sort_by(f64::total_cmp);
+        self.recovery_seconds_p50 = recoveries.get(recoveries.len() / 2).copied();
+        self.recovery_seconds_max = recoveries.last().copied();
+        self.fault_log = log;
+    }
+
+    pub fn set_checks(&mut self, checks: CheckResults) {
+        self.unacknowledged_committed = Some(checks.unacknowledged_committed);
+        self.lost = Some(checks.lost);
+        self.duplicate_effects = Some(checks.duplicate_effects);
+        self.reorders = Some(checks.reorders);
+        self.dead_lettered = Some(checks.dead_lettered);
+        self.kafka_duplicates = Some(checks.kafka_duplicates);
+        self.passed = checks.lost == 0 && checks.duplicate_effects == 0 && checks.reorders == 0;
+        self.checks = Some(checks);
+    }
+
+    /// Whether the command succeeds: the checks passed and nothing kept the run from completing.
+    pub fn success(&self) -> bool {
+        self.passed && self.errors.is_empty()
+    }
+
+    pub fn write(&self, path: &Path) -> anyhow::Result<()> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)?;
+        }
+        let json = serde_json::to_string_pretty(self)?;
+        std::fs::write(path, json + "\n").with_context(|| format!("writing {}", path.display()))
+    }
+
+    /// A summary for the terminal.
+    pub fn table(&self) -> String {
+        let mut out = String::new();
+        let opt = |v: Option<i64>| v.map_or("-".to_owned(), |v| v.to_string());
+        let secs = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.1} s"));
+        let faults: u64 = self.faults.values().sum();
+        let mut rows: Vec<(&str, String)> = vec![
+            ("seed", self.seed.to_string()),
+            (
+                "events acknowledged",
+                format!(
+                    "{} ({} orders, {:.0}/s over {:.0} s)",
+                    self.events_acknowledged,
+                    self.driver.orders,
+                    self.driver.events_per_second,
+                    self.driver.seconds
+                ),
+            ),
+            (
+                "committed, not acknowledged",
+                opt(self.unacknowledged_committed),
+            ),
+            ("faults injected", faults.to_string()),
+        ];
+        for (kind, n) in &self.faults {
+            rows.push(("", format!("{n} × {kind}")));
+        }
+        for (kind, n) in &self.faults_not_injected {
+            rows.push(("  not injected", format!("{n} × {kind}")));
+        }
+        rows.extend([
+            (
+                "recovery p50 / max",
+                format!(
+                    "{} / {}",
+                    secs(self.recovery_seconds_p50),
+                    secs(self.recovery_seconds_max)
+                ),
+            ),
+            ("lost", opt(self.lost)),
+            ("duplicate effects", opt(self.duplicate_effects)),
+            ("reorders", opt(self.reorders)),
+            ("dead-lettered", opt(self.dead_lettered)),
+            (
+                "Kafka duplicates",
+                self.kafka_duplicates
+                    .map_or("-".to_owned(), |v| v.to_string()),
+            ),
+            ("drain after load", secs(self.drain_seconds)),
+        ]);
+        for (label, n) in &self.unplanned_exits {
+            rows.push(("unplanned exit", format!("{label} × {n}")));
+        }
+        for e in &self.errors {
+            rows.push(("error", e.clone()));
+        }
+        let verdict = match (self.passed, self.errors.is_empty()) {
+            (true, true) => "PASSED",
+            (true, false) => "INCOMPLETE (see errors)",
+            (false, _) => "FAILED",
+        };
+        rows.push(("result", verdict.to_owned()));
+        let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+        for (k, v) in rows {
+            let _ = writeln!(out, "  {k:<width$}  {v}");
+        }
+        if let Some(checks) = &self.checks {
+            for (kind, examples) in &checks.examples {
+                let _ = writeln!(out, "\n  {kind} (examples):");
+                for e in examples {
+                    let _ = writeln!(out, "    {e}");
+                }
+            }
+        }
+        out
+    }
+}
+
+fn round2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}

@@ -1,0 +1,166 @@
+//! The fault schedule: a deterministic sequence of fault kinds and waits derived from the seed.
+//!
+//! Faults come in rounds; each round is a seeded shuffle of every kind (minus skipped ones), so
+//! the first round already injects one fault of each kind and the same seed always gives the
+//! same schedule.
+
+use std::fmt;
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+
+use super::config::Timing;
+
+/// What a fault does.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, clap::ValueEnum,
+)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub enum FaultKind {
+    /// SIGKILL the active relay; the standby takes over, the killed one restarts.
+    RelayKill,
+    /// The active relay aborts after its delivery reports, before marking the batch published.
+    RelayCrashAfterDelivery,
+    /// SIGKILL a consumer process.
+    ConsumerKill,
+    /// A consumer aborts after a batch's database commit, before its offset commit.
+    ConsumerCrashAfterCommit,
+    /// SIGKILL the broker and start it again on the same port and storage.
+    BrokerRestart,
+    /// `pg_ctlcluster … stop -m immediate`, then start PostgreSQL again.
+    PostgresRestart,
+    /// A third consumer joins the groups, then leaves with SIGTERM.
+    Rebalance,
+    /// SIGSTOP a consumer past its session timeout, then SIGCONT.
+    ConsumerFreeze,
+}
+
+impl FaultKind {
+    pub const ALL: [FaultKind; 8] = [
+        FaultKind::RelayKill,
+        FaultKind::RelayCrashAfterDelivery,
+        FaultKind::ConsumerKill,
+        FaultKind::ConsumerCrashAfterCommit,
+        FaultKind::BrokerRestart,
+        FaultKind::PostgresRestart,
+        FaultKind::Rebalance,
+        FaultKind::ConsumerFreeze,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            FaultKind::RelayKill => "relay_kill",
+            FaultKind::RelayCrashAfterDelivery => "relay_crash_after_delivery",
+            FaultKind::ConsumerKill => "consumer_kill",
+            FaultKind::ConsumerCrashAfterCommit => "consumer_crash_after_commit",
+            FaultKind::BrokerRestart => "broker_restart",
+            FaultKind::PostgresRestart => "postgres_restart",
+            FaultKind::Rebalance => "rebalance",
+            FaultKind::ConsumerFreeze => "consumer_freeze",
+        }
+    }
+}
+
+impl fmt::Display for FaultKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One fault of the schedule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlannedFault {
+    pub index: usize,
+    pub kind: FaultKind,
+    /// Quiet time before the fault.
+    pub gap: Duration,
+    /// How long the faulted part stays down (killed, crashed, stopped, frozen, or the extra
+    /// consumer's stay for a rebalance).
+    pub down: Duration,
+    /// Which of the two consumer processes a consumer fault hits (0 or 1).
+    pub consumer: usize,
+}
+
+/// The first `count` faults of the schedule of `seed`, leaving out the `skip` kinds.
+pub fn plan(seed: u64, count: usize, timing: &Timing, skip: &[FaultKind]) -> Vec<PlannedFault> {
+    let kinds: Vec<FaultKind> = FaultKind::ALL
+        .into_iter()
+        .filter(|k| !skip.contains(k))
+        .collect();
+    if kinds.is_empty() {
+        return Vec::new();
+    }
+    // A stream of its own, so the schedule does not depend on how the order mix uses the seed.
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x6661_756c_7473);
+    let mut faults = Vec::with_capacity(count);
+    while faults.len() < count {
+        let mut round = kinds.clone();
+        round.shuffle(&mut rng);
+        for kind in round.into_iter().take(count - faults.len()) {
+            let down = match kind {
+                FaultKind::ConsumerFreeze => timing.freeze_ms,
+                FaultKind::Rebalance => timing.rebalance_dwell_ms,
+                _ => timing.down_ms,
+            };
+            faults.push(PlannedFault {
+                index: faults.len(),
+                kind,
+                gap: millis(&mut rng, timing.gap_ms),
+                down: millis(&mut rng, down),
+                consumer: rng.random_range(0..2),
+            });
+        }
+    }
+    faults
+}
+
+fn millis(rng: &mut StdRng, (low, high): (u64, u64)) -> Duration {
+    Duration::from_millis(rng.random_range(low..=high.max(low)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    const TIMING: Timing = Timing {
+        gap_ms: (1_000, 3_000),
+        down_ms: (500, 2_500),
+        freeze_ms: (9_000, 11_000),
+        rebalance_dwell_ms: (500, 2_000),
+    };
+
+    #[test]
+    fn same_seed_same_schedule() {
+        assert_eq!(plan(7, 50, &TIMING, &[]), plan(7, 50, &TIMING, &[]));
+        assert_ne!(plan(7, 50, &TIMING, &[]), plan(8, 50, &TIMING, &[]));
+    }
+
+    #[test]
+    fn the_first_round_has_every_kind_once() {
+        for seed in 0..20 {
+            let kinds: HashSet<FaultKind> =
+                plan(seed, 8, &TIMING, &[]).iter().map(|f| f.kind).collect();
+            assert_eq!(kinds.len(), FaultKind::ALL.len());
+        }
+    }
+
+    #[test]
+    fn waits_stay_in_their_ranges_and_skipped_kinds_never_come() {
+        let faults = plan(3, 40, &TIMING, &[FaultKind::PostgresRestart]);
+        assert_eq!(faults.len(), 40);
+        for f in &faults {
+            assert_ne!(f.kind, FaultKind::PostgresRestart);
+            assert!(f.gap >= Duration::from_secs(1) && f.gap <= Duration::from_secs(3));
+            if f.kind == FaultKind::ConsumerFreeze {
+                assert!(f.down >= Duration::from_secs(9));
+            }
+            assert!(f.consumer < 2);
+        }
+        assert!(plan(3, 5, &TIMING, &FaultKind::ALL).is_empty());
+    }
+}
