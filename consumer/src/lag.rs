@@ -126,7 +126,8 @@ pub struct GroupSnapshot {
     pub partitions: Vec<PartitionLag>,
     /// Age in seconds of the first unprocessed event per (topic, partition) with lag.
     pub first_unprocessed_age: HashMap<(String, i32), f64>,
-    pub members: usize,
+    /// Members of the group; `None` when the lookup failed (no series rather than a false 0).
+    pub members: Option<usize>,
 }
 
 /// Reads one group: offsets, members and the age of each lagging partition's next event.
@@ -138,10 +139,13 @@ pub fn read_group(
     timeout: Duration,
 ) -> anyhow::Result<GroupSnapshot> {
     let partitions = partition_lags(reader, topics, timeout)?;
-    let members = reader
-        .fetch_group_list(Some(group), timeout)
-        .map(|list| list.groups().iter().map(|g| g.members().len()).sum())
-        .unwrap_or(0);
+    let members = match reader.fetch_group_list(Some(group), timeout) {
+        Ok(list) => Some(list.groups().iter().map(|g| g.members().len()).sum()),
+        Err(e) => {
+            tracing::warn!(group, error = %e, "cannot read group members");
+            None
+        }
+    };
     let lagging: Vec<&PartitionLag> = partitions
         .iter()
         .filter(|p| p.lag().unwrap_or(0) > 0)
@@ -203,9 +207,9 @@ fn families(snapshots: &[GroupSnapshot]) -> prometheus::Result<Vec<MetricFamily>
     let f = Families::new()?;
     let mut ends: BTreeMap<(String, i32), i64> = BTreeMap::new();
     for s in snapshots {
-        f.members
-            .with_label_values(&[&s.group])
-            .set(s.members as i64);
+        if let Some(members) = s.members {
+            f.members.with_label_values(&[&s.group]).set(members as i64);
+        }
         let mut uncommitted: BTreeMap<&str, i64> = BTreeMap::new();
         for p in &s.partitions {
             let _ = ends.insert((p.topic.clone(), p.partition), p.end);

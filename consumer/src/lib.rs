@@ -144,6 +144,7 @@ pub async fn run_with_sender(
     for kind in args.groups.iter().copied() {
         let name = format!("{}{}", args.group_prefix, kind.name());
         let handler = handler_for(kind, name.clone());
+        metrics.init_group(&name);
         let (progress_tx, progress_rx) = mpsc::channel();
         let shared = WorkerShared {
             pool: pool.clone(),

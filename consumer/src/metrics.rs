@@ -4,6 +4,17 @@ use prometheus::{
     exponential_buckets, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry,
 };
 
+/// Values of the `outcome` label of `consumer_messages_total`.
+pub const OUTCOMES: [&str; 7] = [
+    "processed",
+    "duplicate",
+    "parked",
+    "stale",
+    "dead_lettered",
+    "released",
+    "retried",
+];
+
 /// Metrics of every consumer group in this process, labelled by group.
 #[derive(Clone)]
 pub struct ConsumerMetrics {
@@ -112,5 +123,20 @@ impl ConsumerMetrics {
         registry.register(Box::new(m.assigned_partitions.clone()))?;
         registry.register(Box::new(m.batch_retries.clone()))?;
         Ok(m)
+    }
+
+    /// Creates every series of `group` at zero, so the first occurrence of an outcome is an
+    /// increase Prometheus can see rather than a new series.
+    pub fn init_group(&self, group: &str) {
+        for outcome in OUTCOMES {
+            let _ = self.messages.with_label_values(&[group, outcome]);
+        }
+        for kind in ["assign", "revoke", "lost", "error"] {
+            let _ = self.rebalances.with_label_values(&[group, kind]);
+        }
+        let _ = self.out_of_sequence.with_label_values(&[group]);
+        let _ = self.commit_failures.with_label_values(&[group]);
+        let _ = self.batch_retries.with_label_values(&[group]);
+        let _ = self.assigned_partitions.with_label_values(&[group]);
     }
 }

@@ -102,6 +102,24 @@ impl RelayMetrics {
         registry.register(Box::new(m.producer_queue.clone()))?;
         registry.register(Box::new(m.producer_queue_max.clone()))?;
         registry.register(Box::new(m.broker_rtt.clone()))?;
+        // Every bounded label value exists from the start, at zero.
+        for outcome in ["published", "retry", "failed"] {
+            let _ = m.published.with_label_values(&[outcome]);
+        }
+        for reason in [
+            "message_too_large",
+            "unknown_topic",
+            "invalid_message",
+            "not_authorized",
+            "timeout",
+            "queue_full",
+            "broker",
+            "canceled",
+            "other",
+            "database",
+        ] {
+            let _ = m.publish_errors.with_label_values(&[reason]);
+        }
         Ok(m)
     }
 
