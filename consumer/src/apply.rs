@@ -256,6 +256,7 @@ async fn handle_event(
                 }
                 let _ = state.progress.insert(env.aggregate_id.clone(), last);
                 let _ = state.advanced.insert(env.aggregate_id.clone(), last);
+                tracing::debug!("event applied");
                 Ok(Outcome::Applied)
             }
             Err(reason) => {

@@ -112,6 +112,17 @@ impl TestEnv {
 
     /// Starts a binary with `args`; its output goes to `<log_dir>/<label>.log`.
     pub fn spawn(&self, bin: &str, label: &str, args: &[&str]) -> anyhow::Result<Service> {
+        self.spawn_with_env(bin, label, args, &[])
+    }
+
+    /// [`TestEnv::spawn`] with extra environment variables (overriding the common ones).
+    pub fn spawn_with_env(
+        &self,
+        bin: &str,
+        label: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<Service> {
         let log_path = self.log_dir.join(format!("{label}.log"));
         let log = File::options().create(true).append(true).open(&log_path)?;
         let path = bin_dir().join(bin);
@@ -124,6 +135,7 @@ impl TestEnv {
         let child = Command::new(&path)
             .args(args)
             .envs(self.common_env())
+            .envs(env.iter().copied())
             .stdout(log.try_clone()?)
             .stderr(log)
             .stdin(Stdio::null())
