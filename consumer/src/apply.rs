@@ -10,14 +10,20 @@ use std::collections::{HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
 use pipeline_core::envelope::{Envelope, EnvelopeError};
-use sqlx::{Acquire, PgConnection, PgPool, Postgres, Transaction};
+use sqlx::{Acquire, PgPool, Postgres, Transaction};
 use tracing::Instrument;
 use uuid::Uuid;
 
 use crate::dead_letter::{self, DeadLetter, DeadLetterSink};
 use crate::handler::{Event, Handler, HandlerError};
+use crate::parking::{orders_with_parked, park, release_parked};
 use crate::process_error::is_rejection;
 pub use crate::process_error::ProcessError;
+pub use crate::store::claim_partition;
+use crate::store::{
+    check_owner, insert_processed, load_progress, record_effects, save_progress, set_outcomes,
+    AppliedEffect,
+};
 
 /// A record as read from Kafka, owned so it can cross to the partition's task.
 #[derive(Debug, Clone)]
@@ -75,9 +81,9 @@ pub struct BatchReport {
     pub transaction_duration: std::time::Duration,
 }
 
-struct Pending<'m> {
-    msg: &'m InboundMessage,
-    event: Event,
+pub(crate) struct Pending<'m> {
+    pub(crate) msg: &'m InboundMessage,
+    pub(crate) event: Event,
 }
 
 /// The partition a batch belongs to and the token this consumer owns it with.
@@ -373,306 +379,4 @@ pub(crate) async fn apply_one(
         }
         Err(HandlerError::Database(e)) => Err(e.into()),
     }
-}
-
-async fn check_owner(
-    tx: &mut PgConnection,
-    group: &str,
-    fence: &Fence,
-) -> Result<(), ProcessError> {
-    let owned: Option<i32> = sqlx::query_scalar(
-        "SELECT 1 FROM partition_owner
-         WHERE group_name = $1 AND topic = $2 AND partition = $3 AND owner = $4 FOR SHARE",
-    )
-    .bind(group)
-    .bind(&fence.topic)
-    .bind(fence.partition)
-    .bind(fence.owner)
-    .fetch_optional(tx)
-    .await?;
-    owned.map(|_| ()).ok_or(ProcessError::Fenced)
-}
-
-/// Makes `owner` the owner of a partition for `group`; waits for the previous owner's in-flight
-/// batch, which holds a share lock on the row.
-pub async fn claim_partition(pool: &PgPool, group: &str, fence: &Fence) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "INSERT INTO partition_owner (group_name, topic, partition, owner) VALUES ($1, $2, $3, $4)
-         ON CONFLICT (group_name, topic, partition)
-         DO UPDATE SET owner = EXCLUDED.owner, assigned_at = clock_timestamp()",
-    )
-    .bind(group)
-    .bind(&fence.topic)
-    .bind(fence.partition)
-    .bind(fence.owner)
-    .execute(pool)
-    .await?;
-    Ok(())
-}
-
-async fn insert_processed(
-    tx: &mut PgConnection,
-    group: &str,
-    valid: &[(usize, Pending<'_>)],
-) -> Result<HashSet<Uuid>, sqlx::Error> {
-    if valid.is_empty() {
-        return Ok(HashSet::new());
-    }
-    let ids: Vec<Uuid> = valid
-        .iter()
-        .map(|(_, p)| p.event.envelope.event_id)
-        .collect();
-    let topics: Vec<&str> = valid.iter().map(|(_, p)| p.msg.topic.as_str()).collect();
-    let partitions: Vec<i32> = valid.iter().map(|(_, p)| p.msg.partition).collect();
-    let offsets: Vec<i64> = valid.iter().map(|(_, p)| p.msg.offset).collect();
-    let inserted: Vec<Uuid> = sqlx::query_scalar(
-        "INSERT INTO processed_message (group_name, event_id, topic, partition, kafka_offset, outcome)
-         SELECT $1, e, t, p, o, 'applied' FROM unnest($2::uuid[], $3::text[], $4::int[], $5::bigint[]) AS u(e, t, p, o)
-         ON CONFLICT (group_name, event_id) DO NOTHING
-         RETURNING event_id",
-    )
-    .bind(group)
-    .bind(&ids)
-    .bind(&topics)
-    .bind(&partitions)
-    .bind(&offsets)
-    .fetch_all(&mut *tx)
-    .await?;
-    Ok(inserted.into_iter().collect())
-}
-
-async fn load_progress(
-    tx: &mut PgConnection,
-    group: &str,
-    orders: &[String],
-) -> Result<HashMap<String, i64>, sqlx::Error> {
-    if orders.is_empty() {
-        return Ok(HashMap::new());
-    }
-    let rows: Vec<(String, i64)> = sqlx::query_as(
-        "SELECT order_id, last_sequence FROM order_progress
-         WHERE group_name = $1 AND order_id = ANY($2) ORDER BY order_id FOR UPDATE",
-    )
-    .bind(group)
-    .bind(orders)
-    .fetch_all(&mut *tx)
-    .await?;
-    Ok(rows.into_iter().collect())
-}
-
-async fn orders_with_parked(
-    tx: &mut PgConnection,
-    group: &str,
-    orders: &[String],
-) -> Result<HashSet<String>, sqlx::Error> {
-    if orders.is_empty() {
-        return Ok(HashSet::new());
-    }
-    let rows: Vec<String> = sqlx::query_scalar(
-        "SELECT DISTINCT order_id FROM parked_event WHERE group_name = $1 AND order_id = ANY($2)",
-    )
-    .bind(group)
-    .bind(orders)
-    .fetch_all(&mut *tx)
-    .await?;
-    Ok(rows.into_iter().collect())
-}
-
-/// Applies parked events of `order` that now follow `last` without a gap. Returns the new last.
-pub(crate) async fn release_parked(
-    tx: &mut Transaction<'_, Postgres>,
-    handler: &dyn Handler,
-    order: &str,
-    mut last: i64,
-    state: &mut BatchState,
-    report: &mut BatchReport,
-) -> Result<i64, ProcessError> {
-    let group = handler.group();
-    loop {
-        let row: Option<ParkedRow> = sqlx::query_as(
-            "DELETE FROM parked_event WHERE group_name = $1 AND order_id = $2 AND sequence = $3
-             RETURNING event_id, event_type, payload, occurred_at, topic, partition, kafka_offset",
-        )
-        .bind(group)
-        .bind(order)
-        .bind(last + 1)
-        .fetch_optional(&mut **tx)
-        .await?;
-        let Some(row) = row else { return Ok(last) };
-        let event = Event {
-            envelope: Envelope {
-                event_id: row.event_id,
-                event_type: row.event_type.clone(),
-                aggregate_id: order.to_owned(),
-                sequence: last + 1,
-                occurred_at: row.occurred_at.unwrap_or_else(Utc::now),
-                traceparent: None,
-            },
-            payload: row.payload.clone(),
-        };
-        match apply_one(tx, handler, &event).await? {
-            Ok(()) => {
-                state.effects.push(AppliedEffect::of(&event));
-                set_outcomes(tx, group, &[(row.event_id, "applied")]).await?;
-                report.released += 1;
-                last += 1;
-                tracing::info!(group, event_id = %row.event_id, order_id = order, sequence = last, "parked event released and applied");
-            }
-            Err(reason) => {
-                let msg = InboundMessage {
-                    topic: row.topic,
-                    partition: row.partition,
-                    offset: row.kafka_offset,
-                    key: Some(order.as_bytes().to_vec()),
-                    payload: serde_json::to_vec(&row.payload).ok(),
-                    headers: serde_json::Value::Object(Default::default()),
-                    envelope: Ok(event.envelope.clone()),
-                };
-                let letter = DeadLetter::now(&msg, Some(&event), &reason);
-                dead_letter::record(tx, group, &letter).await?;
-                state.letters.push(letter);
-                set_outcomes(tx, group, &[(row.event_id, "dead_lettered")]).await?;
-                return Ok(last);
-            }
-        }
-    }
-}
-
-#[derive(sqlx::FromRow)]
-struct ParkedRow {
-    event_id: Uuid,
-    event_type: String,
-    payload: serde_json::Value,
-    occurred_at: Option<DateTime<Utc>>,
-    topic: String,
-    partition: i32,
-    kafka_offset: i64,
-}
-
-async fn park(
-    tx: &mut PgConnection,
-    group: &str,
-    msg: &InboundMessage,
-    event: &Event,
-    reason: &str,
-) -> Result<(), sqlx::Error> {
-    let env = &event.envelope;
-    sqlx::query(
-        "INSERT INTO parked_event (group_name, order_id, sequence, event_id, event_type, payload,
-                                   occurred_at, topic, partition, kafka_offset, reason)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
-         ON CONFLICT (group_name, order_id, sequence) DO NOTHING",
-    )
-    .bind(group)
-    .bind(&env.aggregate_id)
-    .bind(env.sequence)
-    .bind(env.event_id)
-    .bind(&env.event_type)
-    .bind(&event.payload)
-    .bind(env.occurred_at)
-    .bind(&msg.topic)
-    .bind(msg.partition)
-    .bind(msg.offset)
-    .bind(reason)
-    .execute(tx)
-    .await?;
-    Ok(())
-}
-
-pub(crate) struct AppliedEffect {
-    event_id: Uuid,
-    order_id: String,
-    sequence: i64,
-    event_type: String,
-    occurred_at: DateTime<Utc>,
-}
-
-impl AppliedEffect {
-    pub(crate) fn of(event: &Event) -> Self {
-        AppliedEffect {
-            event_id: event.envelope.event_id,
-            order_id: event.envelope.aggregate_id.clone(),
-            sequence: event.envelope.sequence,
-            event_type: event.envelope.event_type.clone(),
-            occurred_at: event.envelope.occurred_at,
-        }
-    }
-}
-
-pub(crate) async fn record_effects(
-    tx: &mut PgConnection,
-    group: &str,
-    effects: &[AppliedEffect],
-) -> Result<(), sqlx::Error> {
-    if effects.is_empty() {
-        return Ok(());
-    }
-    let ids: Vec<Uuid> = effects.iter().map(|e| e.event_id).collect();
-    let orders: Vec<&str> = effects.iter().map(|e| e.order_id.as_str()).collect();
-    let seqs: Vec<i64> = effects.iter().map(|e| e.sequence).collect();
-    let types: Vec<&str> = effects.iter().map(|e| e.event_type.as_str()).collect();
-    let at: Vec<DateTime<Utc>> = effects.iter().map(|e| e.occurred_at).collect();
-    sqlx::query(
-        "INSERT INTO applied_effect (group_name, event_id, order_id, sequence, event_type, occurred_at)
-         SELECT $1, e, o, s, t, a
-         FROM unnest($2::uuid[], $3::text[], $4::bigint[], $5::text[], $6::timestamptz[])
-              WITH ORDINALITY AS u(e, o, s, t, a, n)
-         ORDER BY n",
-    )
-    .bind(group)
-    .bind(&ids)
-    .bind(&orders)
-    .bind(&seqs)
-    .bind(&types)
-    .bind(&at)
-    .execute(tx)
-    .await?;
-    Ok(())
-}
-
-pub(crate) async fn save_progress(
-    tx: &mut PgConnection,
-    group: &str,
-    progress: &HashMap<String, i64>,
-) -> Result<(), sqlx::Error> {
-    if progress.is_empty() {
-        return Ok(());
-    }
-    let (orders, seqs): (Vec<&str>, Vec<i64>) =
-        progress.iter().map(|(o, s)| (o.as_str(), *s)).unzip();
-    sqlx::query(
-        "INSERT INTO order_progress (group_name, order_id, last_sequence)
-         SELECT $1, * FROM unnest($2::text[], $3::bigint[])
-         ON CONFLICT (group_name, order_id) DO UPDATE
-         SET last_sequence = GREATEST(order_progress.last_sequence, EXCLUDED.last_sequence),
-             updated_at = clock_timestamp()",
-    )
-    .bind(group)
-    .bind(&orders)
-    .bind(&seqs)
-    .execute(tx)
-    .await?;
-    Ok(())
-}
-
-pub(crate) async fn set_outcomes(
-    tx: &mut PgConnection,
-    group: &str,
-    outcomes: &[(Uuid, &str)],
-) -> Result<(), sqlx::Error> {
-    if outcomes.is_empty() {
-        return Ok(());
-    }
-    let (ids, labels): (Vec<Uuid>, Vec<&str>) = outcomes.iter().copied().unzip();
-    sqlx::query(
-        "UPDATE processed_message m SET outcome = u.outcome
-         FROM unnest($2::uuid[], $3::text[]) AS u(event_id, outcome)
-         WHERE m.group_name = $1 AND m.event_id = u.event_id",
-    )
-    .bind(group)
-    .bind(&ids)
-    .bind(&labels)
-    .execute(tx)
-    .await?;
-    Ok(())
 }

@@ -13,9 +13,12 @@ pub mod inventory;
 pub mod lag;
 pub mod metrics;
 pub mod notification;
+pub mod parking;
 pub mod process_error;
+pub mod rebalance;
 pub mod report;
 pub mod resolve;
+pub mod store;
 pub mod worker;
 
 use std::sync::{mpsc, Arc};

@@ -8,12 +8,11 @@ use serde::Serialize;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::apply::{
-    apply_one, record_effects, release_parked, save_progress, set_outcomes, AppliedEffect,
-    BatchReport, BatchState, ProcessError,
-};
+use crate::apply::{apply_one, BatchReport, BatchState, ProcessError};
 use crate::dead_letter::DeadLetterSink;
 use crate::handler::{Event, Handler};
+use crate::parking::release_parked;
+use crate::store::{record_effects, save_progress, set_outcomes, AppliedEffect};
 
 /// What to do with a dead letter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,0 +1,132 @@
+//! Events that arrived ahead of their order's next sequence: parked, then released in order.
+
+use std::collections::HashSet;
+
+use chrono::{DateTime, Utc};
+use pipeline_core::envelope::Envelope;
+use sqlx::{PgConnection, Postgres, Transaction};
+use uuid::Uuid;
+
+use crate::apply::{apply_one, BatchReport, BatchState, InboundMessage, ProcessError};
+use crate::dead_letter::{self, DeadLetter};
+use crate::handler::{Event, Handler};
+use crate::store::{set_outcomes, AppliedEffect};
+
+pub(crate) async fn orders_with_parked(
+    tx: &mut PgConnection,
+    group: &str,
+    orders: &[String],
+) -> Result<HashSet<String>, sqlx::Error> {
+    if orders.is_empty() {
+        return Ok(HashSet::new());
+    }
+    let rows: Vec<String> = sqlx::query_scalar(
+        "SELECT DISTINCT order_id FROM parked_event WHERE group_name = $1 AND order_id = ANY($2)",
+    )
+    .bind(group)
+    .bind(orders)
+    .fetch_all(&mut *tx)
+    .await?;
+    Ok(rows.into_iter().collect())
+}
+
+/// Applies parked events of `order` that now follow `last` without a gap. Returns the new last.
+pub(crate) async fn release_parked(
+    tx: &mut Transaction<'_, Postgres>,
+    handler: &dyn Handler,
+    order: &str,
+    mut last: i64,
+    state: &mut BatchState,
+    report: &mut BatchReport,
+) -> Result<i64, ProcessError> {
+    let group = handler.group();
+    loop {
+        let row: Option<ParkedRow> = sqlx::query_as(
+            "DELETE FROM parked_event WHERE group_name = $1 AND order_id = $2 AND sequence = $3
+             RETURNING event_id, event_type, payload, occurred_at, topic, partition, kafka_offset",
+        )
+        .bind(group)
+        .bind(order)
+        .bind(last + 1)
+        .fetch_optional(&mut **tx)
+        .await?;
+        let Some(row) = row else { return Ok(last) };
+        let event = Event {
+            envelope: Envelope {
+                event_id: row.event_id,
+                event_type: row.event_type.clone(),
+                aggregate_id: order.to_owned(),
+                sequence: last + 1,
+                occurred_at: row.occurred_at.unwrap_or_else(Utc::now),
+                traceparent: None,
+            },
+            payload: row.payload.clone(),
+        };
+        match apply_one(tx, handler, &event).await? {
+            Ok(()) => {
+                state.effects.push(AppliedEffect::of(&event));
+                set_outcomes(tx, group, &[(row.event_id, "applied")]).await?;
+                report.released += 1;
+                last += 1;
+                tracing::info!(group, event_id = %row.event_id, order_id = order, sequence = last, "parked event released and applied");
+            }
+            Err(reason) => {
+                let msg = InboundMessage {
+                    topic: row.topic,
+                    partition: row.partition,
+                    offset: row.kafka_offset,
+                    key: Some(order.as_bytes().to_vec()),
+                    payload: serde_json::to_vec(&row.payload).ok(),
+                    headers: serde_json::Value::Object(Default::default()),
+                    envelope: Ok(event.envelope.clone()),
+                };
+                let letter = DeadLetter::now(&msg, Some(&event), &reason);
+                dead_letter::record(tx, group, &letter).await?;
+                state.letters.push(letter);
+                set_outcomes(tx, group, &[(row.event_id, "dead_lettered")]).await?;
+                return Ok(last);
+            }
+        }
+    }
+}
+
+#[derive(sqlx::FromRow)]
+struct ParkedRow {
+    event_id: Uuid,
+    event_type: String,
+    payload: serde_json::Value,
+    occurred_at: Option<DateTime<Utc>>,
+    topic: String,
+    partition: i32,
+    kafka_offset: i64,
+}
+
+pub(crate) async fn park(
+    tx: &mut PgConnection,
+    group: &str,
+    msg: &InboundMessage,
+    event: &Event,
+    reason: &str,
+) -> Result<(), sqlx::Error> {
+    let env = &event.envelope;
+    sqlx::query(
+        "INSERT INTO parked_event (group_name, order_id, sequence, event_id, event_type, payload,
+                                   occurred_at, topic, partition, kafka_offset, reason)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+         ON CONFLICT (group_name, order_id, sequence) DO NOTHING",
+    )
+    .bind(group)
+    .bind(&env.aggregate_id)
+    .bind(env.sequence)
+    .bind(env.event_id)
+    .bind(&env.event_type)
+    .bind(&event.payload)
+    .bind(env.occurred_at)
+    .bind(&msg.topic)
+    .bind(msg.partition)
+    .bind(msg.offset)
+    .bind(reason)
+    .execute(tx)
+    .await?;
+    Ok(())
+}

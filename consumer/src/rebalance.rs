@@ -1,0 +1,339 @@
+//! The rebalance side of a consumer group: the client context whose callbacks start and stop
+//! partition tasks, and the hand-off of polled messages to those tasks.
+//!
+//! On revoke it stops the revoked partitions' tasks (an in-flight transaction finishes; nothing
+//! new starts), then commits synchronously what they finished, while the partitions are still
+//! owned. Lost partitions are not committed at all.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use pipeline_core::envelope::Envelope;
+use rdkafka::config::RDKafkaLogLevel;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
+use rdkafka::error::KafkaResult;
+use rdkafka::message::{BorrowedMessage, Headers, Message};
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
+use tokio_util::sync::CancellationToken;
+
+use crate::apply::InboundMessage;
+use crate::worker::{PartitionWorker, Progress, WorkerShared};
+
+pub(crate) type PartitionKey = (String, i32);
+
+pub(crate) struct PartitionTask {
+    sender: UnboundedSender<InboundMessage>,
+    queued: Arc<AtomicUsize>,
+    stop: CancellationToken,
+    done: tokio::task::JoinHandle<()>,
+    paused: bool,
+}
+
+/// Rebalance callbacks and the state they share with the poll loop.
+pub(crate) struct GroupContext {
+    group: String,
+    runtime: tokio::runtime::Handle,
+    shared: WorkerShared,
+    tasks: Mutex<HashMap<PartitionKey, PartitionTask>>,
+    progress: Mutex<mpsc::Receiver<Progress>>,
+    /// Offsets finished by tasks and not yet committed.
+    pending: Mutex<HashMap<PartitionKey, i64>>,
+    revoke_timeout: Duration,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding one of these locks already stops the process; keep going with the data.
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl ClientContext for GroupContext {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
+        match level {
+            RDKafkaLogLevel::Emerg
+            | RDKafkaLogLevel::Alert
+            | RDKafkaLogLevel::Critical
+            | RDKafkaLogLevel::Error => {
+                tracing::error!(group = %self.group, fac, "librdkafka: {message}")
+            }
+            RDKafkaLogLevel::Warning => {
+                tracing::warn!(group = %self.group, fac, "librdkafka: {message}")
+            }
+            _ => tracing::debug!(group = %self.group, fac, "librdkafka: {message}"),
+        }
+    }
+}
+
+impl ConsumerContext for GroupContext {
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        match rebalance {
+            Rebalance::Revoke(tpl) => {
+                let lost = consumer.assignment_lost();
+                let kind = if lost { "lost" } else { "revoke" };
+                self.shared
+                    .metrics
+                    .rebalances
+                    .with_label_values(&[&self.group, kind])
+                    .inc();
+                let keys: Vec<PartitionKey> = tpl
+                    .elements()
+                    .iter()
+                    .map(|e| (e.topic().to_owned(), e.partition()))
+                    .collect();
+                tracing::info!(group = %self.group, partitions = keys.len(), lost, "partitions revoked");
+                self.stop_tasks(&keys);
+                self.collect_progress();
+                let finished = self.take_pending(Some(&keys));
+                if lost {
+                    if !finished.is_empty() {
+                        tracing::warn!(group = %self.group, partitions = finished.len(),
+                            "assignment lost: not committing; the next owner skips these as duplicates");
+                    }
+                } else {
+                    self.commit(consumer, &finished, CommitMode::Sync);
+                }
+            }
+            Rebalance::Assign(_) => {}
+            Rebalance::Error(e) => {
+                tracing::error!(group = %self.group, error = %e, "rebalance error");
+                self.shared
+                    .metrics
+                    .rebalances
+                    .with_label_values(&[&self.group, "error"])
+                    .inc();
+            }
+        }
+    }
+
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Assign(tpl) = rebalance {
+            self.shared
+                .metrics
+                .rebalances
+                .with_label_values(&[&self.group, "assign"])
+                .inc();
+            for e in tpl.elements() {
+                let _ = self.task_for(&(e.topic().to_owned(), e.partition()));
+            }
+            tracing::info!(group = %self.group, partitions = tpl.count(), "partitions assigned");
+        }
+        let assigned = consumer.assignment().map(|a| a.count()).unwrap_or(0);
+        self.shared
+            .metrics
+            .assigned_partitions
+            .with_label_values(&[&self.group])
+            .set(assigned as i64);
+    }
+
+    fn commit_callback(&self, result: KafkaResult<()>, _offsets: &TopicPartitionList) {
+        if let Err(e) = result {
+            self.shared
+                .metrics
+                .commit_failures
+                .with_label_values(&[&self.group])
+                .inc();
+            tracing::warn!(group = %self.group, error = %e, "offset commit failed");
+        }
+    }
+}
+
+impl GroupContext {
+    pub(crate) fn new(
+        group: String,
+        runtime: tokio::runtime::Handle,
+        shared: WorkerShared,
+        progress: mpsc::Receiver<Progress>,
+        revoke_timeout: Duration,
+    ) -> Self {
+        GroupContext {
+            group,
+            runtime,
+            shared,
+            tasks: Mutex::new(HashMap::new()),
+            progress: Mutex::new(progress),
+            pending: Mutex::new(HashMap::new()),
+            revoke_timeout,
+        }
+    }
+
+    /// The task of a partition, started on first use.
+    pub(crate) fn task_for(&self, key: &PartitionKey) -> UnboundedSender<InboundMessage> {
+        let mut tasks = lock(&self.tasks);
+        if let Some(t) = tasks.get(key) {
+            return t.sender.clone();
+        }
+        let (sender, rx) = unbounded_channel();
+        let queued = Arc::new(AtomicUsize::new(0));
+        let stop = CancellationToken::new();
+        let worker = PartitionWorker::new(
+            self.shared.clone(),
+            key.0.clone(),
+            key.1,
+            rx,
+            queued.clone(),
+            stop.clone(),
+        );
+        let done = self.runtime.spawn(worker.run());
+        let _ = tasks.insert(
+            key.clone(),
+            PartitionTask {
+                sender: sender.clone(),
+                queued,
+                stop,
+                done,
+                paused: false,
+            },
+        );
+        sender
+    }
+
+    /// Stops the tasks of `keys` (all when `None`) and waits for them, up to the revoke timeout.
+    pub(crate) fn stop_tasks(&self, keys: &[PartitionKey]) {
+        let stopping: Vec<PartitionTask> = {
+            let mut tasks = lock(&self.tasks);
+            keys.iter().filter_map(|k| tasks.remove(k)).collect()
+        };
+        for t in &stopping {
+            t.stop.cancel();
+        }
+        let deadline = self.revoke_timeout;
+        let waited = self.runtime.block_on(async move {
+            tokio::time::timeout(
+                deadline,
+                futures::future::join_all(stopping.into_iter().map(|t| t.done)),
+            )
+            .await
+        });
+        if waited.is_err() {
+            tracing::warn!(group = %self.group, "in-flight batches did not finish within the revoke timeout");
+        }
+    }
+
+    pub(crate) fn all_keys(&self) -> Vec<PartitionKey> {
+        lock(&self.tasks).keys().cloned().collect()
+    }
+
+    /// Moves finished offsets reported by tasks into `pending`.
+    pub(crate) fn collect_progress(&self) {
+        let rx = lock(&self.progress);
+        let mut pending = lock(&self.pending);
+        while let Ok(p) = rx.try_recv() {
+            let slot = pending
+                .entry((p.topic, p.partition))
+                .or_insert(p.next_offset);
+            *slot = (*slot).max(p.next_offset);
+        }
+    }
+
+    /// Takes pending offsets, of `keys` only when given.
+    pub(crate) fn take_pending(&self, keys: Option<&[PartitionKey]>) -> Vec<(PartitionKey, i64)> {
+        let mut pending = lock(&self.pending);
+        match keys {
+            None => pending.drain().collect(),
+            Some(keys) => keys
+                .iter()
+                .filter_map(|k| pending.remove(k).map(|o| (k.clone(), o)))
+                .collect(),
+        }
+    }
+
+    pub(crate) fn commit(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        offsets: &[(PartitionKey, i64)],
+        mode: CommitMode,
+    ) {
+        if offsets.is_empty() {
+            return;
+        }
+        let mut tpl = TopicPartitionList::with_capacity(offsets.len());
+        for ((topic, partition), offset) in offsets {
+            if let Err(e) = tpl.add_partition_offset(topic, *partition, Offset::Offset(*offset)) {
+                tracing::error!(group = %self.group, error = %e, "cannot build commit list");
+                return;
+            }
+        }
+        let started = Instant::now();
+        let result = consumer.commit(&tpl, mode);
+        self.shared
+            .metrics
+            .commit_duration
+            .with_label_values(&[&self.group])
+            .observe(started.elapsed().as_secs_f64());
+        if let Err(e) = result {
+            self.shared
+                .metrics
+                .commit_failures
+                .with_label_values(&[&self.group])
+                .inc();
+            tracing::warn!(group = %self.group, error = %e, "offset commit failed");
+        }
+    }
+}
+
+pub(crate) fn dispatch(ctx: &GroupContext, msg: &BorrowedMessage<'_>) {
+    let inbound = inbound_message(msg);
+    let key = (inbound.topic.clone(), inbound.partition);
+    let sender = ctx.task_for(&key);
+    if let Some(t) = lock(&ctx.tasks).get(&key) {
+        let _ = t.queued.fetch_add(1, Ordering::AcqRel);
+    }
+    if sender.send(inbound).is_err() {
+        tracing::warn!(group = %ctx.group, topic = %key.0, partition = key.1,
+            "partition task gone; message left uncommitted for redelivery");
+    }
+}
+
+/// Pauses partitions whose task has too much queued, resumes them once it drained to half.
+pub(crate) fn apply_backpressure(consumer: &BaseConsumer<GroupContext>, max_queued: usize) {
+    let ctx = consumer.context();
+    let mut tasks = lock(&ctx.tasks);
+    for ((topic, partition), t) in tasks.iter_mut() {
+        let queued = t.queued.load(Ordering::Acquire);
+        let change = if !t.paused && queued >= max_queued {
+            Some(true)
+        } else if t.paused && queued <= max_queued / 2 {
+            Some(false)
+        } else {
+            None
+        };
+        if let Some(pause) = change {
+            let mut tpl = TopicPartitionList::new();
+            tpl.add_partition(topic, *partition);
+            let result = if pause {
+                consumer.pause(&tpl)
+            } else {
+                consumer.resume(&tpl)
+            };
+            match result {
+                Ok(()) => t.paused = pause,
+                Err(e) => tracing::warn!(group = %ctx.group, error = %e, "pause/resume failed"),
+            }
+        }
+    }
+}
+
+fn inbound_message(msg: &BorrowedMessage<'_>) -> InboundMessage {
+    let headers = msg.headers();
+    let mut map = serde_json::Map::new();
+    if let Some(h) = headers {
+        for header in h.iter() {
+            let value = header
+                .value
+                .map(|v| serde_json::Value::String(String::from_utf8_lossy(v).into_owned()))
+                .unwrap_or(serde_json::Value::Null);
+            let _ = map.insert(header.key.to_owned(), value);
+        }
+    }
+    InboundMessage {
+        topic: msg.topic().to_owned(),
+        partition: msg.partition(),
+        offset: msg.offset(),
+        key: msg.key().map(<[u8]>::to_vec),
+        payload: msg.payload().map(<[u8]>::to_vec),
+        headers: serde_json::Value::Object(map),
+        envelope: Envelope::from_record(msg.key(), headers),
+    }
+}
