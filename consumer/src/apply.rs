@@ -10,12 +10,12 @@ use std::collections::{HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
 use pipeline_core::envelope::{Envelope, EnvelopeError};
-use sqlx::{Acquire, PgPool, Postgres, Transaction};
+use sqlx::{PgPool, Postgres, Transaction};
 use tracing::Instrument;
 use uuid::Uuid;
 
 use crate::dead_letter::{self, DeadLetter, DeadLetterSink};
-use crate::handler::{Event, Handler, HandlerError};
+use crate::handler::{Event, Handler, HandlerBatch, HandlerError};
 use crate::parking::{orders_with_parked, park, release_parked};
 use crate::process_error::is_rejection;
 pub use crate::process_error::ProcessError;
@@ -169,7 +169,8 @@ pub async fn process_batch_with(
     }
 
     let events: Vec<Event> = fresh.iter().map(|(_, p)| p.event.clone()).collect();
-    handler.prepare(&mut tx, &events).await?;
+    let mut effects_batch = handler.batch();
+    effects_batch.prepare(&mut tx, &events).await?;
     let orders: Vec<String> = {
         let mut o: Vec<String> = events
             .iter()
@@ -198,9 +199,16 @@ pub async fn process_batch_with(
             event_type = %env.event_type,
             traceparent = env.traceparent.as_deref().unwrap_or(""),
         );
-        let outcome = handle_event(&mut tx, handler, &mut state, &mut report, p)
-            .instrument(span)
-            .await?;
+        let outcome = handle_event(
+            &mut tx,
+            effects_batch.as_mut(),
+            group,
+            &mut state,
+            &mut report,
+            p,
+        )
+        .instrument(span)
+        .await?;
         outcomes[*i] = Some(outcome);
     }
     let BatchState {
@@ -210,6 +218,7 @@ pub async fn process_batch_with(
         ..
     } = state;
 
+    effects_batch.flush(&mut tx).await?;
     record_effects(&mut tx, group, &effects).await?;
     save_progress(&mut tx, group, &advanced).await?;
     if let (Some(sink), false) = (ctx.dead_letters, letters.is_empty()) {
@@ -243,22 +252,23 @@ pub(crate) struct BatchState {
 /// Applies, parks or skips one new event according to its order's next expected sequence.
 async fn handle_event(
     tx: &mut Transaction<'_, Postgres>,
-    handler: &dyn Handler,
+    effects: &mut dyn HandlerBatch,
+    group: &str,
     state: &mut BatchState,
     report: &mut BatchReport,
     p: &Pending<'_>,
 ) -> Result<Outcome, ProcessError> {
-    let group = handler.group();
     let env = &p.event.envelope;
     let last = state.progress.get(&env.aggregate_id).copied().unwrap_or(0);
     if env.sequence == last + 1 {
-        return match apply_one(tx, handler, &p.event).await? {
+        return match apply_one(tx, effects, &p.event).await? {
             Ok(()) => {
                 state.effects.push(AppliedEffect::of(&p.event));
                 let mut last = env.sequence;
                 if state.parked_orders.contains(&env.aggregate_id) {
                     last =
-                        release_parked(tx, handler, &env.aggregate_id, last, state, report).await?;
+                        release_parked(tx, effects, group, &env.aggregate_id, last, state, report)
+                            .await?;
                 }
                 let _ = state.progress.insert(env.aggregate_id.clone(), last);
                 let _ = state.advanced.insert(env.aggregate_id.clone(), last);
@@ -357,24 +367,17 @@ fn read_event(msg: &InboundMessage) -> Result<Event, String> {
     Ok(Event { envelope, payload })
 }
 
-/// Applies one event inside a savepoint, so a rejected event leaves no partial effect.
+/// Decides one event's effects; a rejection (the handler's, or a data or constraint error the
+/// database raised about this event) is returned as the dead-letter reason.
 pub(crate) async fn apply_one(
     tx: &mut Transaction<'_, Postgres>,
-    handler: &dyn Handler,
+    effects: &mut dyn HandlerBatch,
     event: &Event,
 ) -> Result<Result<(), String>, ProcessError> {
-    let mut savepoint = tx.begin().await?;
-    match handler.apply(&mut savepoint, event).await {
-        Ok(()) => {
-            savepoint.commit().await?;
-            Ok(Ok(()))
-        }
-        Err(HandlerError::Rejected(reason)) => {
-            savepoint.rollback().await?;
-            Ok(Err(reason))
-        }
+    match effects.apply(tx, event).await {
+        Ok(()) => Ok(Ok(())),
+        Err(HandlerError::Rejected(reason)) => Ok(Err(reason)),
         Err(HandlerError::Database(e)) if is_rejection(&e) => {
-            savepoint.rollback().await?;
             Ok(Err(format!("rejected by the database: {e}")))
         }
         Err(HandlerError::Database(e)) => Err(e.into()),

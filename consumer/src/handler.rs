@@ -22,27 +22,40 @@ pub enum HandlerError {
     Database(#[from] sqlx::Error),
 }
 
-/// A consumer group's business logic. Effects are written through `conn`, inside the transaction
-/// that also records the event as processed, so they commit exactly once or not at all.
+/// A consumer group's business logic.
 pub trait Handler: Send + Sync + 'static {
     /// The consumer group name, also the dedupe scope.
     fn group(&self) -> &str;
 
-    /// Runs once per batch before any event is applied, e.g. to lock the rows the batch touches
-    /// in a fixed order so that concurrent batches cannot deadlock.
-    fn prepare<'a>(
-        &'a self,
-        _conn: &'a mut PgConnection,
-        _events: &'a [Event],
-    ) -> BoxFuture<'a, Result<(), HandlerError>> {
-        Box::pin(async { Ok(()) })
-    }
+    /// Starts the work of one batch transaction.
+    fn batch(&self) -> Box<dyn HandlerBatch + '_>;
+}
 
-    /// Applies one event.
+/// One batch's effects, inside the transaction that records its events as processed, so they
+/// commit exactly once or not at all. Effects are decided event by event, in order, and written
+/// together by [`HandlerBatch::flush`]: a batch costs a few set-based statements, not a few per
+/// event.
+pub trait HandlerBatch: Send {
+    /// Called once, before any `apply`, with the events the batch is about to apply: reads (and
+    /// locks, in a fixed order, so concurrent batches cannot deadlock) what they need.
+    fn prepare<'a>(
+        &'a mut self,
+        conn: &'a mut PgConnection,
+        events: &'a [Event],
+    ) -> BoxFuture<'a, Result<(), HandlerError>>;
+
+    /// Decides one event's effects. `Rejected` must leave no trace: the batch's view stays as it
+    /// was before the call. May read what `prepare` did not (events released from parking).
     fn apply<'a>(
-        &'a self,
+        &'a mut self,
         conn: &'a mut PgConnection,
         event: &'a Event,
+    ) -> BoxFuture<'a, Result<(), HandlerError>>;
+
+    /// Writes every effect decided so far; called once, before commit.
+    fn flush<'a>(
+        &'a mut self,
+        conn: &'a mut PgConnection,
     ) -> BoxFuture<'a, Result<(), HandlerError>>;
 }
 

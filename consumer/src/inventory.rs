@@ -1,8 +1,11 @@
 //! The inventory group: reserves stock when an order is placed, releases it when the order is
 //! cancelled, and settles it when the order ships. Insufficient stock is a business outcome (the
 //! reservation is rejected), not an error.
+//!
+//! A batch locks the stock rows and reservations its events touch (in key order), keeps them in
+//! memory while deciding each event, and writes them back in one statement per table.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use futures::future::BoxFuture;
 use pipeline_core::order_events::{
@@ -10,7 +13,7 @@ use pipeline_core::order_events::{
 };
 use sqlx::PgConnection;
 
-use crate::handler::{order_snapshot, Event, Handler, HandlerError};
+use crate::handler::{order_snapshot, Event, Handler, HandlerBatch, HandlerError};
 
 /// The inventory handler.
 pub struct Inventory {
@@ -30,50 +33,345 @@ impl Handler for Inventory {
         &self.group
     }
 
+    fn batch(&self) -> Box<dyn HandlerBatch + '_> {
+        Box::<InventoryBatch>::default()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stock {
+    available: i32,
+    reserved: i32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Reservation {
+    status: &'static str,
+    reason: Option<String>,
+    lines: BTreeMap<String, i32>,
+    /// Lines not yet written (a reservation made by this batch).
+    new_lines: bool,
+}
+
+/// One batch's view of the stock and reservations it touches.
+#[derive(Default)]
+struct InventoryBatch {
+    /// Locked stock rows; a product without a row has no stock.
+    stock: BTreeMap<String, Option<Stock>>,
+    /// Locked reservations; `None`: the order has none.
+    reservations: BTreeMap<String, Option<Reservation>>,
+    changed_stock: BTreeSet<String>,
+    changed_reservations: BTreeSet<String>,
+}
+
+impl HandlerBatch for InventoryBatch {
     fn prepare<'a>(
-        &'a self,
+        &'a mut self,
         conn: &'a mut PgConnection,
         events: &'a [Event],
     ) -> BoxFuture<'a, Result<(), HandlerError>> {
         Box::pin(async move {
-            // Lock every stock row the batch may touch, in product order, before changing any.
-            let mut products: Vec<String> = events
+            let snapshots: Vec<OrderSnapshot> = events
                 .iter()
                 .filter_map(|e| order_snapshot(e).ok())
-                .flat_map(|s| s.lines.into_iter().map(|l| l.product_id))
                 .collect();
-            products.sort();
-            products.dedup();
-            if !products.is_empty() {
-                sqlx::query(
-                    "SELECT 1 FROM inventory_stock WHERE product_id = ANY($1)
-                     ORDER BY product_id FOR UPDATE",
-                )
-                .bind(&products)
-                .execute(&mut *conn)
-                .await?;
-            }
-            Ok(())
+            let orders: Vec<String> = snapshots.iter().map(|s| s.order_id.to_string()).collect();
+            self.load_reservations(conn, orders).await?;
+            let mut products: Vec<String> = snapshots
+                .iter()
+                .flat_map(|s| s.lines.iter().map(|l| l.product_id.clone()))
+                .collect();
+            // Products of reservations the batch may release or settle.
+            products.extend(
+                self.reservations
+                    .values()
+                    .flatten()
+                    .flat_map(|r| r.lines.keys().cloned()),
+            );
+            self.load_stock(conn, products).await
         })
     }
 
     fn apply<'a>(
-        &'a self,
+        &'a mut self,
         conn: &'a mut PgConnection,
         event: &'a Event,
     ) -> BoxFuture<'a, Result<(), HandlerError>> {
         Box::pin(async move {
             let order = order_snapshot(event)?;
+            let order_id = order.order_id.to_string();
             match event.envelope.event_type.as_str() {
-                ORDER_PLACED => reserve(conn, &order).await,
-                ORDER_CANCELLED => release(conn, &order).await,
-                ORDER_SHIPPED => fulfil(conn, &order).await,
+                ORDER_PLACED => {
+                    let wanted = quantities(&order)?;
+                    self.load_reservations(conn, vec![order_id.clone()]).await?;
+                    self.load_stock(conn, wanted.keys().cloned().collect())
+                        .await?;
+                    self.reserve(order_id, wanted)
+                }
+                ORDER_CANCELLED => {
+                    self.load_reservations(conn, vec![order_id.clone()]).await?;
+                    self.close(conn, &order_id, "released").await
+                }
+                ORDER_SHIPPED => {
+                    self.load_reservations(conn, vec![order_id.clone()]).await?;
+                    self.close(conn, &order_id, "fulfilled").await
+                }
                 ORDER_PAID => Ok(()),
                 other => Err(HandlerError::Rejected(format!(
                     "unknown event type `{other}`"
                 ))),
             }
         })
+    }
+
+    fn flush<'a>(
+        &'a mut self,
+        conn: &'a mut PgConnection,
+    ) -> BoxFuture<'a, Result<(), HandlerError>> {
+        Box::pin(async move {
+            self.write_stock(conn).await?;
+            self.write_reservations(conn).await
+        })
+    }
+}
+
+impl InventoryBatch {
+    /// Locks and reads the stock rows of `products` not read yet, in product order.
+    async fn load_stock(
+        &mut self,
+        conn: &mut PgConnection,
+        mut products: Vec<String>,
+    ) -> Result<(), HandlerError> {
+        products.retain(|p| !self.stock.contains_key(p));
+        products.sort();
+        products.dedup();
+        if products.is_empty() {
+            return Ok(());
+        }
+        let rows: Vec<(String, i32, i32)> = sqlx::query_as(
+            "SELECT product_id, available, reserved FROM inventory_stock
+             WHERE product_id = ANY($1) ORDER BY product_id FOR UPDATE",
+        )
+        .bind(&products)
+        .fetch_all(&mut *conn)
+        .await?;
+        for p in products {
+            let _ = self.stock.insert(p, None);
+        }
+        for (p, available, reserved) in rows {
+            let _ = self.stock.insert(
+                p,
+                Some(Stock {
+                    available,
+                    reserved,
+                }),
+            );
+        }
+        Ok(())
+    }
+
+    /// Locks and reads the reservations (with lines) of `orders` not read yet, in order-id order.
+    async fn load_reservations(
+        &mut self,
+        conn: &mut PgConnection,
+        mut orders: Vec<String>,
+    ) -> Result<(), HandlerError> {
+        orders.retain(|o| !self.reservations.contains_key(o));
+        orders.sort();
+        orders.dedup();
+        if orders.is_empty() {
+            return Ok(());
+        }
+        let rows: Vec<ReservationRow> = sqlx::query_as(
+            "SELECT r.order_id, r.status, r.reason, l.product_id, l.quantity
+             FROM inventory_reservation r LEFT JOIN inventory_reservation_line l USING (order_id)
+             WHERE r.order_id = ANY($1) ORDER BY r.order_id FOR UPDATE OF r",
+        )
+        .bind(&orders)
+        .fetch_all(&mut *conn)
+        .await?;
+        for o in orders {
+            let _ = self.reservations.insert(o, None);
+        }
+        for (order, status, reason, product, quantity) in rows {
+            let entry = self.reservations.entry(order).or_insert(None);
+            let r = entry.get_or_insert_with(|| Reservation {
+                status: status_name(&status),
+                reason,
+                lines: BTreeMap::new(),
+                new_lines: false,
+            });
+            if let (Some(p), Some(q)) = (product, quantity) {
+                let _ = r.lines.insert(p, q);
+            }
+        }
+        Ok(())
+    }
+
+    fn reserve(
+        &mut self,
+        order_id: String,
+        wanted: BTreeMap<String, i32>,
+    ) -> Result<(), HandlerError> {
+        if matches!(self.reservations.get(&order_id), Some(Some(_))) {
+            return Err(HandlerError::Rejected(format!(
+                "order {order_id} already has a reservation"
+            )));
+        }
+        let short: Vec<String> = wanted
+            .iter()
+            .filter_map(|(p, q)| {
+                let have = self
+                    .stock
+                    .get(p)
+                    .copied()
+                    .flatten()
+                    .map(|s| s.available)
+                    .unwrap_or(0);
+                (have < *q).then(|| format!("{p} (wanted {q}, available {have})"))
+            })
+            .collect();
+        let reservation = if short.is_empty() {
+            for (p, q) in &wanted {
+                if let Some(Some(s)) = self.stock.get_mut(p) {
+                    s.available -= q;
+                    s.reserved += q;
+                    let _ = self.changed_stock.insert(p.clone());
+                }
+            }
+            Reservation {
+                status: "reserved",
+                reason: None,
+                lines: wanted,
+                new_lines: true,
+            }
+        } else {
+            let reason = Some(format!("insufficient stock: {}", short.join(", ")));
+            Reservation {
+                status: "rejected",
+                reason,
+                lines: BTreeMap::new(),
+                new_lines: false,
+            }
+        };
+        let _ = self
+            .reservations
+            .insert(order_id.clone(), Some(reservation));
+        let _ = self.changed_reservations.insert(order_id);
+        Ok(())
+    }
+
+    /// Moves a `reserved` reservation to `to`, returning its stock: to available when released,
+    /// out of the warehouse when fulfilled. Anything else (rejected, none) changes nothing.
+    async fn close(
+        &mut self,
+        conn: &mut PgConnection,
+        order_id: &str,
+        to: &'static str,
+    ) -> Result<(), HandlerError> {
+        let lines = match self.reservations.get(order_id) {
+            Some(Some(r)) if r.status == "reserved" => r.lines.clone(),
+            _ => return Ok(()),
+        };
+        self.load_stock(conn, lines.keys().cloned().collect())
+            .await?;
+        for (p, q) in &lines {
+            if let Some(Some(s)) = self.stock.get_mut(p) {
+                s.reserved -= q;
+                if to == "released" {
+                    s.available += q;
+                }
+                let _ = self.changed_stock.insert(p.clone());
+            }
+        }
+        if let Some(Some(r)) = self.reservations.get_mut(order_id) {
+            r.status = to;
+        }
+        let _ = self.changed_reservations.insert(order_id.to_owned());
+        Ok(())
+    }
+
+    async fn write_stock(&self, conn: &mut PgConnection) -> Result<(), HandlerError> {
+        let (mut products, mut available, mut reserved) = (Vec::new(), Vec::new(), Vec::new());
+        for p in &self.changed_stock {
+            if let Some(Some(s)) = self.stock.get(p) {
+                products.push(p.as_str());
+                available.push(s.available);
+                reserved.push(s.reserved);
+            }
+        }
+        if products.is_empty() {
+            return Ok(());
+        }
+        sqlx::query(
+            "UPDATE inventory_stock s SET available = u.available, reserved = u.reserved
+             FROM unnest($1::text[], $2::int[], $3::int[]) AS u(product_id, available, reserved)
+             WHERE s.product_id = u.product_id",
+        )
+        .bind(&products)
+        .bind(&available)
+        .bind(&reserved)
+        .execute(conn)
+        .await?;
+        Ok(())
+    }
+
+    async fn write_reservations(&mut self, conn: &mut PgConnection) -> Result<(), HandlerError> {
+        let (mut orders, mut statuses, mut reasons) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut line_orders, mut line_products, mut line_qty) =
+            (Vec::new(), Vec::new(), Vec::new());
+        for o in &self.changed_reservations {
+            if let Some(Some(r)) = self.reservations.get(o) {
+                orders.push(o.as_str());
+                statuses.push(r.status);
+                reasons.push(r.reason.as_deref());
+                if r.new_lines {
+                    for (p, q) in &r.lines {
+                        line_orders.push(o.as_str());
+                        line_products.push(p.as_str());
+                        line_qty.push(*q);
+                    }
+                }
+            }
+        }
+        if orders.is_empty() {
+            return Ok(());
+        }
+        sqlx::query(
+            "INSERT INTO inventory_reservation (order_id, status, reason)
+             SELECT * FROM unnest($1::text[], $2::text[], $3::text[])
+             ON CONFLICT (order_id) DO UPDATE
+             SET status = EXCLUDED.status, reason = EXCLUDED.reason, updated_at = clock_timestamp()",
+        )
+        .bind(&orders)
+        .bind(&statuses)
+        .bind(&reasons)
+        .execute(&mut *conn)
+        .await?;
+        if !line_orders.is_empty() {
+            sqlx::query(
+                "INSERT INTO inventory_reservation_line (order_id, product_id, quantity)
+                 SELECT * FROM unnest($1::text[], $2::text[], $3::int[])",
+            )
+            .bind(&line_orders)
+            .bind(&line_products)
+            .bind(&line_qty)
+            .execute(&mut *conn)
+            .await?;
+        }
+        Ok(())
+    }
+}
+
+/// A reservation joined with one of its lines (none for a rejected reservation).
+type ReservationRow = (String, String, Option<String>, Option<String>, Option<i32>);
+
+fn status_name(s: &str) -> &'static str {
+    match s {
+        "reserved" => "reserved",
+        "released" => "released",
+        "fulfilled" => "fulfilled",
+        _ => "rejected",
     }
 }
 
@@ -92,126 +390,4 @@ fn quantities(order: &OrderSnapshot) -> Result<BTreeMap<String, i32>, HandlerErr
         })?;
     }
     Ok(wanted)
-}
-
-async fn reserve(conn: &mut PgConnection, order: &OrderSnapshot) -> Result<(), HandlerError> {
-    let order_id = order.order_id.to_string();
-    let wanted = quantities(order)?;
-    let products: Vec<String> = wanted.keys().cloned().collect();
-    let available: Vec<(String, i32)> = sqlx::query_as(
-        "SELECT product_id, available FROM inventory_stock WHERE product_id = ANY($1)
-         ORDER BY product_id FOR UPDATE",
-    )
-    .bind(&products)
-    .fetch_all(&mut *conn)
-    .await?;
-    let available: BTreeMap<String, i32> = available.into_iter().collect();
-    let short: Vec<String> = wanted
-        .iter()
-        .filter(|(p, q)| available.get(*p).copied().unwrap_or(0) < **q)
-        .map(|(p, q)| {
-            format!(
-                "{p} (wanted {q}, available {})",
-                available.get(p).copied().unwrap_or(0)
-            )
-        })
-        .collect();
-    let (status, reason) = if short.is_empty() {
-        ("reserved", None)
-    } else {
-        (
-            "rejected",
-            Some(format!("insufficient stock: {}", short.join(", "))),
-        )
-    };
-    let recorded = sqlx::query(
-        "INSERT INTO inventory_reservation (order_id, status, reason) VALUES ($1, $2, $3)
-         ON CONFLICT (order_id) DO NOTHING",
-    )
-    .bind(&order_id)
-    .bind(status)
-    .bind(&reason)
-    .execute(&mut *conn)
-    .await?;
-    if recorded.rows_affected() == 0 {
-        return Err(HandlerError::Rejected(format!(
-            "order {order_id} already has a reservation"
-        )));
-    }
-    if reason.is_some() {
-        return Ok(());
-    }
-    let qty: Vec<i32> = wanted.values().copied().collect();
-    sqlx::query(
-        "UPDATE inventory_stock s SET available = s.available - w.qty, reserved = s.reserved + w.qty
-         FROM unnest($1::text[], $2::int[]) AS w(product_id, qty) WHERE s.product_id = w.product_id",
-    )
-    .bind(&products)
-    .bind(&qty)
-    .execute(&mut *conn)
-    .await?;
-    sqlx::query(
-        "INSERT INTO inventory_reservation_line (order_id, product_id, quantity)
-         SELECT $1, * FROM unnest($2::text[], $3::int[])",
-    )
-    .bind(&order_id)
-    .bind(&products)
-    .bind(&qty)
-    .execute(&mut *conn)
-    .await?;
-    Ok(())
-}
-
-/// Moves a reservation from `reserved` to `to`, returning its lines; none when not reserved.
-async fn close_reservation(
-    conn: &mut PgConnection,
-    order_id: &str,
-    to: &str,
-) -> Result<Vec<(String, i32)>, HandlerError> {
-    let changed = sqlx::query(
-        "UPDATE inventory_reservation SET status = $2, updated_at = clock_timestamp()
-         WHERE order_id = $1 AND status = 'reserved'",
-    )
-    .bind(order_id)
-    .bind(to)
-    .execute(&mut *conn)
-    .await?;
-    if changed.rows_affected() == 0 {
-        return Ok(Vec::new());
-    }
-    Ok(sqlx::query_as(
-        "SELECT product_id, quantity FROM inventory_reservation_line WHERE order_id = $1
-         ORDER BY product_id",
-    )
-    .bind(order_id)
-    .fetch_all(&mut *conn)
-    .await?)
-}
-
-async fn release(conn: &mut PgConnection, order: &OrderSnapshot) -> Result<(), HandlerError> {
-    let lines = close_reservation(conn, &order.order_id.to_string(), "released").await?;
-    let (products, qty): (Vec<String>, Vec<i32>) = lines.into_iter().unzip();
-    sqlx::query(
-        "UPDATE inventory_stock s SET available = s.available + w.qty, reserved = s.reserved - w.qty
-         FROM unnest($1::text[], $2::int[]) AS w(product_id, qty) WHERE s.product_id = w.product_id",
-    )
-    .bind(&products)
-    .bind(&qty)
-    .execute(&mut *conn)
-    .await?;
-    Ok(())
-}
-
-async fn fulfil(conn: &mut PgConnection, order: &OrderSnapshot) -> Result<(), HandlerError> {
-    let lines = close_reservation(conn, &order.order_id.to_string(), "fulfilled").await?;
-    let (products, qty): (Vec<String>, Vec<i32>) = lines.into_iter().unzip();
-    sqlx::query(
-        "UPDATE inventory_stock s SET reserved = s.reserved - w.qty
-         FROM unnest($1::text[], $2::int[]) AS w(product_id, qty) WHERE s.product_id = w.product_id",
-    )
-    .bind(&products)
-    .bind(&qty)
-    .execute(&mut *conn)
-    .await?;
-    Ok(())
 }

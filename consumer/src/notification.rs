@@ -14,7 +14,7 @@ use sqlx::{PgConnection, PgPool};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::handler::{order_snapshot, Event, Handler, HandlerError};
+use crate::handler::{order_snapshot, Event, Handler, HandlerBatch, HandlerError};
 
 /// A notification to deliver.
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -81,12 +81,33 @@ impl Handler for Notifications {
         &self.group
     }
 
+    fn batch(&self) -> Box<dyn HandlerBatch + '_> {
+        Box::<NotificationBatch>::default()
+    }
+}
+
+/// Notifications decided by one batch, inserted together.
+#[derive(Default)]
+struct NotificationBatch {
+    rows: Vec<(Uuid, String, String, &'static str, &'static str)>,
+}
+
+impl HandlerBatch for NotificationBatch {
+    fn prepare<'a>(
+        &'a mut self,
+        _conn: &'a mut PgConnection,
+        events: &'a [Event],
+    ) -> BoxFuture<'a, Result<(), HandlerError>> {
+        self.rows.reserve(events.len());
+        Box::pin(async { Ok(()) })
+    }
+
     fn apply<'a>(
-        &'a self,
-        conn: &'a mut PgConnection,
+        &'a mut self,
+        _conn: &'a mut PgConnection,
         event: &'a Event,
     ) -> BoxFuture<'a, Result<(), HandlerError>> {
-        Box::pin(async move {
+        let decided = (|| {
             let template = template_for(&event.envelope.event_type).ok_or_else(|| {
                 HandlerError::Rejected(format!(
                     "unknown event type `{}`",
@@ -98,16 +119,41 @@ impl Handler for Notifications {
                 Some(email) if !email.is_empty() => (email.clone(), "email"),
                 _ => (order.customer_id.clone(), "customer-inbox"),
             };
+            self.rows.push((
+                event.envelope.event_id,
+                order.order_id.to_string(),
+                recipient,
+                channel,
+                template,
+            ));
+            Ok(())
+        })();
+        Box::pin(async move { decided })
+    }
+
+    fn flush<'a>(
+        &'a mut self,
+        conn: &'a mut PgConnection,
+    ) -> BoxFuture<'a, Result<(), HandlerError>> {
+        Box::pin(async move {
+            if self.rows.is_empty() {
+                return Ok(());
+            }
+            let ids: Vec<Uuid> = self.rows.iter().map(|r| r.0).collect();
+            let orders: Vec<&str> = self.rows.iter().map(|r| r.1.as_str()).collect();
+            let recipients: Vec<&str> = self.rows.iter().map(|r| r.2.as_str()).collect();
+            let channels: Vec<&str> = self.rows.iter().map(|r| r.3).collect();
+            let templates: Vec<&str> = self.rows.iter().map(|r| r.4).collect();
             sqlx::query(
                 "INSERT INTO notification (event_id, order_id, recipient, channel, template)
-                 VALUES ($1, $2, $3, $4, $5)",
+                 SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[])",
             )
-            .bind(event.envelope.event_id)
-            .bind(order.order_id.to_string())
-            .bind(recipient)
-            .bind(channel)
-            .bind(template)
-            .execute(&mut *conn)
+            .bind(&ids)
+            .bind(&orders)
+            .bind(&recipients)
+            .bind(&channels)
+            .bind(&templates)
+            .execute(conn)
             .await?;
             Ok(())
         })

@@ -9,7 +9,7 @@ use uuid::Uuid;
 
 use crate::apply::{apply_one, BatchReport, BatchState, InboundMessage, ProcessError};
 use crate::dead_letter::{self, DeadLetter};
-use crate::handler::{Event, Handler};
+use crate::handler::{Event, HandlerBatch};
 use crate::store::{set_outcomes, AppliedEffect};
 
 pub(crate) async fn orders_with_parked(
@@ -33,13 +33,13 @@ pub(crate) async fn orders_with_parked(
 /// Applies parked events of `order` that now follow `last` without a gap. Returns the new last.
 pub(crate) async fn release_parked(
     tx: &mut Transaction<'_, Postgres>,
-    handler: &dyn Handler,
+    effects: &mut dyn HandlerBatch,
+    group: &str,
     order: &str,
     mut last: i64,
     state: &mut BatchState,
     report: &mut BatchReport,
 ) -> Result<i64, ProcessError> {
-    let group = handler.group();
     loop {
         let row: Option<ParkedRow> = sqlx::query_as(
             "DELETE FROM parked_event WHERE group_name = $1 AND order_id = $2 AND sequence = $3
@@ -62,7 +62,7 @@ pub(crate) async fn release_parked(
             },
             payload: row.payload.clone(),
         };
-        match apply_one(tx, handler, &event).await? {
+        match apply_one(tx, effects, &event).await? {
             Ok(()) => {
                 state.effects.push(AppliedEffect::of(&event));
                 set_outcomes(tx, group, &[(row.event_id, "applied")]).await?;

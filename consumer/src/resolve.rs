@@ -163,6 +163,7 @@ pub async fn resolve(
             });
         }
         let mut state = BatchState::default();
+        let mut effects = handler.batch();
         if how == Resolution::Replay {
             let occurred_at = letter
                 .headers
@@ -187,7 +188,11 @@ pub async fn resolve(
                 },
                 payload,
             };
-            apply_one(&mut tx, handler, &event)
+            effects
+                .prepare(&mut tx, std::slice::from_ref(&event))
+                .await
+                .map_err(ProcessError::from)?;
+            apply_one(&mut tx, effects.as_mut(), &event)
                 .await?
                 .map_err(ResolveError::StillRejected)?;
             state.effects.push(AppliedEffect::of(&event));
@@ -195,7 +200,17 @@ pub async fn resolve(
             resolved.applied = true;
         }
         let mut report = BatchReport::default();
-        let last = release_parked(&mut tx, handler, &order, seq, &mut state, &mut report).await?;
+        let last = release_parked(
+            &mut tx,
+            effects.as_mut(),
+            group,
+            &order,
+            seq,
+            &mut state,
+            &mut report,
+        )
+        .await?;
+        effects.flush(&mut tx).await.map_err(ProcessError::from)?;
         let _ = state.advanced.insert(order, last);
         record_effects(&mut tx, group, &state.effects).await?;
         save_progress(&mut tx, group, &state.advanced).await?;
