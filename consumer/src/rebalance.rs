@@ -127,14 +127,10 @@ impl ConsumerContext for GroupContext {
             .set(assigned as i64);
     }
 
+    /// Called for every commit the broker answered, synchronous or not.
     fn commit_callback(&self, result: KafkaResult<()>, _offsets: &TopicPartitionList) {
         if let Err(e) = result {
-            self.shared
-                .metrics
-                .commit_failures
-                .with_label_values(&[&self.group])
-                .inc();
-            tracing::warn!(group = %self.group, error = %e, "offset commit failed");
+            self.commit_failed(&e);
         }
     }
 }
@@ -262,14 +258,20 @@ impl GroupContext {
             .commit_duration
             .with_label_values(&[&self.group])
             .observe(started.elapsed().as_secs_f64());
-        if let Err(e) = result {
-            self.shared
-                .metrics
-                .commit_failures
-                .with_label_values(&[&self.group])
-                .inc();
-            tracing::warn!(group = %self.group, error = %e, "offset commit failed");
+        // A synchronous commit's answer also reaches `commit_callback`; an asynchronous one that
+        // could not even be queued does not.
+        if let (Err(e), CommitMode::Async) = (result, mode) {
+            self.commit_failed(&e);
         }
+    }
+
+    fn commit_failed(&self, e: &rdkafka::error::KafkaError) {
+        self.shared
+            .metrics
+            .commit_failures
+            .with_label_values(&[&self.group])
+            .inc();
+        tracing::warn!(group = %self.group, error = %e, "offset commit failed");
     }
 }
 
