@@ -131,7 +131,7 @@ pub struct RunArgs {
     #[arg(long, env = "CONSUMER_MAX_BATCH", default_value_t = 500)]
     pub max_batch: usize,
     /// Messages queued for one partition before it is paused.
-    #[arg(long, env = "CONSUMER_MAX_QUEUED", default_value_t = 5000)]
+    #[arg(long, env = "CONSUMER_MAX_QUEUED", default_value_t = 1000)]
     pub max_queued: usize,
     /// partition.assignment.strategy.
     #[arg(

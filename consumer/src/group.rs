@@ -62,6 +62,8 @@ pub fn run_group(
             "max.poll.interval.ms",
             settings.max_poll_interval.as_millis().to_string(),
         )
+        // Prefetch bounded per partition: memory stays flat however large the backlog.
+        .set("queued.max.messages.kbytes", "4096")
         .set(
             "fetch.wait.max.ms",
             settings.fetch_wait_max.as_millis().to_string(),
