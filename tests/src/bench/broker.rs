@@ -18,9 +18,9 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use super::config::Settings;
+use super::envs::{brokers, EnvRegistry};
 use super::orders::{backlog_order, EventMessage, EVENTS_PER_ORDER};
 use super::procstat::{round1, shared_processes, CpuMeter, CpuUse};
-use super::services::EnvRegistry;
 
 /// What the plain clients achieved.
 #[derive(Debug, Clone, Serialize)]
@@ -51,7 +51,7 @@ pub struct BrokerResult {
 /// Produces and consumes `settings.broker_messages` events on a fresh topic.
 pub async fn run(settings: &Settings, envs: &EnvRegistry) -> anyhow::Result<BrokerResult> {
     let kafka = KafkaArgs {
-        kafka_brokers: std::env::var("KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".into()),
+        kafka_brokers: brokers(),
         kafka_options: Vec::new(),
     };
     let topic = format!(

@@ -65,6 +65,10 @@ pub struct BenchArgs {
     /// `consumer run --max-batch` of the default mode (the per-message mode uses 1).
     #[arg(long, env = "BENCH_CONSUMER_MAX_BATCH", default_value_t = 500)]
     pub consumer_max_batch: u32,
+    /// Longest a batched consumer drain runs; the rate is then taken over what it did
+    /// [300; quick 60].
+    #[arg(long, env = "BENCH_CONSUMER_MAX_SECONDS")]
+    pub consumer_max_seconds: Option<u64>,
     /// Longest a per-message consumer drain runs; the rate is then taken over what it did
     /// [60; quick 15].
     #[arg(long, env = "BENCH_PER_MESSAGE_MAX_SECONDS")]
@@ -143,6 +147,8 @@ pub struct Settings {
     pub relay_poll_interval_ms: u64,
     pub consumer_max_batch: u32,
     #[serde(serialize_with = "as_seconds")]
+    pub consumer_max: Duration,
+    #[serde(serialize_with = "as_seconds")]
     pub per_message_max: Duration,
     pub rates: Vec<f64>,
     #[serde(serialize_with = "as_seconds")]
@@ -190,6 +196,7 @@ impl Settings {
             relay_linger_ms: args.relay_linger_ms,
             relay_poll_interval_ms: args.relay_poll_interval_ms,
             consumer_max_batch: args.consumer_max_batch,
+            consumer_max: secs(args.consumer_max_seconds, 300, 60),
             per_message_max: secs(args.per_message_max_seconds, 60, 15),
             rates: args.rates,
             rate_duration: secs(args.rate_seconds, 25, 8),

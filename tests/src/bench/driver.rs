@@ -20,6 +20,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use super::histogram::{max_ms, micros_histogram, quantile_ms};
 use super::orders::create_request;
 
 /// Delay between an order's steps.
@@ -68,13 +69,6 @@ pub struct DriveOutcome {
     pub stopped_early: bool,
 }
 
-/// A histogram of µs from 1 µs to an hour, 3 significant digits.
-pub fn micros_histogram() -> Histogram<u64> {
-    // The bounds are constants that satisfy new_with_bounds' conditions (1 <= low, 2 * low <=
-    // high, sigfig <= 5), so it cannot fail.
-    Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid histogram bounds")
-}
-
 enum Step {
     Place {
         key: String,
@@ -89,6 +83,67 @@ enum Step {
         after: oneshot::Receiver<Option<Uuid>>,
         cancel: bool,
     },
+}
+
+/// Which request each slot sends, and the hand-over of an order from one step to the next.
+struct Schedule {
+    /// Unique to the run, in idempotency keys.
+    run: String,
+    /// D: orders between an order's steps.
+    gap: u64,
+    /// Per order, the outcome of its latest step, awaited by its next one.
+    waiting: HashMap<u64, oneshot::Receiver<Option<Uuid>>>,
+    /// Extra orders placed so far.
+    extra: u64,
+}
+
+impl Schedule {
+    fn new(rate: f64) -> Schedule {
+        Schedule {
+            run: Uuid::new_v4().simple().to_string(),
+            gap: ((rate * STEP_DELAY_SECONDS / 3.0).ceil() as u64).max(1),
+            waiting: HashMap::new(),
+            extra: 0,
+        }
+    }
+
+    /// The request of slot `i` (slots are asked for in order).
+    fn step(&mut self, i: u64) -> Step {
+        let (q, gap) = (i / 3, self.gap);
+        let step = match i % 3 {
+            0 => {
+                let (next, rx) = oneshot::channel();
+                let _ = self.waiting.insert(q, rx);
+                Some(Step::Place {
+                    key: format!("bench-{}-{q}", self.run),
+                    g: q,
+                    next: Some(next),
+                })
+            }
+            1 if q >= gap => self.waiting.remove(&(q - gap)).map(|after| {
+                let (next, rx) = oneshot::channel();
+                let _ = self.waiting.insert(q - gap, rx);
+                Step::Pay { after, next }
+            }),
+            2 if q >= 2 * gap => self
+                .waiting
+                .remove(&(q - 2 * gap))
+                .map(|after| Step::Finish {
+                    after,
+                    cancel: (q - 2 * gap) % 10 == 9,
+                }),
+            _ => None,
+        };
+        step.unwrap_or_else(|| {
+            self.extra += 1;
+            Step::Place {
+                key: format!("bench-{}-x{}", self.run, self.extra),
+                // Far above the regular orders' numbers, so lines and keys do not repeat theirs.
+                g: u64::from(u32::MAX) + self.extra,
+                next: None,
+            }
+        })
+    }
 }
 
 struct Done {
@@ -110,10 +165,8 @@ pub async fn drive(
         .tcp_nodelay(true)
         .build()
         .context("building the HTTP client")?;
-    let run = Uuid::new_v4().simple().to_string();
     let total = ((spec.warmup + spec.measure).as_secs_f64() * spec.rate).round() as u64;
     let first_measured = (spec.warmup.as_secs_f64() * spec.rate).round() as u64;
-    let gap = ((spec.rate * STEP_DELAY_SECONDS / 3.0).ceil() as u64).max(1);
     let slots = Arc::new(Semaphore::new(spec.max_in_flight));
     let (done_tx, done_rx) = mpsc::unbounded_channel::<Done>();
 
@@ -124,8 +177,7 @@ pub async fn drive(
     let last_due = due_of(total.saturating_sub(1));
     let collector = tokio::spawn(collect(done_rx, last_due + ON_TIME_GRACE));
 
-    let mut waiting: HashMap<u64, oneshot::Receiver<Option<Uuid>>> = HashMap::new();
-    let mut extra = 0u64;
+    let mut schedule = Schedule::new(spec.rate);
     let mut schedule_lag = micros_histogram();
     let (mut sent, mut stopped_early) = (0u64, false);
     for i in 0..total {
@@ -145,39 +197,7 @@ pub async fn drive(
         let now = Instant::now();
         schedule_lag.saturating_record(micros(now.saturating_duration_since(due)));
 
-        let (q, r) = (i / 3, i % 3);
-        let step = match r {
-            1 if q >= gap => {
-                let after = waiting.remove(&(q - gap));
-                let (next, rx) = oneshot::channel();
-                let _ = waiting.insert(q - gap, rx);
-                after.map(|after| Step::Pay { after, next })
-            }
-            2 if q >= 2 * gap => waiting.remove(&(q - 2 * gap)).map(|after| Step::Finish {
-                after,
-                cancel: (q - 2 * gap) % 10 == 9,
-            }),
-            0 => {
-                let (next, rx) = oneshot::channel();
-                let _ = waiting.insert(q, rx);
-                Some(Step::Place {
-                    key: format!("bench-{run}-{q}"),
-                    g: q,
-                    next: Some(next),
-                })
-            }
-            _ => None,
-        };
-        let step = step.unwrap_or_else(|| {
-            extra += 1;
-            // Far above the regular orders' numbers, so lines and keys do not repeat theirs.
-            let g = u64::from(u32::MAX) + extra;
-            Step::Place {
-                key: format!("bench-{run}-x{extra}"),
-                g,
-                next: None,
-            }
-        });
+        let step = schedule.step(i);
         let (client, base, tx, products) =
             (client.clone(), base.clone(), done_tx.clone(), spec.products);
         let intended_us = wall_start_us + i64::try_from(micros(due - start))?;
@@ -368,18 +388,27 @@ impl DriveSummary {
     }
 }
 
-/// A quantile of a µs histogram, in ms with µs precision.
-pub fn quantile_ms(h: &Histogram<u64>, q: f64) -> f64 {
-    if h.is_empty() {
-        return 0.0;
-    }
-    h.value_at_quantile(q) as f64 / 1000.0
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// The largest value of a µs histogram, in ms.
-pub fn max_ms(h: &Histogram<u64>) -> f64 {
-    if h.is_empty() {
-        return 0.0;
+    #[test]
+    fn every_slot_is_one_event_and_orders_go_through_their_steps_in_order() {
+        let mut schedule = Schedule::new(150.0);
+        let gap = schedule.gap;
+        assert!((10..=11).contains(&gap), "about 200 ms of slots: {gap}");
+        let (mut placed, mut paid, mut finished, mut extra) = (Vec::new(), 0, 0, 0);
+        for i in 0..300 {
+            match schedule.step(i) {
+                Step::Place {
+                    next: Some(_), g, ..
+                } => placed.push(g),
+                Step::Place { next: None, .. } => extra += 1,
+                Step::Pay { .. } => paid += 1,
+                Step::Finish { .. } => finished += 1,
+            }
+        }
+        assert_eq!(placed, (0..100).collect::<Vec<_>>());
+        assert_eq!((paid, finished, extra), (100 - gap, 100 - 2 * gap, 3 * gap));
     }
-    h.max() as f64 / 1000.0
 }

@@ -1,7 +1,7 @@
 //! End-to-end latency at fixed open-loop rates: from the moment each order-service request was
 //! due to the moment each consumer group applied its event, in the database's clock.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
 use hdrhistogram::Histogram;
@@ -10,9 +10,12 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::config::Settings;
-use super::driver::{drive, micros_histogram, quantile_ms, DriveSpec, DriveSummary, SentEvent};
+use super::dbprofile::{DbActivity, DbProfiler};
+use super::driver::{drive, DriveSpec, DriveSummary, SentEvent};
+use super::envs::EnvRegistry;
+use super::histogram::{micros_histogram, quantile_ms};
 use super::procstat::{CpuMeter, CpuUse};
-use super::services::{self, wait_drained, EnvRegistry, Pipeline, GROUPS};
+use super::services::{self, wait_drained, Pipeline, GROUPS};
 use crate::TestEnv;
 
 /// One rate's figures.
@@ -29,6 +32,8 @@ pub struct LatencyRun {
     pub groups: BTreeMap<String, GroupLatency>,
     /// CPU while the driver ran.
     pub cpu: CpuUse,
+    /// What the pipeline's database connections were doing while the driver ran.
+    pub db_activity: DbActivity,
     pub peak_rss_mb: BTreeMap<String, f64>,
 }
 
@@ -39,6 +44,10 @@ pub struct GroupLatency {
     pub events: u64,
     /// Measured events it never applied.
     pub missing: u64,
+    /// What became of (up to five of) them.
+    pub missing_detail: Vec<String>,
+    /// processed_message outcomes of the whole run (applied, parked, stale, dead_lettered).
+    pub outcomes: BTreeMap<String, i64>,
     pub e2e_p50_ms: f64,
     pub e2e_p99_ms: f64,
     pub e2e_p999_ms: f64,
@@ -66,7 +75,15 @@ pub async fn run(
             .create(&format!("bench_e2e_{}", rate.round()), settings.partitions)
             .await?;
         let result = measure(settings, &env, rate, notes).await;
-        notes.extend(envs.release(env).await);
+        let odd = result
+            .as_ref()
+            .is_ok_and(|r| r.groups.values().any(|g| g.missing > 0));
+        if odd {
+            notes.push(envs.retain(&env));
+            env.pool.close().await;
+        } else {
+            notes.extend(envs.release(env).await);
+        }
         runs.push(result?);
     }
     Ok(runs)
@@ -88,9 +105,11 @@ async fn measure(
         max_in_flight: settings.max_in_flight,
     };
     let meter = CpuMeter::start(pipeline.watched());
+    let profiler = DbProfiler::start(&env.database_url).await?;
     let url = pipeline.url.parse()?;
     let outcome = drive(&url, &spec, &CancellationToken::new()).await?;
     let cpu = meter.finish();
+    let db_activity = profiler.finish().await;
     wait_drained(env, &GROUPS, settings.drain_timeout).await?;
     let peak_rss_mb = pipeline.peak_rss();
     let consumer_args = pipeline.consumer_args.clone();
@@ -101,9 +120,15 @@ async fn measure(
         let latency = group_latency(env, &env.group(group), &outcome.measured, offset_us).await?;
         if latency.missing > 0 {
             notes.push(format!(
-                "{rate}/s: {group} never applied {} measured events",
-                latency.missing
+                "{rate}/s: {group} never applied {} measured events: {}",
+                latency.missing,
+                latency.missing_detail.join("; ")
             ));
+        }
+        for (outcome, n) in &latency.outcomes {
+            if outcome != "applied" {
+                notes.push(format!("{rate}/s: {group}: {n} events {outcome}"));
+            }
         }
         let _ = groups.insert(group.to_owned(), latency);
     }
@@ -117,6 +142,7 @@ async fn measure(
         clock_offset_ms: offset_us as f64 / 1000.0,
         groups,
         cpu,
+        db_activity,
         peak_rss_mb,
     })
 }
@@ -179,7 +205,7 @@ async fn group_latency(
     let record = |h: &mut Histogram<u64>, us: i64| {
         h.saturating_record(u64::try_from(us).unwrap_or(0));
     };
-    let mut found = 0u64;
+    let mut seen: HashSet<(Uuid, i64)> = HashSet::new();
     for (order_id, sequence, created, published, applied) in rows {
         let Ok(order_id) = Uuid::parse_str(&order_id) else {
             continue;
@@ -187,7 +213,7 @@ async fn group_latency(
         let Some(&due) = intended.get(&(order_id, sequence)) else {
             continue;
         };
-        found += 1;
+        let _ = seen.insert((order_id, sequence));
         let (created, applied) = (created.timestamp_micros(), applied.timestamp_micros());
         record(&mut e2e, applied - due);
         record(&mut service, created - due);
@@ -196,9 +222,26 @@ async fn group_latency(
             record(&mut relay, published.timestamp_micros() - created);
         }
     }
+    let missing: Vec<(Uuid, i64)> = intended
+        .keys()
+        .filter(|k| !seen.contains(k))
+        .copied()
+        .collect();
+    let mut missing_detail = Vec::new();
+    for &(order_id, sequence) in missing.iter().take(5) {
+        missing_detail.push(what_became_of(env, group_id, order_id, sequence).await?);
+    }
+    let outcomes: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT outcome, count(*) FROM processed_message WHERE group_name = $1 GROUP BY outcome",
+    )
+    .bind(group_id)
+    .fetch_all(&env.pool)
+    .await?;
     Ok(GroupLatency {
-        events: found,
-        missing: measured.len() as u64 - found.min(measured.len() as u64),
+        events: seen.len() as u64,
+        missing: missing.len() as u64,
+        missing_detail,
+        outcomes: outcomes.into_iter().collect(),
         e2e_p50_ms: quantile_ms(&e2e, 0.5),
         e2e_p99_ms: quantile_ms(&e2e, 0.99),
         e2e_p999_ms: quantile_ms(&e2e, 0.999),
@@ -209,5 +252,49 @@ async fn group_latency(
         relay_p99_ms: quantile_ms(&relay, 0.99),
         outbox_to_applied_p50_ms: quantile_ms(&to_applied, 0.5),
         outbox_to_applied_p99_ms: quantile_ms(&to_applied, 0.99),
+    })
+}
+
+type Trace = (
+    uuid::Uuid,
+    String,
+    String,
+    Option<i32>,
+    Option<i64>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+);
+
+/// One line on an event a group never applied: its outbox row, Kafka position and what the
+/// group recorded for it.
+async fn what_became_of(
+    env: &TestEnv,
+    group_id: &str,
+    order_id: Uuid,
+    sequence: i64,
+) -> anyhow::Result<String> {
+    let row: Option<Trace> = sqlx::query_as(
+        "SELECT o.event_id, o.event_type, o.state, o.kafka_partition, o.kafka_offset, pm.outcome,
+                (SELECT d.reason FROM dead_letter d
+                 WHERE d.group_name = $1 AND d.event_id = o.event_id LIMIT 1),
+                pe.reason
+         FROM outbox o
+         LEFT JOIN processed_message pm ON pm.group_name = $1 AND pm.event_id = o.event_id
+         LEFT JOIN parked_event pe ON pe.group_name = $1 AND pe.event_id = o.event_id
+         WHERE o.aggregate_id = $2 AND o.sequence = $3",
+    )
+    .bind(group_id)
+    .bind(order_id.to_string())
+    .bind(sequence)
+    .fetch_optional(&env.pool)
+    .await?;
+    Ok(match row {
+        None => format!("order {order_id} seq {sequence}: answered OK but no outbox row"),
+        Some((event_id, kind, state, partition, offset, outcome, dead, parked)) => format!(
+            "order {order_id} seq {sequence} ({kind}, event {event_id}): outbox {state} at \
+             partition {partition:?} offset {offset:?}; processed_message {outcome:?}; \
+             dead letter {dead:?}; parked {parked:?}"
+        ),
     })
 }

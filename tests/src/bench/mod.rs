@@ -6,7 +6,10 @@
 pub mod broker;
 pub mod config;
 pub mod consumer_drain;
+pub mod dbprofile;
 pub mod driver;
+pub mod envs;
+pub mod histogram;
 pub mod latency;
 pub mod orders;
 pub mod procstat;
@@ -19,8 +22,8 @@ pub mod table;
 use std::time::Instant;
 
 use config::{Phase, Settings};
+use envs::EnvRegistry;
 use report::Report;
-use services::EnvRegistry;
 
 /// Runs the phases asked for, then drops what they created (unless `--keep`). Ctrl-C stops the
 /// run, cleans up and returns what was measured so far.

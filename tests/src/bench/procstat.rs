@@ -43,10 +43,36 @@ pub fn shared_processes() -> Vec<Watched> {
         Watched::Command("postgres", "postgres"),
         Watched::Pid("bench", std::process::id()),
     ];
-    if let Some(&pid) = pids_named("nisshi").first() {
+    if let Some(pid) = broker_pid() {
         watched.push(Watched::Pid("broker", pid));
     }
     watched
+}
+
+/// The nisshi process serving `KAFKA_BROKERS` (the one whose command line names its address),
+/// or the only nisshi running.
+pub fn broker_pid() -> Option<u32> {
+    let address = std::env::var("KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".into());
+    let address = address.split(',').next().unwrap_or_default().to_owned();
+    let pids = pids_named("nisshi");
+    pids.iter()
+        .copied()
+        .find(|pid| command_line(*pid).contains(&address))
+        .or_else(|| (pids.len() == 1).then(|| pids[0]))
+}
+
+/// A process's arguments joined by spaces.
+pub fn command_line(pid: u32) -> String {
+    fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|raw| {
+            raw.split(|b| *b == 0)
+                .map(String::from_utf8_lossy)
+                .collect::<Vec<_>>()
+                .join(" ")
+                .trim()
+                .to_owned()
+        })
+        .unwrap_or_default()
 }
 
 /// Pids of the processes whose `comm` is `name`.

@@ -9,9 +9,11 @@ use serde::Serialize;
 
 use super::broker::{round3, BrokerResult};
 use super::config::Settings;
+use super::dbprofile::{DbActivity, DbProfiler};
+use super::envs::EnvRegistry;
 use super::orders::{preload_outbox, EVENTS_PER_ORDER};
 use super::procstat::{round1, shared_processes, CpuMeter, CpuUse, Watched};
-use super::services::{self, outbox_pending, peak_rss, EnvRegistry};
+use super::services::{self, outbox_pending, peak_rss};
 use crate::{scrape_sum, TestEnv};
 
 /// How fast the relay emptied the outbox.
@@ -39,6 +41,8 @@ pub struct RelayResult {
     pub avg_batch_size: f64,
     pub avg_batch_ms: f64,
     pub cpu: CpuUse,
+    /// What the relay's database connections were doing.
+    pub db_activity: DbActivity,
     pub peak_rss_mb: BTreeMap<String, f64>,
 }
 
@@ -68,6 +72,7 @@ pub async fn run(
     let mut watched = vec![Watched::Pid("relay", relay.pid().as_raw().unsigned_abs())];
     watched.extend(shared_processes());
     let meter = CpuMeter::start(watched);
+    let profiler = DbProfiler::start(&env.database_url).await?;
     let deadline = spawned + settings.drain_timeout;
     loop {
         if outbox_pending(&env).await? == 0 {
@@ -84,6 +89,7 @@ pub async fn run(
     }
     let drain_seconds = spawned.elapsed().as_secs_f64();
     let cpu = meter.finish();
+    let db_activity = profiler.finish().await;
     let peak_rss_mb = peak_rss(&[("relay", &relay)]);
 
     let batches = scrape_sum(&metrics, "relay_batch_size_count", &[]).await?;
@@ -128,6 +134,7 @@ pub async fn run(
         avg_batch_size: round1(batch_events / batches.max(1.0)),
         avg_batch_ms: round1(batch_seconds * 1000.0 / batches.max(1.0)),
         cpu,
+        db_activity,
         peak_rss_mb,
     };
     Ok((result, env))

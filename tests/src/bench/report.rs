@@ -11,6 +11,7 @@ use serde::Serialize;
 use super::broker::BrokerResult;
 use super::config::Settings;
 use super::consumer_drain::GroupDrain;
+use super::dbprofile::DbActivity;
 use super::latency::LatencyRun;
 use super::procstat::{cores, CpuUse};
 use super::relay_drain::RelayResult;
@@ -109,7 +110,10 @@ impl Report {
 
     fn check_targets(&self) -> Vec<TargetCheck> {
         let mut t = Vec::new();
-        let relay_cpu = self.relay.as_ref().map(|r| cpu_line("relay drain", &r.cpu));
+        let relay_cpu = self
+            .relay
+            .as_ref()
+            .map(|r| cpu_line("relay drain", &r.cpu, &r.db_activity));
         t.push(at_least(
             "relay_drain_eps",
             25_000.0,
@@ -125,7 +129,7 @@ impl Report {
         for g in &self.consumer {
             let why = Some(format!(
                 "{}; avg batch {} events in {} ms",
-                cpu_line("batched drain", &g.batched.cpu),
+                cpu_line("batched drain", &g.batched.cpu, &g.batched.db_activity),
                 g.batched.avg_batch_size,
                 g.batched.avg_batch_ms
             ));
@@ -153,7 +157,7 @@ impl Report {
                         lat.relay_p99_ms,
                         lat.outbox_to_applied_p50_ms,
                         lat.outbox_to_applied_p99_ms,
-                        cpu_line("1000/s", &run.cpu)
+                        cpu_line("1000/s", &run.cpu, &run.db_activity)
                     ));
                     t.push(at_most(
                         &format!("e2e_p50_ms@1000[{group}]"),
@@ -182,7 +186,7 @@ impl Report {
                     "{}/s not held: {}; {}",
                     s.rate,
                     s.reasons.join("; "),
-                    cpu_line("that step", &s.cpu)
+                    cpu_line("that step", &s.cpu, &s.db_activity)
                 )
             }),
         ));
@@ -207,14 +211,20 @@ impl Report {
     }
 }
 
-fn cpu_line(phase: &str, cpu: &CpuUse) -> String {
+/// CPU of the phase's processes, whether the machine was saturated, and what the database
+/// connections were busy with.
+fn cpu_line(phase: &str, cpu: &CpuUse, db: &DbActivity) -> String {
     let busy = cpu.total() + cpu.other_percent.unwrap_or(0.0);
     let saturated = if busy >= 0.9 * (cores() * 100) as f64 {
         ": the machine's cores are saturated"
     } else {
         ""
     };
-    format!("CPU during {phase}: {}{saturated}", cpu.summary())
+    format!(
+        "CPU during {phase}: {}{saturated}; DB connections busy (avg): {}",
+        cpu.summary(),
+        db.summary(2)
+    )
 }
 
 fn check(
@@ -255,17 +265,8 @@ fn at_most(name: &str, max: f64, value: Option<f64>, why: Option<String>) -> Tar
 
 /// What can be learnt about the machine and the broker; best effort.
 pub async fn host() -> Host {
-    let broker_command = super::procstat::pids_named("nisshi")
-        .first()
-        .and_then(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).ok())
-        .map(|raw| {
-            raw.split(|b| *b == 0)
-                .map(|a| String::from_utf8_lossy(a).into_owned())
-                .collect::<Vec<_>>()
-                .join(" ")
-                .trim()
-                .to_owned()
-        })
+    let broker_command = super::procstat::broker_pid()
+        .map(super::procstat::command_line)
         .unwrap_or_default();
     let broker_storage_seen = broker_command
         .split_whitespace()
@@ -283,9 +284,7 @@ pub async fn host() -> Host {
         cores: cores(),
         load_average: load_average(),
         load_average_end: String::new(),
-        postgres: super::services::postgres_version()
-            .await
-            .unwrap_or_default(),
+        postgres: super::envs::postgres_version().await.unwrap_or_default(),
         broker_command,
         broker_storage_seen,
         git_revision,

@@ -1,14 +1,10 @@
-//! Starting the real binaries with the benchmark's flags, and the environments they run in.
+//! Starting the real binaries with the benchmark's flags, stopping them, and waiting for what
+//! they do.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use anyhow::Context;
-use rdkafka::admin::{AdminClient, AdminOptions};
-use rdkafka::client::DefaultClientContext;
-use sqlx::{Connection, PgConnection};
 
 use super::config::Settings;
 use super::procstat::{peak_rss_mb, shared_processes, Watched};
@@ -16,144 +12,6 @@ use crate::{scrape_sum, wait_until, Service, TestEnv};
 
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 const STOP_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// What the benchmark created: dropped at the end (or as soon as a phase is done with it), unless
-/// `--keep`.
-pub struct EnvRegistry {
-    keep: bool,
-    left: Mutex<Vec<Created>>,
-}
-
-/// A database, topic and log folder of one environment; a topic alone for the broker phase.
-#[derive(Debug, Clone)]
-struct Created {
-    database: Option<String>,
-    topic: String,
-    log_dir: Option<PathBuf>,
-}
-
-impl EnvRegistry {
-    pub fn new(keep: bool) -> EnvRegistry {
-        EnvRegistry {
-            keep,
-            left: Mutex::new(Vec::new()),
-        }
-    }
-
-    /// A fresh environment (database, topic, group prefix), remembered for clean-up.
-    pub async fn create(&self, name: &str, partitions: i32) -> anyhow::Result<TestEnv> {
-        let env = TestEnv::new(name, partitions).await?;
-        self.remember(Created {
-            database: Some(database_name(&env.database_url).to_owned()),
-            topic: env.topic.clone(),
-            log_dir: Some(env.log_dir.clone()),
-        });
-        Ok(env)
-    }
-
-    /// Remembers a topic created outside an environment.
-    pub fn track_topic(&self, topic: &str) {
-        self.remember(Created {
-            database: None,
-            topic: topic.to_owned(),
-            log_dir: None,
-        });
-    }
-
-    fn remember(&self, created: Created) {
-        if let Ok(mut left) = self.left.lock() {
-            left.push(created);
-        }
-    }
-
-    /// Drops what `env` created now, unless `--keep`. Returns what could not be removed.
-    pub async fn release(&self, env: TestEnv) -> Vec<String> {
-        env.pool.close().await;
-        self.release_topic(&env.topic).await
-    }
-
-    /// Drops what was created with `topic` (its environment's database and logs too).
-    pub async fn release_topic(&self, topic: &str) -> Vec<String> {
-        let found = self.left.lock().ok().and_then(|mut left| {
-            let i = left.iter().position(|c| c.topic == topic)?;
-            Some(left.remove(i))
-        });
-        match found {
-            Some(created) if !self.keep => remove(&created).await,
-            _ => Vec::new(),
-        }
-    }
-
-    /// Drops everything not yet released, unless `--keep`.
-    pub async fn cleanup(&self) -> Vec<String> {
-        let left: Vec<Created> = self
-            .left
-            .lock()
-            .map(|mut l| std::mem::take(&mut *l))
-            .unwrap_or_default();
-        let mut problems = Vec::new();
-        if !self.keep {
-            for created in &left {
-                problems.extend(remove(created).await);
-            }
-        }
-        problems
-    }
-}
-
-async fn remove(created: &Created) -> Vec<String> {
-    let mut problems = Vec::new();
-    if let Some(db) = &created.database {
-        if let Err(e) = drop_database(db).await {
-            problems.push(format!("dropping database {db}: {e:#}"));
-        }
-    }
-    if let Err(e) = delete_topic(&created.topic).await {
-        problems.push(format!("deleting topic {}: {e:#}", created.topic));
-    }
-    if let Some(dir) = &created.log_dir {
-        if let Err(e) = std::fs::remove_dir_all(dir) {
-            problems.push(format!("removing {}: {e}", dir.display()));
-        }
-    }
-    problems
-}
-
-/// The server the harness creates its databases on (the harness's own default).
-fn admin_url() -> String {
-    std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
-}
-
-fn database_name(url: &str) -> &str {
-    let path = url.split('?').next().unwrap_or(url);
-    path.rsplit('/').next().unwrap_or(path)
-}
-
-async fn drop_database(name: &str) -> anyhow::Result<()> {
-    let mut admin = PgConnection::connect(&admin_url()).await?;
-    sqlx::query(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
-        .execute(&mut admin)
-        .await?;
-    Ok(())
-}
-
-fn brokers() -> String {
-    std::env::var("KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".into())
-}
-
-async fn delete_topic(topic: &str) -> anyhow::Result<()> {
-    let admin: AdminClient<DefaultClientContext> = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", brokers())
-        .create()?;
-    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
-    for result in admin.delete_topics(&[topic], &opts).await? {
-        if let Err((_, code)) = result {
-            anyhow::bail!("{code}");
-        }
-    }
-    Ok(())
-}
 
 /// The arguments `relay run` gets.
 pub fn relay_args(settings: &Settings) -> Vec<String> {
@@ -211,23 +69,6 @@ pub async fn start(
 pub async fn start_relay(env: &TestEnv, settings: &Settings) -> anyhow::Result<(Service, String)> {
     let args = relay_args(settings);
     start(env, "relay", "relay", &args, "relay metrics listening on ").await
-}
-
-pub async fn start_consumer(
-    env: &TestEnv,
-    label: &str,
-    groups: &[&str],
-    max_batch: u32,
-) -> anyhow::Result<(Service, String)> {
-    let args = consumer_args(env, groups, max_batch);
-    start(
-        env,
-        "consumer",
-        label,
-        &args,
-        "consumer metrics listening on ",
-    )
-    .await
 }
 
 /// Stocks products 1..=`products` with `stock` each (`consumer seed-stock`).
@@ -362,7 +203,7 @@ pub fn peak_rss(services: &[(&str, &Service)]) -> BTreeMap<String, f64> {
 
 /// Events not yet published: the pending rows, read through the pending index.
 pub async fn outbox_pending(env: &TestEnv) -> anyhow::Result<i64> {
-    sqlx::query_scalar("SELECT count(*) FROM outbox WHERE state = 'pending'")
+    sqlx::query_scalar("/* bench */ SELECT count(*) FROM outbox WHERE state = 'pending'")
         .fetch_one(&env.pool)
         .await
         .context("counting pending outbox events")
@@ -376,10 +217,11 @@ pub fn lag(env: &TestEnv, kind: &str) -> anyhow::Result<Option<i64>> {
 /// Waits until the outbox is empty and every group in `groups` has committed everything.
 pub async fn wait_drained(env: &TestEnv, groups: &[&str], timeout: Duration) -> anyhow::Result<()> {
     wait_until("outbox drained and groups caught up", timeout, || async {
-        let pending: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM outbox WHERE state <> 'published'")
-                .fetch_one(&env.pool)
-                .await?;
+        let pending: i64 = sqlx::query_scalar(
+            "/* bench */ SELECT count(*) FROM outbox WHERE state <> 'published'",
+        )
+        .fetch_one(&env.pool)
+        .await?;
         if pending > 0 {
             return Ok(None);
         }
@@ -391,12 +233,4 @@ pub async fn wait_drained(env: &TestEnv, groups: &[&str], timeout: Duration) -> 
         Ok(Some(()))
     })
     .await
-}
-
-/// `SELECT version()` of the server the environments are created on.
-pub async fn postgres_version() -> anyhow::Result<String> {
-    let mut admin = PgConnection::connect(&admin_url()).await?;
-    Ok(sqlx::query_scalar("SELECT version()")
-        .fetch_one(&mut admin)
-        .await?)
 }

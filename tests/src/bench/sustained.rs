@@ -18,9 +18,11 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::config::Settings;
+use super::dbprofile::{DbActivity, DbProfiler};
 use super::driver::{drive, DriveSpec, DriveSummary};
+use super::envs::EnvRegistry;
 use super::procstat::{round1, CpuMeter, CpuUse};
-use super::services::{EnvRegistry, Pipeline, GROUPS};
+use super::services::{Pipeline, GROUPS};
 use crate::TestEnv;
 
 /// Longest p99 delay of a request's dispatch behind its schedule.
@@ -53,6 +55,8 @@ pub struct SustainStep {
     /// One sample a second from the start of the warm-up.
     pub samples: Vec<Sample>,
     pub cpu: CpuUse,
+    /// What the pipeline's database connections were doing.
+    pub db_activity: DbActivity,
     pub peak_rss_mb: BTreeMap<String, f64>,
 }
 
@@ -153,10 +157,12 @@ async fn step(
         done.clone(),
     ));
     let meter = CpuMeter::start(pipeline.watched());
+    let profiler = DbProfiler::start(&env.database_url).await?;
     let url = pipeline.url.parse()?;
     let outcome = drive(&url, &spec, &stop).await;
     done.cancel();
     let cpu = meter.finish();
+    let db_activity = profiler.finish().await;
     let mut samples = monitor.await?;
     let end = probe.sample(started.elapsed().as_secs_f64()).await?;
     samples.push(end.clone());
@@ -229,6 +235,7 @@ async fn step(
         growth_eps,
         samples,
         cpu,
+        db_activity,
         peak_rss_mb,
     })
 }
@@ -264,9 +271,10 @@ struct Probe {
 
 impl Probe {
     async fn sample(&self, t: f64) -> anyhow::Result<Sample> {
-        let outbox: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox WHERE state = 'pending'")
-            .fetch_one(&self.pool)
-            .await?;
+        let outbox: i64 =
+            sqlx::query_scalar("/* bench */ SELECT count(*) FROM outbox WHERE state = 'pending'")
+                .fetch_one(&self.pool)
+                .await?;
         let mut lag = BTreeMap::new();
         for (kind, id) in &self.groups {
             let (kafka, id, topic) = (self.kafka.clone(), id.clone(), self.topic.clone());

@@ -2,6 +2,7 @@
 
 use std::fmt::Write;
 
+use super::dbprofile::DbActivity;
 use super::procstat::CpuUse;
 use super::report::Report;
 
@@ -32,6 +33,10 @@ fn eps(x: f64) -> String {
 
 fn cpu(c: &CpuUse) -> String {
     format!("      CPU: {}", c.summary())
+}
+
+fn db(d: &DbActivity) -> String {
+    format!("      DB connections busy (avg): {}", d.summary(4))
 }
 
 fn write_report(o: &mut String, r: &Report) -> std::fmt::Result {
@@ -123,6 +128,7 @@ fn write_report(o: &mut String, r: &Report) -> std::fmt::Result {
             x.batches, x.avg_batch_size, x.avg_batch_ms
         )?;
         writeln!(o, "{}", cpu(&x.cpu))?;
+        writeln!(o, "{}", db(&x.db_activity))?;
     }
     if !r.consumer.is_empty() {
         writeln!(o, "\n3. Consumer drain of the relay's topic, one group at a time (eps = processed / seconds from process start)")?;
@@ -148,6 +154,7 @@ fn write_report(o: &mut String, r: &Report) -> std::fmt::Result {
             for (mode, run) in [("batched", &g.batched), ("per-message", &g.per_message)] {
                 writeln!(o, "   {} {mode} (--max-batch {}): {} of {} events in {:.1} s, start-up {:.1} s, avg batch {} in {} ms", g.group, run.max_batch, eps(run.processed as f64), eps(run.events as f64), run.seconds, run.startup_seconds, run.avg_batch_size, run.avg_batch_ms)?;
                 writeln!(o, "{}", cpu(&run.cpu))?;
+                writeln!(o, "{}", db(&run.db_activity))?;
             }
         }
         if r.consumer.iter().any(|g| !g.per_message.complete) {
@@ -198,6 +205,7 @@ fn write_report(o: &mut String, r: &Report) -> std::fmt::Result {
             }
             writeln!(o, "   {:>6} requests: {} ok, {} failed, response p50/p99 {:.1}/{:.1} ms, schedule lag p99 {:.1} ms", "", run.requests.ok, run.requests.failed(), run.requests.response_p50_ms, run.requests.response_p99_ms, run.requests.schedule_lag_p99_ms)?;
             writeln!(o, "{}", cpu(&run.cpu))?;
+            writeln!(o, "{}", db(&run.db_activity))?;
         }
     }
     if let Some(sus) = &r.sustained {
@@ -223,6 +231,7 @@ fn write_report(o: &mut String, r: &Report) -> std::fmt::Result {
                 writeln!(o, "           - {reason}")?;
             }
             writeln!(o, "{}", cpu(&st.cpu))?;
+            writeln!(o, "{}", db(&st.db_activity))?;
         }
     }
     if !r.peak_rss_mb.is_empty() {

@@ -1,0 +1,148 @@
+//! Where a phase's database time goes: a sampler reads `pg_stat_activity` of the phase's database
+//! every 25 ms and tallies what each client connection is doing (running which statement,
+//! waiting on a lock, or idle in a transaction while the client works), so the report can say
+//! "the relay spends its time in the claim" or "inventory batches wait on stock row locks".
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use serde::Serialize;
+use sqlx::{Connection, PgConnection};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+const SAMPLE_EVERY: Duration = Duration::from_millis(25);
+/// Characters of a statement kept to name it.
+const HEAD: usize = 64;
+/// Marks the statements the benchmark itself runs while it samples (a leading SQL comment), so
+/// the tally leaves them out.
+pub const OWN: &str = "/* bench */";
+
+/// What the connections of one database were doing, on average over a phase.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct DbActivity {
+    pub samples: u64,
+    /// (what, connections doing it on average), busiest first: `run: <statement>`,
+    /// `lock wait: <statement>`, `idle in transaction after: <statement>`. Idle connections
+    /// are left out.
+    pub busy: Vec<(String, f64)>,
+}
+
+impl DbActivity {
+    /// The `n` busiest entries on one line.
+    pub fn summary(&self, n: usize) -> String {
+        let parts: Vec<String> = self
+            .busy
+            .iter()
+            .take(n)
+            .map(|(what, avg)| format!("{avg:.2} {what}"))
+            .collect();
+        parts.join(" | ")
+    }
+}
+
+/// A running sampler.
+pub struct DbProfiler {
+    stop: CancellationToken,
+    task: JoinHandle<DbActivity>,
+}
+
+impl DbProfiler {
+    /// Starts sampling the database `database_url` names, on a connection of its own.
+    pub async fn start(database_url: &str) -> anyhow::Result<DbProfiler> {
+        let conn = PgConnection::connect(database_url).await?;
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(sample(conn, stop.clone()));
+        Ok(DbProfiler { stop, task })
+    }
+
+    /// Stops and returns the tally (empty if the sampler failed).
+    pub async fn finish(self) -> DbActivity {
+        self.stop.cancel();
+        self.task.await.unwrap_or_default()
+    }
+}
+
+type Row = (Option<String>, Option<String>, Option<String>);
+
+async fn sample(mut conn: PgConnection, stop: CancellationToken) -> DbActivity {
+    let mut counts: HashMap<String, u64> = HashMap::new();
+    let mut samples = 0u64;
+    let mut tick = tokio::time::interval(SAMPLE_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    while !stop.is_cancelled() {
+        tokio::select! {
+            () = stop.cancelled() => break,
+            _ = tick.tick() => {}
+        }
+        let rows: Vec<Row> = match sqlx::query_as(
+            "/* bench */ SELECT state, wait_event_type, query FROM pg_stat_activity
+             WHERE datname = current_database() AND pid <> pg_backend_pid()
+               AND backend_type = 'client backend'",
+        )
+        .fetch_all(&mut conn)
+        .await
+        {
+            Ok(rows) => rows,
+            Err(_) => break,
+        };
+        samples += 1;
+        for (state, wait, query) in rows {
+            if let Some(what) = classify(state.as_deref(), wait.as_deref(), query.as_deref()) {
+                *counts.entry(what).or_insert(0) += 1;
+            }
+        }
+    }
+    let mut busy: Vec<(String, f64)> = counts
+        .into_iter()
+        .map(|(what, n)| {
+            (
+                what,
+                (n as f64 / samples.max(1) as f64 * 100.0).round() / 100.0,
+            )
+        })
+        .filter(|(_, avg)| *avg > 0.0)
+        .collect();
+    busy.sort_by(|a, b| b.1.total_cmp(&a.1));
+    busy.truncate(12);
+    DbActivity { samples, busy }
+}
+
+/// What one connection is doing; `None` when idle or when it is the benchmark's own query.
+fn classify(state: Option<&str>, wait: Option<&str>, query: Option<&str>) -> Option<String> {
+    let query = query.unwrap_or("");
+    if query.starts_with(OWN) {
+        return None;
+    }
+    let head: String = query.split_whitespace().collect::<Vec<_>>().join(" ");
+    let head: String = head.chars().take(HEAD).collect();
+    match (state?, wait) {
+        ("active", Some("Lock")) => Some(format!("lock wait: {head}")),
+        ("active", _) => Some(format!("run: {head}")),
+        ("idle in transaction", _) => Some(format!("idle in transaction after: {head}")),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::classify;
+
+    #[test]
+    fn names_what_a_connection_does() {
+        let q = Some("SELECT 1 FROM inventory_stock\n   WHERE product_id = ANY($1)");
+        assert_eq!(
+            classify(Some("active"), Some("Lock"), q).as_deref(),
+            Some("lock wait: SELECT 1 FROM inventory_stock WHERE product_id = ANY($1)")
+        );
+        assert_eq!(classify(Some("idle"), None, q), None);
+        assert_eq!(
+            classify(
+                Some("active"),
+                None,
+                Some("/* bench */ SELECT count(*) FROM outbox")
+            ),
+            None
+        );
+    }
+}
