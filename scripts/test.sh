@@ -90,6 +90,11 @@ step "cargo test" env \
     PIPELINE_BIN_DIR="$TARGET_DIR/release" \
     PROMETHEUS_BIN="$(command -v prometheus)" \
     cargo test --release --workspace "$@"
+# Under load and faults (it restarts PostgreSQL, so it runs once the tests are done with it);
+# a few minutes, skipped when extra cargo test arguments narrow the run.
+if (($# == 0)); then
+    step "verify (short)" scripts/verify.sh --short --report "$RUN_DIR/verify-short.json"
+fi
 
 stage "[7/9] monitoring: promtool checks, alert unit tests, dashboard queries"
 step "observability checks" scripts/check-observability.sh

@@ -101,7 +101,12 @@ impl OrderClient {
     }
 
     /// Places an order under `key`; acknowledged with its id.
-    pub async fn place(&self, body: &Value, key: &str, stats: &mut AttemptStats) -> Resolution<Uuid> {
+    pub async fn place(
+        &self,
+        body: &Value,
+        key: &str,
+        stats: &mut AttemptStats,
+    ) -> Resolution<Uuid> {
         let deadline = Instant::now() + STEP_DEADLINE;
         let mut attempt = 0;
         loop {

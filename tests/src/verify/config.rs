@@ -63,6 +63,11 @@ pub struct VerifyArgs {
     /// How long to wait, after the load, for the outbox to drain and both groups to catch up.
     #[arg(long, env = "VERIFY_DRAIN_TIMEOUT_SECS", default_value_t = 300)]
     pub drain_timeout_secs: u64,
+    /// The consumers' `--fetch-wait-max-ms`. Their default, 20 ms, makes nisshi on PostgreSQL
+    /// storage answer a consumer that is behind with about one record per fetch, so a group that
+    /// fell behind during a fault would need hours to catch up; 500 ms lets it fetch full batches.
+    #[arg(long, env = "VERIFY_CONSUMER_FETCH_WAIT_MS", default_value_t = 500)]
+    pub consumer_fetch_wait_ms: u64,
     /// Leave out these fault kinds (comma separated), e.g. postgres_restart on a shared server.
     #[arg(long, value_delimiter = ',', value_enum)]
     pub skip_fault: Vec<FaultKind>,
@@ -94,6 +99,7 @@ pub struct Settings {
     pub keep: bool,
     pub drain_timeout: Duration,
     pub skip: Vec<FaultKind>,
+    pub consumer_fetch_wait_ms: u64,
     pub timing: Timing,
 }
 
@@ -158,9 +164,7 @@ impl Settings {
                 .map(PathBuf::from)
                 .context("the verify executable has no directory")?,
         };
-        let work_root = args
-            .work_dir
-            .unwrap_or_else(|| bin_dir.join("verify-runs"));
+        let work_root = args.work_dir.unwrap_or_else(|| bin_dir.join("verify-runs"));
         Ok(Settings {
             profile,
             seed: args.seed.unwrap_or_else(rand::random),
@@ -177,6 +181,7 @@ impl Settings {
             keep: args.keep,
             drain_timeout: Duration::from_secs(args.drain_timeout_secs),
             skip: args.skip_fault,
+            consumer_fetch_wait_ms: args.consumer_fetch_wait_ms,
             timing,
         })
     }

@@ -10,12 +10,13 @@ use serde::Serialize;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::broker::BROKER;
 use super::environment::Environment;
 use super::postgres::{foreign_sessions, PgCluster};
-use super::recovery::{wait_fresh_event_applied, wait_pipeline_up};
+use super::recovery::{wait_both_groups_apply, wait_pipeline_up};
 use super::say;
 use super::schedule::{FaultKind, PlannedFault};
-use super::topology::{Member, Topology, BROKER, EXTRA_CONSUMER};
+use super::topology::{Member, Topology, EXTRA_CONSUMER};
 use crate::wait_until;
 
 /// A fault is abandoned when the pipeline has not recovered this long after it.
@@ -40,6 +41,9 @@ pub struct FaultRecord {
     /// Whether the fault actually happened (a crash point may not be reached; a PostgreSQL
     /// restart is skipped while other clients use the server).
     pub injected: bool,
+    /// Until the faulted part was back and every process ready again.
+    pub back_seconds: Option<f64>,
+    /// Until, after that, both groups applied events again (see [`super::recovery`]).
     pub recovery_seconds: Option<f64>,
     pub note: Option<String>,
 }
@@ -82,14 +86,15 @@ impl Injector<'_> {
                 () = abort.cancelled() => break,
                 outcome = self.inject_and_recover(fault, at) => outcome,
             };
-            let (injected, recovered) = match outcome {
-                Ok(pair) => pair,
+            let (injected, back, recovered) = match outcome {
+                Ok(outcome) => outcome,
                 Err(e) => (
                     Injected {
                         target: String::new(),
                         happened: false,
                         note: Some(format!("{e:#}")),
                     },
+                    None,
                     None,
                 ),
             };
@@ -101,17 +106,23 @@ impl Injector<'_> {
                 at_seconds: round2((at - self.started).as_secs_f64()),
                 down_seconds: round2(fault.down.as_secs_f64()),
                 injected: injected.happened,
+                back_seconds: back.map(|t| round2((t - at).as_secs_f64())),
                 recovery_seconds: recovered.map(|t| round2((t - at).as_secs_f64())),
                 note: injected.note,
             };
+            let outcome = match (record.injected, record.recovery_seconds) {
+                (false, _) => "not injected".to_owned(),
+                (true, None) => "not recovered".to_owned(),
+                (true, Some(s)) => format!(
+                    "recovered in {s:.1} s (back after {:.1} s)",
+                    record.back_seconds.unwrap_or(s)
+                ),
+            };
             say(&format!(
-                "fault {}: {} {} → recovered in {}{}",
+                "fault {}: {} {} → {outcome}{}",
                 fault.index + 1,
                 record.kind,
                 record.target,
-                record
-                    .recovery_seconds
-                    .map_or("(not recovered)".to_owned(), |s| format!("{s:.1} s")),
                 record
                     .note
                     .as_deref()
@@ -126,23 +137,25 @@ impl Injector<'_> {
         &self,
         fault: &PlannedFault,
         at: Instant,
-    ) -> anyhow::Result<(Injected, Option<Instant>)> {
+    ) -> anyhow::Result<(Injected, Option<Instant>, Option<Instant>)> {
         let injected = self.inject(fault).await?;
+        if !injected.happened {
+            return Ok((injected, None, None));
+        }
         let deadline = at + RECOVERY_DEADLINE;
         let left = deadline.saturating_duration_since(Instant::now());
         if wait_pipeline_up(self.topology, left).await.is_err() {
-            return Ok((injected, None));
+            return Ok((injected, None, None));
         }
-        Ok((
-            injected,
-            wait_fresh_event_applied(&self.env.pool, deadline).await,
-        ))
+        let back = Instant::now();
+        let recovered = wait_both_groups_apply(&self.env.pool, deadline).await;
+        Ok((injected, Some(back), recovered))
     }
 
     /// Injects one fault and waits until the faulted part is back up.
     async fn inject(&self, fault: &PlannedFault) -> anyhow::Result<Injected> {
         let supervisor = &self.topology.supervisor;
-        let consumer = &self.topology.consumers[fault.consumer % self.topology.consumers.len()];
+        let consumer = &self.consumer_target(fault.consumer).await;
         match fault.kind {
             FaultKind::RelayKill => {
                 let relay = self.active_relay().await?;
@@ -180,6 +193,24 @@ impl Injector<'_> {
         }
     }
 
+    /// The scheduled consumer process, unless it has no partitions and the other one has: a
+    /// crash point fires only in a consumer that processes batches.
+    async fn consumer_target(&self, scheduled: usize) -> Member {
+        let consumers = &self.topology.consumers;
+        let preferred = &consumers[scheduled % consumers.len()];
+        for member in std::iter::once(preferred).chain(consumers.iter()) {
+            let assigned = self
+                .topology
+                .scrape(member.ops, "consumer_assigned_partitions")
+                .await
+                .unwrap_or(0.0);
+            if assigned > 0.0 {
+                return member.clone();
+            }
+        }
+        preferred.clone()
+    }
+
     async fn active_relay(&self) -> anyhow::Result<Member> {
         wait_until("an active relay", Duration::from_secs(60), || async {
             Ok(self.topology.active_relay().await.cloned())
@@ -190,13 +221,9 @@ impl Injector<'_> {
     /// Waits until the supervisor has started `label` again after `starts` starts.
     async fn wait_restarted(&self, label: &str, starts: u32) -> anyhow::Result<()> {
         let supervisor = &self.topology.supervisor;
-        wait_until(
-            &format!("{label} restarted"),
-            RECOVERY_DEADLINE,
-            || async {
-                Ok((supervisor.starts(label)? > starts && supervisor.is_up(label)).then_some(()))
-            },
-        )
+        wait_until(&format!("{label} restarted"), RECOVERY_DEADLINE, || async {
+            Ok((supervisor.starts(label)? > starts && supervisor.is_up(label)).then_some(()))
+        })
         .await
     }
 
@@ -264,9 +291,7 @@ impl Injector<'_> {
     async fn rebalance(&self, dwell: Duration) -> anyhow::Result<Injected> {
         let topology = self.topology;
         let extra = &topology.extra_consumer;
-        topology
-            .supervisor
-            .start(topology.consumer_spec(extra))?;
+        topology.supervisor.start(topology.consumer_spec(extra))?;
         let joined = wait_until(
             "the extra consumer to get partitions",
             Duration::from_secs(60),

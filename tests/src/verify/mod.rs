@@ -6,14 +6,17 @@
 //! twice, nothing out of order. `scripts/verify.sh` builds the binaries and runs it.
 //!
 //! - [`config`]: command line and profiles; [`schedule`]: the seeded fault schedule;
-//! - [`environment`], [`topology`], [`processes`], [`postgres`]: the world and its processes;
+//! - [`environment`], [`topology`], [`broker`], [`processes`], [`postgres`]: the world and its
+//!   processes;
 //! - [`driver`] ([`orders`], [`client`]): the load and its history;
 //! - [`faults`], [`recovery`]: injecting faults and measuring recovery;
-//! - [`checks`] ([`topic_scan`], [`examples`]) and [`report`].
+//! - [`drain`], [`checks`] ([`topic_scan`], [`examples`]) and [`report`].
 
+pub mod broker;
 pub mod checks;
 pub mod client;
 pub mod config;
+pub mod drain;
 pub mod driver;
 pub mod environment;
 pub mod examples;
@@ -45,7 +48,10 @@ use topology::Topology;
 
 /// A progress line on stderr.
 pub fn say(what: &str) {
-    eprintln!("[verify {}] {what}", chrono::Local::now().format("%H:%M:%S"));
+    eprintln!(
+        "[verify {}] {what}",
+        chrono::Local::now().format("%H:%M:%S")
+    );
 }
 
 /// Runs the whole verification and cleans up after it, whatever happens (Ctrl-C included):
@@ -83,10 +89,27 @@ pub async fn run(settings: &Settings) -> Report {
         let (supervisor, stop) = (supervisor.clone(), stop_watching.clone());
         async move { supervisor.watch(stop).await }
     });
-    let outcome = tokio::select! {
-        outcome = exercise(settings, &env, &postgres, supervisor.clone(), &mut report) => outcome,
-        _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
-    };
+    // Ctrl-C ends the load and the faults early; the run then cleans up as usual.
+    let interrupted = CancellationToken::new();
+    let interrupt_listener = tokio::spawn({
+        let interrupted = interrupted.clone();
+        async move {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                say("interrupted: stopping the load and the faults");
+                interrupted.cancel();
+            }
+        }
+    });
+    let outcome = exercise(
+        settings,
+        &env,
+        &postgres,
+        supervisor.clone(),
+        &interrupted,
+        &mut report,
+    )
+    .await;
+    interrupt_listener.abort();
     if let Err(e) = outcome {
         report.errors.push(format!("{e:#}"));
     }
@@ -121,13 +144,22 @@ async fn exercise(
     env: &Environment,
     postgres: &PgCluster,
     supervisor: Supervisor,
+    interrupted: &CancellationToken,
     report: &mut Report,
 ) -> anyhow::Result<()> {
     say("starting the broker and the pipeline");
-    let topology = Topology::start(settings, env, supervisor).await?;
-    let plan = schedule::plan(settings.seed, settings.faults, &settings.timing, &settings.skip);
+    let topology = tokio::select! {
+        topology = Topology::start(settings, env, supervisor) => topology?,
+        () = interrupted.cancelled() => anyhow::bail!("interrupted"),
+    };
+    let plan = schedule::plan(
+        settings.seed,
+        settings.faults,
+        &settings.timing,
+        &settings.skip,
+    );
     let acknowledged = Arc::new(AtomicU64::new(0));
-    let (faults_done, abort) = (CancellationToken::new(), CancellationToken::new());
+    let (faults_done, abort) = (CancellationToken::new(), interrupted.child_token());
     let load_started = Instant::now();
     let injector = Injector {
         topology: &topology,
@@ -150,7 +182,8 @@ async fn exercise(
     ));
     let (history, fault_log) = tokio::join!(
         async {
-            let history = driver::drive(&driver_settings, &faults_done, &abort, &acknowledged).await;
+            let history =
+                driver::drive(&driver_settings, &faults_done, &abort, &acknowledged).await;
             if history.is_err() {
                 abort.cancel();
             }
@@ -167,37 +200,59 @@ async fn exercise(
     report.set_faults(fault_log);
     let history = history?;
     report.set_history(&history);
+    if interrupted.is_cancelled() {
+        anyhow::bail!("interrupted");
+    }
     say(&format!(
         "load done: {} events acknowledged in {:.0} s; waiting for the drain",
         history.acknowledged.len(),
         history.seconds
     ));
-    match checks::wait_drained(env, &topology, settings.drain_timeout).await {
+    let drained = tokio::select! {
+        drained = drain::wait_drained(env, &topology, settings.drain_timeout) => drained,
+        () = interrupted.cancelled() => anyhow::bail!("interrupted"),
+    };
+    let mut undrained = Vec::new();
+    match drained {
         Ok(seconds) => report.drain_seconds = Some((seconds * 10.0).round() / 10.0),
-        Err(e) => report.errors.push(format!("{e:#}")),
+        Err(e) => {
+            report.errors.push(format!("{e:#}"));
+            undrained = drain::snapshot_lag(env, &topology)
+                .await
+                .unwrap_or_else(|e| vec![format!("no lag snapshot: {e:#}")]);
+        }
     }
     say("checking the history against the database and the topic");
-    report.set_checks(checks::run(env, &topology, &history).await?);
+    let mut results = checks::run(env, &topology, &history).await?;
+    results.undrained_partitions = undrained;
+    report.set_checks(results);
     Ok(())
 }
 
 /// Every 10 s: acknowledged events and applied effects so far.
-async fn report_progress(pool: sqlx::PgPool, acknowledged: Arc<AtomicU64>, stop: CancellationToken) {
+async fn report_progress(
+    pool: sqlx::PgPool,
+    acknowledged: Arc<AtomicU64>,
+    stop: CancellationToken,
+) {
     let started = Instant::now();
     loop {
         tokio::select! {
             () = stop.cancelled() => return,
             () = tokio::time::sleep(Duration::from_secs(10)) => {}
         }
-        let applied: Result<i64, sqlx::Error> =
-            sqlx::query_scalar("SELECT coalesce(max(id), 0) FROM applied_effect")
-                .fetch_one(&pool)
-                .await;
+        let counts: Result<(i64, i64), sqlx::Error> = sqlx::query_as(
+            "SELECT (SELECT count(*) FROM outbox WHERE state = 'pending'),
+                    (SELECT coalesce(max(id), 0) FROM applied_effect)",
+        )
+        .fetch_one(&pool)
+        .await;
         say(&format!(
-            "{:>4.0} s: {} events acknowledged, {} effects applied",
+            "{:>4.0} s: {} events acknowledged, {} pending in the outbox, {} effects applied",
             started.elapsed().as_secs_f64(),
             acknowledged.load(Ordering::Relaxed),
-            applied.map_or("?".to_owned(), |n| n.to_string())
+            counts.as_ref().map_or("?".to_owned(), |c| c.0.to_string()),
+            counts.as_ref().map_or("?".to_owned(), |c| c.1.to_string()),
         ));
     }
 }

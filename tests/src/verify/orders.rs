@@ -66,16 +66,17 @@ impl OrderPlan {
         let mut rng = StdRng::seed_from_u64(seed ^ index.wrapping_mul(0x9E37_79B9_7F4A_7C15));
         let products = products.max(1);
         let count = rng.random_range(1..=3u32).min(products);
-        let lines: Vec<Value> = rand::seq::index::sample(&mut rng, products as usize, count as usize)
-            .into_iter()
-            .map(|i| {
-                json!({
-                    // `i < products`, a u32, so the conversion cannot fail.
-                    "product_id": demo_product_id(u32::try_from(i).unwrap_or(0) + 1),
-                    "quantity": rng.random_range(1..=3),
+        let lines: Vec<Value> =
+            rand::seq::index::sample(&mut rng, products as usize, count as usize)
+                .into_iter()
+                .map(|i| {
+                    json!({
+                        // `i < products`, a u32, so the conversion cannot fail.
+                        "product_id": demo_product_id(u32::try_from(i).unwrap_or(0) + 1),
+                        "quantity": rng.random_range(1..=3),
+                    })
                 })
-            })
-            .collect();
+                .collect();
         let customer = rng.random_range(1..=1_000u32);
         let actions: &'static [Step] = if rng.random_bool(0.1) {
             &[Step::Cancel]

@@ -149,14 +149,16 @@ impl Drop for PgCluster {
     }
 }
 
-/// Sessions of other clients: backends of databases not in `own` (other than this query's).
+/// Other clients' sessions, per database: backends of databases not in `own` (other than this
+/// query's).
 pub async fn foreign_sessions(server_url: &str, own: &[String]) -> anyhow::Result<Vec<String>> {
     let mut conn = PgConnection::connect(server_url).await?;
     let sessions: Vec<String> = sqlx::query_scalar(
-        "SELECT coalesce(datname, '?') || coalesce(' (' || nullif(application_name, '') || ')', '')
+        "SELECT format('%s (%s sessions)', coalesce(datname, '?'), count(*))
          FROM pg_stat_activity
          WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()
-           AND datname <> ALL($1)",
+           AND datname <> ALL($1)
+         GROUP BY datname ORDER BY datname",
     )
     .bind(own)
     .fetch_all(&mut conn)

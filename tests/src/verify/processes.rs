@@ -173,9 +173,7 @@ impl Supervisor {
                         let delay = match slot.expected_exit.take() {
                             Some(delay) => delay,
                             None => {
-                                *unplanned_exits
-                                    .entry(slot.spec.label.clone())
-                                    .or_default() += 1;
+                                *unplanned_exits.entry(slot.spec.label.clone()).or_default() += 1;
                                 eprintln!(
                                     "[verify] {} exited unexpectedly ({status}); restarting it (log: {})",
                                     slot.spec.label,

@@ -8,7 +8,7 @@ use anyhow::Context;
 use serde::Serialize;
 
 use super::checks::CheckResults;
-use super::config::{Profile, Settings};
+use super::config::{Profile, Settings, SESSION_TIMEOUT_MS};
 use super::driver::History;
 use super::faults::FaultRecord;
 use super::schedule::FaultKind;
@@ -17,7 +17,6 @@ use super::schedule::FaultKind;
 #[derive(Debug, Default, Clone, Serialize)]
 pub struct DriverSummary {
     pub seconds: f64,
-    pub target_events_per_second: f64,
     pub events_per_second: f64,
     pub orders: u64,
     pub retries: u64,
@@ -27,11 +26,24 @@ pub struct DriverSummary {
     pub step_problems: Vec<String>,
 }
 
+/// How the run was set up.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunSettings {
+    pub min_events: u64,
+    pub target_events_per_second: f64,
+    pub planned_faults: usize,
+    pub skipped_kinds: Vec<FaultKind>,
+    pub consumer_session_timeout_ms: u64,
+    pub consumer_fetch_wait_max_ms: u64,
+}
+
 /// The report of one run. Check fields are `null` when the run did not get to the checks.
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
     pub seed: u64,
     pub profile: Profile,
+    /// Settings of the run that are not the pipeline's defaults or that size it.
+    pub settings: RunSettings,
     /// Lost, duplicate effects and reorders all 0.
     pub passed: bool,
     pub events_acknowledged: u64,
@@ -66,6 +78,14 @@ impl Report {
         Report {
             seed: settings.seed,
             profile: settings.profile,
+            settings: RunSettings {
+                min_events: settings.min_events,
+                target_events_per_second: settings.rate,
+                planned_faults: settings.faults,
+                skipped_kinds: settings.skip.clone(),
+                consumer_session_timeout_ms: SESSION_TIMEOUT_MS,
+                consumer_fetch_wait_max_ms: settings.consumer_fetch_wait_ms,
+            },
             passed: false,
             events_acknowledged: 0,
             unacknowledged_committed: None,
@@ -81,10 +101,7 @@ impl Report {
             checks: None,
             fault_log: Vec::new(),
             unplanned_exits: BTreeMap::new(),
-            driver: DriverSummary {
-                target_events_per_second: settings.rate,
-                ..DriverSummary::default()
-            },
+            driver: DriverSummary::default(),
             drain_seconds: None,
             duration_seconds: 0.0,
             work_dir: None,
@@ -141,6 +158,19 @@ impl Report {
         self.dead_lettered = Some(checks.dead_lettered);
         self.kafka_duplicates = Some(checks.kafka_duplicates);
         self.passed = checks.lost == 0 && checks.duplicate_effects == 0 && checks.reorders == 0;
+        // Not failures of delivery, but the history or the data disagree: the run is not clean.
+        if checks.sequence_type_mismatches > 0 {
+            self.errors.push(format!(
+                "{} acknowledged changes have another event type in the outbox at their sequence",
+                checks.sequence_type_mismatches
+            ));
+        }
+        if checks.stock_mismatched_products > 0 {
+            self.errors.push(format!(
+                "stock not conserved for {} products",
+                checks.stock_mismatched_products
+            ));
+        }
         self.checks = Some(checks);
     }
 
@@ -224,6 +254,12 @@ impl Report {
             let _ = writeln!(out, "  {k:<width$}  {v}");
         }
         if let Some(checks) = &self.checks {
+            if !checks.undrained_partitions.is_empty() {
+                let _ = writeln!(out, "\n  not drained:");
+                for line in &checks.undrained_partitions {
+                    let _ = writeln!(out, "    {line}");
+                }
+            }
             for (kind, examples) in &checks.examples {
                 let _ = writeln!(out, "\n  {kind} (examples):");
                 for e in examples {

@@ -30,7 +30,10 @@ pub struct TopicScan {
 pub fn scan(kafka: &KafkaArgs, topic: &str, timeout: Duration) -> anyhow::Result<TopicScan> {
     let consumer: BaseConsumer = kafka
         .client_config()
-        .set("group.id", format!("verify-scan-{}", Uuid::new_v4().simple()))
+        .set(
+            "group.id",
+            format!("verify-scan-{}", Uuid::new_v4().simple()),
+        )
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
         .set("enable.partition.eof", "true")
@@ -59,7 +62,9 @@ pub fn scan(kafka: &KafkaArgs, topic: &str, timeout: Duration) -> anyhow::Result
             let _ = ends.insert(partition, high);
         }
     }
-    consumer.assign(&assignment).context("assigning partitions")?;
+    consumer
+        .assign(&assignment)
+        .context("assigning partitions")?;
     let mut scan = TopicScan::default();
     let deadline = Instant::now() + timeout;
     while !ends.is_empty() {

@@ -1,9 +1,9 @@
-//! The processes of a run and where to reach them: the run's own broker (nisshi on durable
-//! PostgreSQL storage), the order service, two relays and two consumer processes (the fault
+//! The processes of a run and where to reach them: the run's own broker (see [`super::broker`]),
+//! the order service, two relays and two consumer processes (the fault
 //! binaries, each with its crash point armed on its own trigger file), plus the extra consumer of
 //! a rebalance. Every process gets fixed ports, so restarts keep their addresses.
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -11,6 +11,7 @@ use anyhow::{bail, Context};
 use pipeline_core::crash_point::{CONSUMER_AFTER_DB_COMMIT, RELAY_AFTER_DELIVERY};
 use pipeline_core::kafka::KafkaArgs;
 
+use super::broker;
 use super::config::{Settings, SESSION_TIMEOUT_MS};
 use super::environment::{Environment, GROUP_KINDS};
 use super::processes::{ProcessSpec, Supervisor};
@@ -18,11 +19,11 @@ use crate::wait_until;
 
 /// Partitions of the run's topic.
 pub const PARTITIONS: i32 = 12;
-/// Products of the catalogue the driver orders from.
-pub const PRODUCTS: u32 = 50;
+/// Products of the catalogue the driver orders from: a catalogue of some size, so that stock
+/// row locks of concurrent inventory batches do not all collide.
+pub const PRODUCTS: u32 = 1_000;
 /// Stock of each product: enough that no reservation is rejected for lack of it.
 pub const STOCK: i64 = 100_000_000;
-pub const BROKER: &str = "broker";
 pub const ORDER_SERVICE: &str = "order-service";
 /// Label of the consumer a rebalance adds for a while.
 pub const EXTRA_CONSUMER: &str = "consumer-3";
@@ -47,6 +48,7 @@ pub struct Topology {
     pub extra_consumer: Member,
     http: reqwest::Client,
     consumer_bin: PathBuf,
+    consumer_fetch_wait_ms: u64,
     database_url: String,
     topic: String,
     group_prefix: String,
@@ -73,7 +75,10 @@ impl Topology {
             ops,
             trigger: env.trigger_dir.join(format!("{label}.trigger")),
         };
-        let relays = vec![member("relay-1", next_addr()?), member("relay-2", next_addr()?)];
+        let relays = vec![
+            member("relay-1", next_addr()?),
+            member("relay-2", next_addr()?),
+        ];
         let consumers = vec![
             member("consumer-1", next_addr()?),
             member("consumer-2", next_addr()?),
@@ -91,6 +96,7 @@ impl Topology {
                 .build()
                 .context("building the probe HTTP client")?,
             consumer_bin: settings.fault_bin_dir.join("consumer"),
+            consumer_fetch_wait_ms: settings.consumer_fetch_wait_ms,
             database_url: env.database_url.clone(),
             topic: env.topic.clone(),
             group_prefix: env.group_prefix.clone(),
@@ -106,7 +112,9 @@ impl Topology {
             }
         }
 
-        topology.supervisor.start(broker_spec(settings, env, broker))?;
+        topology
+            .supervisor
+            .start(broker::spec(settings, env, broker, base_env()))?;
         topology.wait_for_broker(Duration::from_secs(60)).await?;
         let kafka = topology.kafka();
         let topic = env.topic.clone();
@@ -129,7 +137,7 @@ impl Topology {
                 "--topic",
                 &env.topic,
             ]),
-            env: topology.pipeline_env(12, None),
+            env: topology.pipeline_env(10, None),
             cwd: None,
             log_path: topology.log_path(ORDER_SERVICE),
         })?;
@@ -138,7 +146,7 @@ impl Topology {
                 label: relay.label.clone(),
                 program: settings.fault_bin_dir.join("relay"),
                 args: strings(&["run", "--metrics-listen", &relay.ops.to_string()]),
-                env: topology.pipeline_env(8, Some((RELAY_AFTER_DELIVERY, &relay.trigger))),
+                env: topology.pipeline_env(6, Some((RELAY_AFTER_DELIVERY, &relay.trigger))),
                 cwd: None,
                 log_path: topology.log_path(&relay.label),
             })?;
@@ -152,8 +160,10 @@ impl Topology {
             "every process ready and one relay active",
             Duration::from_secs(90),
             || async {
-                Ok((topology.all_ready().await && topology.active_relay().await.is_some())
-                    .then_some(()))
+                Ok(
+                    (topology.all_ready().await && topology.active_relay().await.is_some())
+                        .then_some(()),
+                )
             },
         )
         .await?;
@@ -186,7 +196,10 @@ impl Topology {
         let mut env = base_env();
         env.extend([
             ("DATABASE_URL".to_owned(), self.database_url.clone()),
-            ("DATABASE_MAX_CONNECTIONS".to_owned(), max_connections.to_string()),
+            (
+                "DATABASE_MAX_CONNECTIONS".to_owned(),
+                max_connections.to_string(),
+            ),
             ("KAFKA_BROKERS".to_owned(), self.broker.to_string()),
             ("RUST_LOG".to_owned(), "info".to_owned()),
         ]);
@@ -215,6 +228,8 @@ impl Topology {
             &member.ops.to_string(),
             "--session-timeout-ms",
             &SESSION_TIMEOUT_MS.to_string(),
+            "--fetch-wait-max-ms",
+            &self.consumer_fetch_wait_ms.to_string(),
             "--lag-interval-ms",
             "0",
         ]));
@@ -222,7 +237,7 @@ impl Topology {
             label: member.label.clone(),
             program: self.consumer_bin.clone(),
             args,
-            env: self.pipeline_env(12, Some((CONSUMER_AFTER_DB_COMMIT, &member.trigger))),
+            env: self.pipeline_env(10, Some((CONSUMER_AFTER_DB_COMMIT, &member.trigger))),
             cwd: None,
             log_path: self.log_path(&member.label),
         }
@@ -264,22 +279,7 @@ impl Topology {
 
     /// Waits until the broker answers a metadata request.
     pub async fn wait_for_broker(&self, timeout: Duration) -> anyhow::Result<()> {
-        let kafka = self.kafka();
-        let addr = self.broker;
-        wait_until("the broker", timeout, || {
-            let kafka = kafka.clone();
-            async move {
-                tokio::task::spawn_blocking(move || {
-                    // librdkafka would keep retrying a closed port: ask only once it is open.
-                    if TcpStream::connect_timeout(&addr, Duration::from_millis(500)).is_err() {
-                        return Ok(None);
-                    }
-                    broker_answers(&kafka).map(Some)
-                })
-                .await?
-            }
-        })
-        .await
+        broker::wait_until_serving(self.broker, &self.kafka(), timeout).await
     }
 
     /// Whether a process's /readyz answers 200.
@@ -330,39 +330,6 @@ impl Topology {
             _ => None,
         }
     }
-}
-
-fn broker_spec(settings: &Settings, env: &Environment, addr: SocketAddr) -> ProcessSpec {
-    let url = format!("tcp://{addr}");
-    let mut process_env = base_env();
-    process_env.push(("RUST_LOG".to_owned(), "warn".to_owned()));
-    ProcessSpec {
-        label: BROKER.to_owned(),
-        program: settings.nisshi.clone(),
-        args: strings(&[
-            "broker",
-            "--listener-url",
-            &url,
-            "--advertised-listener-url",
-            &url,
-            "--storage-engine",
-            &env.broker_storage,
-        ]),
-        env: process_env,
-        // nisshi reads a .env file from its working directory: give it an empty one.
-        cwd: Some(env.broker_dir.clone()),
-        log_path: env.log_dir.join(format!("{BROKER}.log")),
-    }
-}
-
-fn broker_answers(kafka: &KafkaArgs) -> anyhow::Result<()> {
-    let consumer: rdkafka::consumer::BaseConsumer = kafka
-        .client_config()
-        .create()
-        .context("creating a metadata client")?;
-    let _ = rdkafka::consumer::Consumer::fetch_metadata(&consumer, None, Duration::from_secs(2))
-        .context("fetching metadata")?;
-    Ok(())
 }
 
 /// The environment children inherit: only what finding programs and a home needs, so stray
