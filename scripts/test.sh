@@ -85,7 +85,7 @@ cargo build --release --workspace --bins
 
 stage "[6/9] cargo test --release --workspace"
 step "cargo test" env \
-    DATABASE_URL="postgres://postgres@127.0.0.1:5432/postgres" \
+    DATABASE_URL="postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable" \
     KAFKA_BROKERS="127.0.0.1:9092" \
     PIPELINE_BIN_DIR="$TARGET_DIR/release" \
     PROMETHEUS_BIN="$(command -v prometheus)" \
