@@ -31,8 +31,9 @@ pub struct TestEnv {
 }
 
 fn server_url() -> String {
-    std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable".to_owned())
+    std::env::var("DATABASE_URL").unwrap_or_else(|_| {
+        "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable".to_owned()
+    })
 }
 
 fn with_database(url: &str, db: &str) -> String {
