@@ -108,6 +108,9 @@ impl TestEnv {
             ("DATABASE_URL".into(), self.database_url.clone()),
             ("KAFKA_BROKERS".into(), self.brokers.clone()),
             ("RUST_LOG".into(), "info".into()),
+            // Tests run in parallel against one server (max_connections 100 by default): small
+            // pools keep them from exhausting it.
+            ("DATABASE_MAX_CONNECTIONS".into(), "6".into()),
         ]
     }
 
