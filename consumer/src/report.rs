@@ -50,7 +50,7 @@ pub async fn build(
         .fetch_one(pool)
         .await?;
     let states: Vec<(String, i64)> =
-        sqlx::query_as("SELECT state, count(*) FROM outbox GROUP BY state")
+        sqlx::query_as("SELECT state, count(*) FROM outbox_status GROUP BY state")
             .fetch_all(pool)
             .await?;
     let state = |s: &str| {
@@ -62,8 +62,8 @@ pub async fn build(
     };
     let (publish_p50, publish_p99): (Option<f64>, Option<f64>) = sqlx::query_as(
         "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY d), percentile_cont(0.99) WITHIN GROUP (ORDER BY d)
-         FROM (SELECT EXTRACT(EPOCH FROM published_at - created_at)::float8 * 1000 AS d
-               FROM outbox WHERE state = 'published') x",
+         FROM (SELECT EXTRACT(EPOCH FROM d.published_at - o.created_at)::float8 * 1000 AS d
+               FROM outbox o JOIN outbox_delivery d USING (id)) x",
     )
     .fetch_one(pool)
     .await?;

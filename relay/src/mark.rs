@@ -24,7 +24,9 @@ pub struct FailedAttempt {
     pub give_up: bool,
 }
 
-/// Marks the whole batch published in one statement.
+/// Marks the whole batch published in one statement: the events leave the relay's queue and their
+/// partition and offset are recorded. The outbox rows themselves are not rewritten. An event no
+/// longer queued (already marked) is left as it is.
 pub async fn mark_published(pool: &PgPool, published: &[Published]) -> Result<u64, sqlx::Error> {
     if published.is_empty() {
         return Ok(0);
@@ -33,12 +35,13 @@ pub async fn mark_published(pool: &PgPool, published: &[Published]) -> Result<u6
     let partitions: Vec<i32> = published.iter().map(|p| p.partition).collect();
     let offsets: Vec<i64> = published.iter().map(|p| p.offset).collect();
     let result = sqlx::query(
-        "UPDATE outbox o
-         SET state = 'published', kafka_partition = d.partition, kafka_offset = d.kafka_offset,
-             attempts = o.attempts + 1, last_attempt_at = now(), published_at = now(),
-             updated_at = now(), last_error = NULL
-         FROM unnest($1::bigint[], $2::int[], $3::bigint[]) AS d(id, partition, kafka_offset)
-         WHERE o.id = d.id AND o.state <> 'published'",
+        "WITH d AS (SELECT * FROM unnest($1::bigint[], $2::int[], $3::bigint[])
+                        AS d(id, kafka_partition, kafka_offset)),
+              sent AS (DELETE FROM outbox_unpublished u USING d WHERE u.id = d.id
+                       RETURNING u.id, u.attempts)
+         INSERT INTO outbox_delivery (id, kafka_partition, kafka_offset, attempts, published_at)
+         SELECT sent.id, d.kafka_partition, d.kafka_offset, sent.attempts + 1, now()
+         FROM sent JOIN d ON d.id = sent.id",
     )
     .bind(&ids)
     .bind(&partitions)
@@ -65,8 +68,8 @@ pub async fn record_failures(
         .collect();
     let give_up: Vec<bool> = failures.iter().map(|f| f.give_up).collect();
     let result = sqlx::query(
-        "UPDATE outbox o
-         SET attempts = o.attempts + 1, last_attempt_at = now(), updated_at = now(),
+        "UPDATE outbox_unpublished o
+         SET attempts = o.attempts + 1, last_attempt_at = now(),
              last_error = d.error,
              next_attempt_at = now() + d.delay_ms * interval '1 millisecond',
              state = CASE WHEN d.give_up THEN 'failed' ELSE o.state END

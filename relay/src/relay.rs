@@ -233,7 +233,7 @@ pub async fn watch_backlog(
         let row: Result<(i64, f64), _> = sqlx::query_as(
             "SELECT count(*),
                     COALESCE(EXTRACT(EPOCH FROM clock_timestamp() - min(created_at)), 0)::float8
-             FROM outbox WHERE state <> 'published'",
+             FROM outbox_unpublished",
         )
         .fetch_one(&pool)
         .await;

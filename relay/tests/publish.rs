@@ -86,7 +86,7 @@ async fn row(
     pool: &PgPool,
     event_id: Uuid,
 ) -> (String, i32, Option<String>, Option<i32>, Option<i64>) {
-    sqlx::query_as("SELECT state, attempts, last_error, kafka_partition, kafka_offset FROM outbox WHERE event_id = $1")
+    sqlx::query_as("SELECT state, attempts, last_error, kafka_partition, kafka_offset FROM outbox_status WHERE event_id = $1")
         .bind(event_id)
         .fetch_one(pool)
         .await
@@ -226,7 +226,7 @@ async fn broker_down_records_backoff_and_the_event_goes_out_once_a_broker_answer
     );
     assert!(error.is_some(), "last error recorded");
     let waiting: bool =
-        sqlx::query_scalar("SELECT next_attempt_at > now() FROM outbox WHERE event_id = $1")
+        sqlx::query_scalar("SELECT next_attempt_at > now() FROM outbox_status WHERE event_id = $1")
             .bind(e1)
             .fetch_one(&pool)
             .await

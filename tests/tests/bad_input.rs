@@ -308,10 +308,9 @@ async fn a_burst_far_larger_than_a_batch_is_paged_through_in_bounded_memory() ->
     let started = Instant::now();
     let (relay, metrics) = env.relay("relay").await?;
     wait_until("burst drained", Duration::from_secs(240), || async {
-        let left: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM outbox WHERE state <> 'published'")
-                .fetch_one(&env.pool)
-                .await?;
+        let left: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_unpublished")
+            .fetch_one(&env.pool)
+            .await?;
         Ok((left == 0).then_some(()))
     })
     .await?;

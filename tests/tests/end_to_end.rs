@@ -50,10 +50,9 @@ async fn wait_drained(env: &TestEnv, timeout: Duration) -> anyhow::Result<()> {
         "outbox drained and both groups caught up",
         timeout,
         || async {
-            let pending: i64 =
-                sqlx::query_scalar("SELECT count(*) FROM outbox WHERE state <> 'published'")
-                    .fetch_one(&env.pool)
-                    .await?;
+            let pending: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_unpublished")
+                .fetch_one(&env.pool)
+                .await?;
             if pending > 0 {
                 return Ok(None);
             }
@@ -77,10 +76,9 @@ async fn assert_exactly_once_in_order(env: &TestEnv, expected_events: i64) -> an
         events, expected_events,
         "outbox holds every acknowledged state change"
     );
-    let published: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM outbox WHERE state = 'published'")
-            .fetch_one(&env.pool)
-            .await?;
+    let published: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_delivery")
+        .fetch_one(&env.pool)
+        .await?;
     assert_eq!(published, events, "outbox drained");
 
     for kind in GROUPS {

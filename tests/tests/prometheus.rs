@@ -324,10 +324,9 @@ async fn wait_drained(env: &TestEnv, timeout: Duration) -> anyhow::Result<()> {
         "outbox drained and both groups caught up",
         timeout,
         || async {
-            let pending: i64 =
-                sqlx::query_scalar("SELECT count(*) FROM outbox WHERE state <> 'published'")
-                    .fetch_one(&env.pool)
-                    .await?;
+            let pending: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_unpublished")
+                .fetch_one(&env.pool)
+                .await?;
             if pending > 0 {
                 return Ok(None);
             }

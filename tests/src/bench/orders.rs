@@ -205,7 +205,9 @@ pub async fn preload_outbox(
     )
     .execute(pool)
     .await?;
-    sqlx::query("ANALYZE outbox").execute(pool).await?;
+    sqlx::query("ANALYZE outbox, outbox_unpublished")
+        .execute(pool)
+        .await?;
     sqlx::query("ANALYZE outbox_sequence").execute(pool).await?;
     Ok(inserted)
 }

@@ -99,8 +99,9 @@ pub async fn run(
 
     let (first, last, unpublished): (Option<DateTime<Utc>>, Option<DateTime<Utc>>, i64) =
         sqlx::query_as(
-            "SELECT min(published_at), max(published_at), count(*) FILTER (WHERE state <> 'published')
-             FROM outbox",
+            "SELECT min(published_at), max(published_at),
+                    (SELECT count(*) FROM outbox_unpublished)
+             FROM outbox_delivery",
         )
         .fetch_one(&env.pool)
         .await?;

@@ -203,10 +203,12 @@ pub fn peak_rss(services: &[(&str, &Service)]) -> BTreeMap<String, f64> {
 
 /// Events not yet published: the pending rows, read through the pending index.
 pub async fn outbox_pending(env: &TestEnv) -> anyhow::Result<i64> {
-    sqlx::query_scalar("/* bench */ SELECT count(*) FROM outbox WHERE state = 'pending'")
-        .fetch_one(&env.pool)
-        .await
-        .context("counting pending outbox events")
+    sqlx::query_scalar(
+        "/* bench */ SELECT count(*) FROM outbox_unpublished WHERE state = 'pending'",
+    )
+    .fetch_one(&env.pool)
+    .await
+    .context("counting pending outbox events")
 }
 
 /// A group's lag, read without blocking the runtime's other tasks.
@@ -217,11 +219,10 @@ pub fn lag(env: &TestEnv, kind: &str) -> anyhow::Result<Option<i64>> {
 /// Waits until the outbox is empty and every group in `groups` has committed everything.
 pub async fn wait_drained(env: &TestEnv, groups: &[&str], timeout: Duration) -> anyhow::Result<()> {
     wait_until("outbox drained and groups caught up", timeout, || async {
-        let pending: i64 = sqlx::query_scalar(
-            "/* bench */ SELECT count(*) FROM outbox WHERE state <> 'published'",
-        )
-        .fetch_one(&env.pool)
-        .await?;
+        let pending: i64 =
+            sqlx::query_scalar("/* bench */ SELECT count(*) FROM outbox_unpublished")
+                .fetch_one(&env.pool)
+                .await?;
         if pending > 0 {
             return Ok(None);
         }

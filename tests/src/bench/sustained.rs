@@ -271,10 +271,11 @@ struct Probe {
 
 impl Probe {
     async fn sample(&self, t: f64) -> anyhow::Result<Sample> {
-        let outbox: i64 =
-            sqlx::query_scalar("/* bench */ SELECT count(*) FROM outbox WHERE state = 'pending'")
-                .fetch_one(&self.pool)
-                .await?;
+        let outbox: i64 = sqlx::query_scalar(
+            "/* bench */ SELECT count(*) FROM outbox_unpublished WHERE state = 'pending'",
+        )
+        .fetch_one(&self.pool)
+        .await?;
         let mut lag = BTreeMap::new();
         for (kind, id) in &self.groups {
             let (kafka, id, topic) = (self.kafka.clone(), id.clone(), self.topic.clone());

@@ -68,8 +68,35 @@ pub async fn run(
     history: &History,
 ) -> anyhow::Result<CheckResults> {
     let pool = &env.pool;
-    store_acknowledged(pool, history).await?;
     let groups: Vec<String> = GROUP_KINDS.iter().map(|k| env.group(k)).collect();
+    let mut results = database_checks(pool, &groups, history).await?;
+    let (kafka, topic) = (topology.kafka(), env.topic.clone());
+    let scan = tokio::task::spawn_blocking(move || {
+        topic_scan::scan(&kafka, &topic, Duration::from_secs(300))
+    })
+    .await??;
+    results.topic_records = scan.records;
+    results.kafka_duplicates = scan.duplicates;
+    results.topic_records_without_event_id = scan.without_event_id;
+    let published: Vec<Uuid> =
+        sqlx::query_scalar("SELECT event_id FROM outbox JOIN outbox_delivery USING (id)")
+            .fetch_all(pool)
+            .await?;
+    results.published_missing_from_topic = published
+        .iter()
+        .filter(|id| !scan.event_ids.contains(id))
+        .count() as i64;
+    Ok(results)
+}
+
+/// The checks against the database: the history is stored next to the pipeline's tables and
+/// compared with the outbox and each group's effects and dead letters.
+pub async fn database_checks(
+    pool: &PgPool,
+    groups: &[String],
+    history: &History,
+) -> anyhow::Result<CheckResults> {
+    store_acknowledged(pool, history).await?;
     let mut results = CheckResults {
         outbox_events: count(pool, "SELECT count(*) FROM outbox").await?,
         unacknowledged_committed: count(
@@ -94,7 +121,7 @@ pub async fn run(
         stock_mismatched_products: stock_mismatches(pool).await?,
         ..CheckResults::default()
     };
-    for group in &groups {
+    for group in groups {
         let counts = group_counts(pool, group).await?;
         results.lost += counts.lost;
         results.duplicate_effects += counts.duplicate_effects;
@@ -103,24 +130,7 @@ pub async fn run(
         results.parked += counts.parked;
         let _ = results.by_group.insert(group.clone(), counts);
     }
-    results.examples = super::examples::collect(pool, &groups).await?;
-
-    let (kafka, topic) = (topology.kafka(), env.topic.clone());
-    let scan = tokio::task::spawn_blocking(move || {
-        topic_scan::scan(&kafka, &topic, Duration::from_secs(300))
-    })
-    .await??;
-    results.topic_records = scan.records;
-    results.kafka_duplicates = scan.duplicates;
-    results.topic_records_without_event_id = scan.without_event_id;
-    let published: Vec<Uuid> =
-        sqlx::query_scalar("SELECT event_id FROM outbox WHERE state = 'published'")
-            .fetch_all(pool)
-            .await?;
-    results.published_missing_from_topic = published
-        .iter()
-        .filter(|id| !scan.event_ids.contains(id))
-        .count() as i64;
+    results.examples = super::examples::collect(pool, groups).await?;
     Ok(results)
 }
 
@@ -232,3 +242,7 @@ async fn count(pool: &PgPool, sql: &str) -> anyhow::Result<i64> {
         .await
         .with_context(|| format!("running {sql}"))
 }
+
+#[cfg(test)]
+#[path = "checks_tests.rs"]
+mod tests;

@@ -68,9 +68,21 @@ pub struct VerifyArgs {
     /// fell behind during a fault would need hours to catch up; 500 ms lets it fetch full batches.
     #[arg(long, env = "VERIFY_CONSUMER_FETCH_WAIT_MS", default_value_t = 500)]
     pub consumer_fetch_wait_ms: u64,
+    /// Extra environment of the consumer processes, KEY=VALUE, repeatable: e.g.
+    /// `KAFKA_OPTIONS=debug=cgrp,fetch` with `RUST_LOG=info,consumer::rebalance=debug` to trace
+    /// librdkafka's group and fetch decisions while investigating.
+    #[arg(long = "consumer-env", value_parser = parse_env_pair)]
+    pub consumer_env: Vec<(String, String)>,
     /// Leave out these fault kinds (comma separated), e.g. postgres_restart on a shared server.
     #[arg(long, value_delimiter = ',', value_enum)]
     pub skip_fault: Vec<FaultKind>,
+}
+
+fn parse_env_pair(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
+        _ => Err(format!("`{s}` is not KEY=VALUE")),
+    }
 }
 
 /// The profile a run uses when `--events`, `--faults` or `--rate` are not given.
@@ -100,6 +112,7 @@ pub struct Settings {
     pub drain_timeout: Duration,
     pub skip: Vec<FaultKind>,
     pub consumer_fetch_wait_ms: u64,
+    pub consumer_env: Vec<(String, String)>,
     pub timing: Timing,
 }
 
@@ -182,6 +195,7 @@ impl Settings {
             drain_timeout: Duration::from_secs(args.drain_timeout_secs),
             skip: args.skip_fault,
             consumer_fetch_wait_ms: args.consumer_fetch_wait_ms,
+            consumer_env: args.consumer_env,
             timing,
         })
     }

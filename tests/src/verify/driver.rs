@@ -113,8 +113,16 @@ pub async fn drive(
         });
         history.orders += 1;
     }
+    if abort.is_cancelled() {
+        // Interrupted: the run will not be checked, so orders still retrying are not waited for.
+        in_flight.abort_all();
+    }
     while let Some(done) = in_flight.join_next().await {
-        record(&mut history, done?);
+        match done {
+            Ok(run) => record(&mut history, run),
+            Err(e) if e.is_cancelled() => {}
+            Err(e) => return Err(e.into()),
+        }
     }
     history.seconds = started.elapsed().as_secs_f64();
     Ok(history)

@@ -52,16 +52,18 @@ impl Environment {
         }
         let _ = admin.close().await;
         let database_url = with_database(&settings.server_url, &database);
-        let pool = PgPoolOptions::new()
-            .max_connections(4)
-            .acquire_timeout(Duration::from_secs(10))
-            .connect(&database_url)
-            .await
-            .with_context(|| format!("connecting to {database}"))?;
-        pipeline_core::db::MIGRATOR
-            .run(&pool)
-            .await
-            .context("migrating the run's database")?;
+        let pool = match connect_and_migrate(&database_url).await {
+            Ok(pool) => pool,
+            Err(e) => {
+                // Nothing else will drop them: the run has not started.
+                if let Err(drop_error) =
+                    drop_databases(&settings.server_url, &[&database, &broker_database]).await
+                {
+                    eprintln!("[verify] dropping the run's databases: {drop_error:#}");
+                }
+                return Err(e);
+            }
+        };
         let mut broker_storage = with_database(&settings.server_url, &broker_database);
         if !broker_storage.contains('?') {
             broker_storage.push_str("?sslmode=disable");
@@ -108,20 +110,48 @@ impl Environment {
     /// Drops both databases, closing whatever sessions remain.
     pub async fn drop_databases(&self) -> anyhow::Result<()> {
         self.pool.close().await;
-        let mut admin = PgConnection::connect(&self.server_url).await?;
-        for db in self.databases() {
-            let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS \"{db}\" WITH (FORCE)"))
-                .execute(&mut admin)
-                .await
-                .with_context(|| format!("dropping database {db}"))?;
-        }
-        let _ = admin.close().await;
-        Ok(())
+        drop_databases(&self.server_url, &[&self.database, &self.broker_database]).await
     }
 }
 
+/// A small pool on the run's database, migrated. Retried for a while: other clients of a shared
+/// server may hold every connection slot for a moment.
+async fn connect_and_migrate(database_url: &str) -> anyhow::Result<PgPool> {
+    let pool = crate::wait_until(
+        "a connection to the run's database",
+        Duration::from_secs(30),
+        || async {
+            Ok(Some(
+                PgPoolOptions::new()
+                    .max_connections(4)
+                    .acquire_timeout(Duration::from_secs(10))
+                    .connect(database_url)
+                    .await?,
+            ))
+        },
+    )
+    .await?;
+    pipeline_core::db::MIGRATOR
+        .run(&pool)
+        .await
+        .context("migrating the run's database")?;
+    Ok(pool)
+}
+
+async fn drop_databases(server_url: &str, databases: &[&str]) -> anyhow::Result<()> {
+    let mut admin = PgConnection::connect(server_url).await?;
+    for db in databases {
+        let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS \"{db}\" WITH (FORCE)"))
+            .execute(&mut admin)
+            .await
+            .with_context(|| format!("dropping database {db}"))?;
+    }
+    let _ = admin.close().await;
+    Ok(())
+}
+
 /// `url` with its database replaced by `db` (the query string kept).
-fn with_database(url: &str, db: &str) -> String {
+pub(crate) fn with_database(url: &str, db: &str) -> String {
     let (base, query) = match url.split_once('?') {
         Some((b, q)) => (b, Some(q)),
         None => (url, None),

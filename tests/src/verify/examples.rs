@@ -23,7 +23,7 @@ pub async fn collect(
             (SELECT format('%s partition %s offset %s attempts %s created %s published %s',
                            o.state, o.kafka_partition, o.kafka_offset, o.attempts,
                            o.created_at, o.published_at)
-             FROM outbox o WHERE o.event_id = e.event_id),
+             FROM outbox_status o WHERE o.event_id = e.event_id),
             coalesce((SELECT format('%s at partition %s offset %s on %s', p.outcome,
                                     p.partition, p.kafka_offset, p.processed_at)
                       FROM processed_message p

@@ -89,15 +89,14 @@ pub async fn run(settings: &Settings) -> Report {
         let (supervisor, stop) = (supervisor.clone(), stop_watching.clone());
         async move { supervisor.watch(stop).await }
     });
-    // Ctrl-C ends the load and the faults early; the run then cleans up as usual.
+    // SIGINT or SIGTERM ends the load and the faults early; the run then cleans up as usual.
     let interrupted = CancellationToken::new();
     let interrupt_listener = tokio::spawn({
         let interrupted = interrupted.clone();
         async move {
-            if tokio::signal::ctrl_c().await.is_ok() {
-                say("interrupted: stopping the load and the faults");
-                interrupted.cancel();
-            }
+            interrupt().await;
+            say("interrupted: stopping the load and the faults");
+            interrupted.cancel();
         }
     });
     let outcome = exercise(
@@ -136,6 +135,22 @@ pub async fn run(settings: &Settings) -> Report {
     }
     report.duration_seconds = (started.elapsed().as_secs_f64() * 10.0).round() / 10.0;
     report
+}
+
+/// Resolves on SIGINT or SIGTERM (e.g. from `timeout`), so the run still cleans up.
+async fn interrupt() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut terminate) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = terminate.recv() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
 }
 
 /// Starts the pipeline, drives it through the fault schedule, waits for the drain and checks.
@@ -242,7 +257,7 @@ async fn report_progress(
             () = tokio::time::sleep(Duration::from_secs(10)) => {}
         }
         let counts: Result<(i64, i64), sqlx::Error> = sqlx::query_as(
-            "SELECT (SELECT count(*) FROM outbox WHERE state = 'pending'),
+            "SELECT (SELECT count(*) FROM outbox_unpublished WHERE state = 'pending'),
                     (SELECT coalesce(max(id), 0) FROM applied_effect)",
         )
         .fetch_one(&pool)

@@ -49,6 +49,7 @@ pub struct Topology {
     http: reqwest::Client,
     consumer_bin: PathBuf,
     consumer_fetch_wait_ms: u64,
+    consumer_env: Vec<(String, String)>,
     database_url: String,
     topic: String,
     group_prefix: String,
@@ -97,6 +98,7 @@ impl Topology {
                 .context("building the probe HTTP client")?,
             consumer_bin: settings.fault_bin_dir.join("consumer"),
             consumer_fetch_wait_ms: settings.consumer_fetch_wait_ms,
+            consumer_env: settings.consumer_env.clone(),
             database_url: env.database_url.clone(),
             topic: env.topic.clone(),
             group_prefix: env.group_prefix.clone(),
@@ -237,7 +239,13 @@ impl Topology {
             label: member.label.clone(),
             program: self.consumer_bin.clone(),
             args,
-            env: self.pipeline_env(10, Some((CONSUMER_AFTER_DB_COMMIT, &member.trigger))),
+            env: {
+                let mut env =
+                    self.pipeline_env(10, Some((CONSUMER_AFTER_DB_COMMIT, &member.trigger)));
+                // Later entries win: the extra environment overrides the defaults.
+                env.extend(self.consumer_env.iter().cloned());
+                env
+            },
             cwd: None,
             log_path: self.log_path(&member.label),
         }
