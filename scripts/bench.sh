@@ -48,7 +48,7 @@ export BENCH_OUT="${BENCH_OUT:-$RUN_DIR/bench.json}"
 export BENCH_STORAGE_ENGINE="${BENCH_STORAGE_ENGINE:-${BROKER_STORAGE%%://*}}"
 started=$SECONDS
 rc=0
-env DATABASE_URL="postgres://postgres@${PG_HOST}:${PG_PORT}/postgres" \
+env DATABASE_URL="postgres://postgres@${PG_HOST}:${PG_PORT}/postgres?sslmode=disable" \
     KAFKA_BROKERS="${BROKER_HOST}:${BROKER_PORT}" \
     PIPELINE_BIN_DIR="$TARGET_DIR/release" \
     "$TARGET_DIR/release/bench" "$@" || rc=$?

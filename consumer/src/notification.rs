@@ -8,6 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
 use pipeline_core::order_events::{ORDER_CANCELLED, ORDER_PAID, ORDER_PLACED, ORDER_SHIPPED};
 use sqlx::{PgConnection, PgPool};
@@ -197,24 +198,46 @@ pub async fn dispatch_batch(
     .bind(limit)
     .fetch_all(&mut *tx)
     .await?;
-    for n in &pending {
-        let (status, error) = match sender.send(n).await {
-            Ok(()) => ("sent", None),
-            Err(e) => ("pending", Some(e)),
-        };
-        sqlx::query(
-            "UPDATE notification SET status = CASE WHEN attempts + 1 >= 10 AND $2 = 'pending'
-                                                   THEN 'failed' ELSE $2 END,
-                    attempts = attempts + 1, last_error = $3,
-                    sent_at = CASE WHEN $2 = 'sent' THEN clock_timestamp() END
-             WHERE id = $1",
-        )
-        .bind(n.id)
-        .bind(status)
-        .bind(error)
-        .execute(&mut *tx)
-        .await?;
+    if pending.is_empty() {
+        tx.commit().await?;
+        return Ok(0);
     }
+    let mut ids = Vec::with_capacity(pending.len());
+    let mut statuses = Vec::with_capacity(pending.len());
+    let mut errors: Vec<Option<String>> = Vec::with_capacity(pending.len());
+    let mut sent_at: Vec<Option<DateTime<Utc>>> = Vec::with_capacity(pending.len());
+    for n in &pending {
+        let outcome = sender.send(n).await;
+        ids.push(n.id);
+        match outcome {
+            Ok(()) => {
+                statuses.push("sent");
+                errors.push(None);
+                sent_at.push(Some(Utc::now()));
+            }
+            Err(e) => {
+                statuses.push("pending");
+                errors.push(Some(e));
+                sent_at.push(None);
+            }
+        }
+    }
+    // Every outcome of the batch in one statement.
+    sqlx::query(
+        "UPDATE notification n
+         SET status = CASE WHEN n.attempts + 1 >= 10 AND r.status = 'pending' THEN 'failed'
+                           ELSE r.status END,
+             attempts = n.attempts + 1, last_error = r.error, sent_at = r.sent_at
+         FROM unnest($1::bigint[], $2::text[], $3::text[], $4::timestamptz[])
+              AS r(id, status, error, sent_at)
+         WHERE n.id = r.id",
+    )
+    .bind(&ids)
+    .bind(&statuses)
+    .bind(&errors)
+    .bind(&sent_at)
+    .execute(&mut *tx)
+    .await?;
     tx.commit().await?;
     Ok(pending.len())
 }

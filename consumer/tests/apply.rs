@@ -278,3 +278,79 @@ async fn insufficient_stock_is_a_rejected_reservation_not_an_error(pool: PgPool)
     assert_eq!(report.outcomes, vec![Outcome::Applied]);
     assert_eq!(available(&pool).await, (1, 0));
 }
+
+/// Fails every notification to one recipient, sends the others.
+struct FlakySender;
+
+impl consumer::notification::NotificationSender for FlakySender {
+    fn send<'a>(
+        &'a self,
+        n: &'a consumer::notification::Notification,
+    ) -> futures::future::BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            if n.recipient == "down@example.com" {
+                Err("mailbox unavailable".to_owned())
+            } else {
+                Ok(())
+            }
+        })
+    }
+}
+
+#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+async fn dispatch_records_each_outcome_and_gives_up_after_ten_attempts(pool: PgPool) {
+    sqlx::query(
+        "INSERT INTO notification (event_id, order_id, recipient, channel, template)
+         SELECT gen_random_uuid(), 'o' || g, CASE WHEN g = 2 THEN 'down@example.com'
+                                                  ELSE 'u' || g || '@example.com' END,
+                'email', 'order.placed'
+         FROM generate_series(1, 3) AS g",
+    )
+    .execute(&pool)
+    .await
+    .expect("notifications");
+    let handled = consumer::notification::dispatch_batch(&pool, &FlakySender, 100)
+        .await
+        .expect("dispatch");
+    assert_eq!(handled, 3);
+    let rows: Vec<(String, String, i32, Option<String>, bool)> = sqlx::query_as(
+        "SELECT order_id, status, attempts, last_error, sent_at IS NOT NULL
+         FROM notification ORDER BY id",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("rows");
+    assert_eq!(
+        rows,
+        vec![
+            ("o1".to_owned(), "sent".to_owned(), 1, None, true),
+            (
+                "o2".to_owned(),
+                "pending".to_owned(),
+                1,
+                Some("mailbox unavailable".to_owned()),
+                false
+            ),
+            ("o3".to_owned(), "sent".to_owned(), 1, None, true),
+        ]
+    );
+    // Only the failed one is retried, until its tenth attempt fails it for good.
+    for _ in 0..9 {
+        let handled = consumer::notification::dispatch_batch(&pool, &FlakySender, 100)
+            .await
+            .expect("dispatch");
+        assert_eq!(handled, 1);
+    }
+    let (status, attempts): (String, i32) =
+        sqlx::query_as("SELECT status, attempts FROM notification WHERE order_id = 'o2'")
+            .fetch_one(&pool)
+            .await
+            .expect("row");
+    assert_eq!((status.as_str(), attempts), ("failed", 10));
+    assert_eq!(
+        consumer::notification::dispatch_batch(&pool, &FlakySender, 100)
+            .await
+            .expect("dispatch"),
+        0
+    );
+}

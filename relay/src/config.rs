@@ -65,8 +65,9 @@ pub struct RunArgs {
     /// librdkafka `message.timeout.ms`: how long one delivery may take before it counts as failed.
     #[arg(long, env = "RELAY_DELIVERY_TIMEOUT_MS", default_value_t = 30_000)]
     pub delivery_timeout_ms: u64,
-    /// librdkafka `linger.ms`.
-    #[arg(long, env = "RELAY_LINGER_MS", default_value_t = 5)]
+    /// librdkafka `linger.ms`. The relay hands librdkafka a whole claimed batch at once, so a
+    /// long linger only delays the batch's last request (measured: 1 ms drained fastest).
+    #[arg(long, env = "RELAY_LINGER_MS", default_value_t = 1)]
     pub linger_ms: u64,
     /// librdkafka `compression.type` (none, lz4, zstd, snappy, gzip).
     #[arg(long, env = "RELAY_COMPRESSION", default_value = "none")]

@@ -172,8 +172,10 @@ async fn run_active(
                 metrics
                     .last_success
                     .set(Utc::now().timestamp_millis() as f64 / 1000.0);
-                if outcome.claimed as i64 >= args.batch_size {
-                    continue; // more waiting: no pause
+                // Events that committed while this batch was out are due now: claim again at
+                // once, and pause only when a claim found nothing.
+                if outcome.claimed > 0 {
+                    continue;
                 }
                 wait_for_work(listener.as_mut(), poll, shutdown).await;
             }

@@ -57,7 +57,7 @@ pub struct BenchArgs {
     #[arg(long, env = "BENCH_RELAY_BATCH_SIZE", default_value_t = 2000)]
     pub relay_batch_size: u32,
     /// `relay run --linger-ms` (also the plain producer's linger.ms).
-    #[arg(long, env = "BENCH_RELAY_LINGER_MS", default_value_t = 5)]
+    #[arg(long, env = "BENCH_RELAY_LINGER_MS", default_value_t = 1)]
     pub relay_linger_ms: u64,
     /// `relay run --poll-interval-ms`.
     #[arg(long, env = "BENCH_RELAY_POLL_INTERVAL_MS", default_value_t = 5)]

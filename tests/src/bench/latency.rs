@@ -189,8 +189,9 @@ async fn group_latency(
         .map(|e| ((e.order_id, e.sequence), e.intended_us + offset_us))
         .collect();
     let rows: Vec<AppliedRow> = sqlx::query_as(
-        "SELECT a.order_id, a.sequence, o.created_at, o.published_at, a.applied_at
+        "SELECT a.order_id, a.sequence, o.created_at, d.published_at, a.applied_at
          FROM applied_effect a JOIN outbox o ON o.event_id = a.event_id
+         LEFT JOIN outbox_delivery d ON d.id = o.id
          WHERE a.group_name = $1",
     )
     .bind(group_id)
@@ -279,7 +280,7 @@ async fn what_became_of(
                 (SELECT d.reason FROM dead_letter d
                  WHERE d.group_name = $1 AND d.event_id = o.event_id LIMIT 1),
                 pe.reason
-         FROM outbox o
+         FROM outbox_status o
          LEFT JOIN processed_message pm ON pm.group_name = $1 AND pm.event_id = o.event_id
          LEFT JOIN parked_event pe ON pe.group_name = $1 AND pe.event_id = o.event_id
          WHERE o.aggregate_id = $2 AND o.sequence = $3",
