@@ -21,8 +21,7 @@ use crate::process_error::is_rejection;
 pub use crate::process_error::ProcessError;
 pub use crate::store::claim_partition;
 use crate::store::{
-    check_owner, insert_processed, load_progress, record_effects, save_progress, set_outcomes,
-    AppliedEffect,
+    check_owner, insert_processed, load_progress, record_applied, set_outcomes, AppliedEffect,
 };
 
 /// A record as read from Kafka, owned so it can cross to the partition's task.
@@ -219,8 +218,7 @@ pub async fn process_batch_with(
     } = state;
 
     effects_batch.flush(&mut tx).await?;
-    record_effects(&mut tx, group, &effects).await?;
-    save_progress(&mut tx, group, &advanced).await?;
+    record_applied(&mut tx, group, &effects, &advanced).await?;
     if let (Some(sink), false) = (ctx.dead_letters, letters.is_empty()) {
         sink.publish(group, &letters).await?;
     }

@@ -12,7 +12,7 @@ use crate::apply::{apply_one, BatchReport, BatchState, ProcessError};
 use crate::dead_letter::DeadLetterSink;
 use crate::handler::{Event, Handler};
 use crate::parking::release_parked;
-use crate::store::{record_effects, save_progress, set_outcomes, AppliedEffect};
+use crate::store::{record_applied, set_outcomes, AppliedEffect};
 
 /// What to do with a dead letter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -212,8 +212,7 @@ pub async fn resolve(
         .await?;
         effects.flush(&mut tx).await.map_err(ProcessError::from)?;
         let _ = state.advanced.insert(order, last);
-        record_effects(&mut tx, group, &state.effects).await?;
-        save_progress(&mut tx, group, &state.advanced).await?;
+        record_applied(&mut tx, group, &state.effects, &state.advanced).await?;
         if let (Some(sink), false) = (dead_letters, state.letters.is_empty()) {
             sink.publish(group, &state.letters)
                 .await

@@ -115,12 +115,14 @@ impl AppliedEffect {
     }
 }
 
-pub(crate) async fn record_effects(
+/// Records the batch's applied effects and the orders' advanced progress, in one statement.
+pub(crate) async fn record_applied(
     tx: &mut PgConnection,
     group: &str,
     effects: &[AppliedEffect],
+    progress: &HashMap<String, i64>,
 ) -> Result<(), sqlx::Error> {
-    if effects.is_empty() {
+    if effects.is_empty() && progress.is_empty() {
         return Ok(());
     }
     let ids: Vec<Uuid> = effects.iter().map(|e| e.event_id).collect();
@@ -128,12 +130,21 @@ pub(crate) async fn record_effects(
     let seqs: Vec<i64> = effects.iter().map(|e| e.sequence).collect();
     let types: Vec<&str> = effects.iter().map(|e| e.event_type.as_str()).collect();
     let at: Vec<DateTime<Utc>> = effects.iter().map(|e| e.occurred_at).collect();
+    let (progress_orders, progress_seqs): (Vec<&str>, Vec<i64>) =
+        progress.iter().map(|(o, s)| (o.as_str(), *s)).unzip();
     sqlx::query(
-        "INSERT INTO applied_effect (group_name, event_id, order_id, sequence, event_type, occurred_at)
-         SELECT $1, e, o, s, t, a
-         FROM unnest($2::uuid[], $3::text[], $4::bigint[], $5::text[], $6::timestamptz[])
-              WITH ORDINALITY AS u(e, o, s, t, a, n)
-         ORDER BY n",
+        "WITH effects AS (
+             INSERT INTO applied_effect (group_name, event_id, order_id, sequence, event_type,
+                                         occurred_at)
+             SELECT $1, e, o, s, t, a
+             FROM unnest($2::uuid[], $3::text[], $4::bigint[], $5::text[], $6::timestamptz[])
+                  WITH ORDINALITY AS u(e, o, s, t, a, n)
+             ORDER BY n)
+         INSERT INTO order_progress (group_name, order_id, last_sequence)
+         SELECT $1, * FROM unnest($7::text[], $8::bigint[])
+         ON CONFLICT (group_name, order_id) DO UPDATE
+         SET last_sequence = GREATEST(order_progress.last_sequence, EXCLUDED.last_sequence),
+             updated_at = clock_timestamp()",
     )
     .bind(group)
     .bind(&ids)
@@ -141,31 +152,8 @@ pub(crate) async fn record_effects(
     .bind(&seqs)
     .bind(&types)
     .bind(&at)
-    .execute(tx)
-    .await?;
-    Ok(())
-}
-
-pub(crate) async fn save_progress(
-    tx: &mut PgConnection,
-    group: &str,
-    progress: &HashMap<String, i64>,
-) -> Result<(), sqlx::Error> {
-    if progress.is_empty() {
-        return Ok(());
-    }
-    let (orders, seqs): (Vec<&str>, Vec<i64>) =
-        progress.iter().map(|(o, s)| (o.as_str(), *s)).unzip();
-    sqlx::query(
-        "INSERT INTO order_progress (group_name, order_id, last_sequence)
-         SELECT $1, * FROM unnest($2::text[], $3::bigint[])
-         ON CONFLICT (group_name, order_id) DO UPDATE
-         SET last_sequence = GREATEST(order_progress.last_sequence, EXCLUDED.last_sequence),
-             updated_at = clock_timestamp()",
-    )
-    .bind(group)
-    .bind(&orders)
-    .bind(&seqs)
+    .bind(&progress_orders)
+    .bind(&progress_seqs)
     .execute(tx)
     .await?;
     Ok(())

@@ -79,37 +79,32 @@ pub async fn enqueue(
             .map(|(k, v)| (k.clone(), Value::String(v.clone())))
             .collect(),
     );
-    // Lock the aggregate's sequence row (creating it at 1 on first use) and take the next number.
-    let sequence: i64 = sqlx::query_scalar(
-        "INSERT INTO outbox_sequence (aggregate_id, last_sequence) VALUES ($1, 1)
-         ON CONFLICT (aggregate_id)
-         DO UPDATE SET last_sequence = outbox_sequence.last_sequence + 1
-         RETURNING last_sequence",
-    )
-    .bind(&event.aggregate_id)
-    .fetch_one(&mut **tx)
-    .await?;
-
+    // One round trip: lock the aggregate's sequence row (creating it at 1 on first use), take the
+    // next number and insert the event with it.
     let event_id = Uuid::now_v7();
-    let inserted: Option<Uuid> = sqlx::query_scalar(
-        "INSERT INTO outbox (event_id, business_key, event_type, aggregate_id, sequence, topic,
+    let inserted: Option<i64> = sqlx::query_scalar(
+        "WITH next AS (
+             INSERT INTO outbox_sequence (aggregate_id, last_sequence) VALUES ($4, 1)
+             ON CONFLICT (aggregate_id)
+             DO UPDATE SET last_sequence = outbox_sequence.last_sequence + 1
+             RETURNING last_sequence)
+         INSERT INTO outbox (event_id, business_key, event_type, aggregate_id, sequence, topic,
                              payload, headers)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+         SELECT $1, $2, $3, $4, next.last_sequence, $5, $6, $7 FROM next
          ON CONFLICT (business_key, event_type) DO NOTHING
-         RETURNING event_id",
+         RETURNING sequence",
     )
     .bind(event_id)
     .bind(&event.business_key)
     .bind(&event.event_type)
     .bind(&event.aggregate_id)
-    .bind(sequence)
     .bind(&event.topic)
     .bind(&event.payload)
     .bind(&headers)
     .fetch_optional(&mut **tx)
     .await?;
 
-    if inserted.is_some() {
+    if let Some(sequence) = inserted {
         return Ok(Enqueued::New { event_id, sequence });
     }
     // Already recorded: give the sequence number back (we still hold the row lock, so nobody

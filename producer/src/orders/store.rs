@@ -16,36 +16,41 @@ type OrderRow = (
     String,
     DateTime<Utc>,
     DateTime<Utc>,
+    Vec<String>,
+    Vec<i32>,
 );
 
-/// Reads the order `order_id` with its lines, as `conn` sees it.
+/// Reads the order `order_id` with its lines, as `conn` sees it, in one round trip.
 pub async fn fetch_order(
     conn: &mut PgConnection,
     order_id: Uuid,
 ) -> Result<Option<Order>, OrderError> {
     let row: Option<OrderRow> = sqlx::query_as(
-        "SELECT order_id, customer_id, email, status, created_at, updated_at
-         FROM orders WHERE order_id = $1",
+        "SELECT o.order_id, o.customer_id, o.email, o.status, o.created_at, o.updated_at,
+                COALESCE(l.products, '{}'), COALESCE(l.quantities, '{}')
+         FROM orders o
+         LEFT JOIN LATERAL (
+             SELECT array_agg(product_id ORDER BY line_no) AS products,
+                    array_agg(quantity ORDER BY line_no) AS quantities
+             FROM order_line WHERE order_id = o.order_id) l ON true
+         WHERE o.order_id = $1",
     )
     .bind(order_id)
     .fetch_optional(&mut *conn)
     .await?;
-    let Some((order_id, customer_id, email, status, created_at, updated_at)) = row else {
+    let Some((order_id, customer_id, email, status, created_at, updated_at, products, quantities)) =
+        row
+    else {
         return Ok(None);
     };
-    let lines: Vec<(String, i32)> = sqlx::query_as(
-        "SELECT product_id, quantity FROM order_line WHERE order_id = $1 ORDER BY line_no",
-    )
-    .bind(order_id)
-    .fetch_all(&mut *conn)
-    .await?;
     Ok(Some(Order {
         order_id,
         customer_id,
         email,
         status: parse_status(&status)?,
-        lines: lines
+        lines: products
             .into_iter()
+            .zip(quantities)
             .map(|(product_id, quantity)| OrderLine {
                 product_id,
                 quantity,
