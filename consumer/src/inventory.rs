@@ -183,8 +183,12 @@ impl InventoryBatch {
             return Ok(());
         }
         let rows: Vec<ReservationRow> = sqlx::query_as(
+            // The lines' own `= ANY` lets their primary key find them: the planner does not carry
+            // it over the join (seen: every batch reading the whole line table).
             "SELECT r.order_id, r.status, r.reason, l.product_id, l.quantity
-             FROM inventory_reservation r LEFT JOIN inventory_reservation_line l USING (order_id)
+             FROM inventory_reservation r
+             LEFT JOIN inventory_reservation_line l
+                    ON l.order_id = r.order_id AND l.order_id = ANY($1)
              WHERE r.order_id = ANY($1) ORDER BY r.order_id FOR UPDATE OF r",
         )
         .bind(&orders)
