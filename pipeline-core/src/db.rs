@@ -59,35 +59,23 @@ pub fn redact_url(url: &str) -> String {
     }
 }
 
-/// Session settings a process asks for on each of its connections.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct SessionSettings {
-    /// `statement_timeout`.
-    pub statement_timeout: Option<Duration>,
-    /// `plan_cache_mode = force_custom_plan`: plan each execution for its actual parameters.
-    /// For statements on tables that start empty and grow (progress, reservations, pending
-    /// notifications): a cached generic plan made while a table was small keeps scanning it whole
-    /// as it grows (seen: 540 rows read per two-row lookup, 13 million for 3,500 batches).
-    pub custom_plans: bool,
-}
-
 impl DbArgs {
     /// Connects (waiting up to `acquire_timeout` for the server) and migrates when asked to.
     pub async fn connect(&self) -> anyhow::Result<PgPool> {
-        self.connect_with(SessionSettings::default()).await
+        self.connect_with_statement_timeout(None).await
     }
 
-    /// [`DbArgs::connect`], with `settings` on every connection.
-    pub async fn connect_with(&self, settings: SessionSettings) -> anyhow::Result<PgPool> {
+    /// [`DbArgs::connect`], with a `statement_timeout` on every connection when given.
+    pub async fn connect_with_statement_timeout(
+        &self,
+        statement_timeout: Option<std::time::Duration>,
+    ) -> anyhow::Result<PgPool> {
         let mut options: PgConnectOptions = self
             .database_url
             .parse()
             .with_context(|| format!("invalid DATABASE_URL {}", redact_url(&self.database_url)))?;
-        if let Some(t) = settings.statement_timeout {
+        if let Some(t) = statement_timeout {
             options = options.options([("statement_timeout", t.as_millis().to_string())]);
-        }
-        if settings.custom_plans {
-            options = options.options([("plan_cache_mode", "force_custom_plan")]);
         }
         let pool = PgPoolOptions::new()
             .max_connections(self.database_max_connections)
