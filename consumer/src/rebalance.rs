@@ -41,6 +41,9 @@ pub(crate) struct GroupContext {
     progress: Mutex<mpsc::Receiver<Progress>>,
     /// Offsets finished by tasks and not yet committed.
     pending: Mutex<HashMap<PartitionKey, i64>>,
+    /// The offset of the latest commit asked for, per partition: only its failure is retried,
+    /// so a late failure of an older commit cannot move the group's offset back.
+    requested: Mutex<HashMap<PartitionKey, i64>>,
     revoke_timeout: Duration,
 }
 
@@ -127,10 +130,32 @@ impl ConsumerContext for GroupContext {
             .set(assigned as i64);
     }
 
-    /// Called for every commit the broker answered, synchronous or not.
-    fn commit_callback(&self, result: KafkaResult<()>, _offsets: &TopicPartitionList) {
-        if let Err(e) = result {
-            self.commit_failed(&e);
+    /// Called for every commit the broker answered, synchronous or not. A commit can fail for
+    /// some of its partitions only (e.g. "generation id not valid" while the group rebalances):
+    /// those offsets go back to `pending` while their partitions are still ours, so the poll loop
+    /// commits them again. Without this, the last batch's offsets before a quiet spell stayed
+    /// uncommitted, and the group's lag with them.
+    fn commit_callback(&self, result: KafkaResult<()>, offsets: &TopicPartitionList) {
+        let failed: Vec<(PartitionKey, i64, String)> = offsets
+            .elements()
+            .iter()
+            .filter_map(|e| {
+                let error = match (&result, e.error()) {
+                    (_, Err(pe)) => pe.to_string(),
+                    (Err(re), Ok(())) => re.to_string(),
+                    (Ok(()), Ok(())) => return None,
+                };
+                match e.offset() {
+                    Offset::Offset(o) => Some(((e.topic().to_owned(), e.partition()), o, error)),
+                    _ => None,
+                }
+            })
+            .collect();
+        if let Some((_, _, error)) = failed.first() {
+            self.commit_failed(error);
+            let retry: Vec<(PartitionKey, i64)> =
+                failed.into_iter().map(|(k, o, _)| (k, o)).collect();
+            self.retry_commit(&retry);
         }
     }
 }
@@ -150,6 +175,7 @@ impl GroupContext {
             tasks: Mutex::new(HashMap::new()),
             progress: Mutex::new(progress),
             pending: Mutex::new(HashMap::new()),
+            requested: Mutex::new(HashMap::new()),
             revoke_timeout,
         }
     }
@@ -251,6 +277,12 @@ impl GroupContext {
                 return;
             }
         }
+        {
+            let mut requested = lock(&self.requested);
+            for (key, offset) in offsets {
+                let _ = requested.insert(key.clone(), *offset);
+            }
+        }
         let started = Instant::now();
         let result = consumer.commit(&tpl, mode);
         self.shared
@@ -261,17 +293,50 @@ impl GroupContext {
         // A synchronous commit's answer also reaches `commit_callback`; an asynchronous one that
         // could not even be queued does not.
         if let (Err(e), CommitMode::Async) = (result, mode) {
-            self.commit_failed(&e);
+            self.commit_failed(&e.to_string());
+            self.retry_commit(offsets);
         }
     }
 
-    fn commit_failed(&self, e: &rdkafka::error::KafkaError) {
+    fn commit_failed(&self, error: &str) {
         self.shared
             .metrics
             .commit_failures
             .with_label_values(&[&self.group])
             .inc();
-        tracing::warn!(group = %self.group, error = %e, "offset commit failed");
+        tracing::warn!(group = %self.group, error, "offset commit failed; retrying while the partition is ours");
+    }
+
+    /// Puts offsets whose commit failed back into `pending`, for partitions this member still
+    /// owns; a revoked or lost partition's offsets are dropped, its next owner redelivers and
+    /// skips them as duplicates.
+    fn retry_commit(&self, offsets: &[(PartitionKey, i64)]) {
+        let tasks = lock(&self.tasks);
+        let requested = lock(&self.requested);
+        let mut pending = lock(&self.pending);
+        requeue_failed_commits(
+            offsets,
+            |key| tasks.contains_key(key),
+            &requested,
+            &mut pending,
+        );
+    }
+}
+
+/// Moves the offsets of failed commits back into `pending`: only for partitions still `owned`,
+/// and only when no later commit was asked for since (that one's own outcome decides).
+fn requeue_failed_commits(
+    failed: &[(PartitionKey, i64)],
+    owned: impl Fn(&PartitionKey) -> bool,
+    requested: &HashMap<PartitionKey, i64>,
+    pending: &mut HashMap<PartitionKey, i64>,
+) {
+    for (key, offset) in failed {
+        let latest = requested.get(key).is_none_or(|r| *offset >= *r);
+        if latest && owned(key) {
+            let slot = pending.entry(key.clone()).or_insert(*offset);
+            *slot = (*slot).max(*offset);
+        }
     }
 }
 
@@ -337,5 +402,33 @@ fn inbound_message(msg: &BorrowedMessage<'_>) -> InboundMessage {
         payload: msg.payload().map(<[u8]>::to_vec),
         headers: serde_json::Value::Object(map),
         envelope: Envelope::from_record(msg.key(), headers),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::{requeue_failed_commits, PartitionKey};
+
+    fn key(p: i32) -> PartitionKey {
+        ("orders".to_owned(), p)
+    }
+
+    #[test]
+    fn a_failed_commit_is_retried_only_while_owned_and_latest() {
+        let requested: HashMap<PartitionKey, i64> =
+            [(key(0), 150), (key(1), 40), (key(2), 70)].into();
+        let mut pending: HashMap<PartitionKey, i64> = [(key(2), 90)].into();
+        requeue_failed_commits(
+            &[(key(0), 100), (key(1), 40), (key(2), 70), (key(3), 5)],
+            |k| k.1 != 3,
+            &requested,
+            &mut pending,
+        );
+        // 0: an older commit failed after 150 was asked for: not retried (no rewind).
+        // 1: the latest commit failed: retried. 2: a later finished offset is already pending.
+        // 3: no longer ours: dropped.
+        assert_eq!(pending, [(key(1), 40), (key(2), 90)].into());
     }
 }
