@@ -87,6 +87,7 @@ pub fn run_group(
 
     let ctx = consumer.context();
     let mut missing_topic_since: Option<Instant> = None;
+    let mut last_recommit = Instant::now();
     let mut fatal = None;
     while !shutdown.is_cancelled() {
         match consumer.poll(Duration::from_millis(50)) {
@@ -119,6 +120,10 @@ pub fn run_group(
         ctx.collect_progress();
         let finished = ctx.take_pending(None);
         ctx.commit(&consumer, &finished, CommitMode::Async);
+        if last_recommit.elapsed() >= RECOMMIT_EVERY {
+            ctx.recommit_owned(&consumer);
+            last_recommit = Instant::now();
+        }
         apply_backpressure(&consumer, settings.max_queued);
     }
 
@@ -141,6 +146,9 @@ pub fn run_group(
 
 /// How long a subscribed topic may be missing before the process stops as misconfigured.
 const MISSING_TOPIC_GRACE: Duration = Duration::from_secs(30);
+/// How often the latest offsets of owned partitions are committed again (see
+/// `GroupContext::recommit_owned`).
+const RECOMMIT_EVERY: Duration = Duration::from_secs(5);
 
 enum PollError {
     /// Misconfiguration no retry fixes: stop with a clear error rather than spin.

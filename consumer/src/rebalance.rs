@@ -89,6 +89,12 @@ impl ConsumerContext for GroupContext {
                 self.stop_tasks(&keys);
                 self.collect_progress();
                 let finished = self.take_pending(Some(&keys));
+                {
+                    let mut requested = lock(&self.requested);
+                    for key in &keys {
+                        let _ = requested.remove(key);
+                    }
+                }
                 if lost {
                     if !finished.is_empty() {
                         tracing::warn!(group = %self.group, partitions = finished.len(),
@@ -305,6 +311,24 @@ impl GroupContext {
             .with_label_values(&[&self.group])
             .inc();
         tracing::warn!(group = %self.group, error, "offset commit failed; retrying while the partition is ours");
+    }
+
+    /// Commits again, asynchronously, the latest offset asked for on every partition this member
+    /// still owns. Repeating a commit is harmless, and it heals commits that failed without a
+    /// callback reporting it: librdkafka drops a manual commit made while the group is between
+    /// generations ("generation id not valid"), and a partition that then stays quiet kept its
+    /// lag until the next rebalance (seen in the verification run).
+    pub(crate) fn recommit_owned(&self, consumer: &BaseConsumer<Self>) {
+        let offsets: Vec<(PartitionKey, i64)> = {
+            let tasks = lock(&self.tasks);
+            let requested = lock(&self.requested);
+            requested
+                .iter()
+                .filter(|(key, _)| tasks.contains_key(*key))
+                .map(|(key, offset)| (key.clone(), *offset))
+                .collect()
+        };
+        self.commit(consumer, &offsets, CommitMode::Async);
     }
 
     /// Puts offsets whose commit failed back into `pending`, for partitions this member still
