@@ -80,21 +80,11 @@ impl ConsumerContext for GroupContext {
                     .rebalances
                     .with_label_values(&[&self.group, kind])
                     .inc();
-                let keys: Vec<PartitionKey> = tpl
-                    .elements()
-                    .iter()
-                    .map(|e| (e.topic().to_owned(), e.partition()))
-                    .collect();
+                let keys = partition_keys(tpl);
                 tracing::info!(group = %self.group, partitions = keys.len(), lost, "partitions revoked");
                 self.stop_tasks(&keys);
                 self.collect_progress();
                 let finished = self.take_pending(Some(&keys));
-                {
-                    let mut requested = lock(&self.requested);
-                    for key in &keys {
-                        let _ = requested.remove(key);
-                    }
-                }
                 if lost {
                     if !finished.is_empty() {
                         tracing::warn!(group = %self.group, partitions = finished.len(),
@@ -103,6 +93,9 @@ impl ConsumerContext for GroupContext {
                 } else {
                     self.commit(consumer, &finished, CommitMode::Sync);
                 }
+                // After the commit above, which records what it asked for: a partition that
+                // comes back later must not have this member's old offset committed again.
+                self.forget_requested(&keys);
             }
             Rebalance::Assign(_) => {}
             Rebalance::Error(e) => {
@@ -123,8 +116,10 @@ impl ConsumerContext for GroupContext {
                 .rebalances
                 .with_label_values(&[&self.group, "assign"])
                 .inc();
-            for e in tpl.elements() {
-                let _ = self.task_for(&(e.topic().to_owned(), e.partition()));
+            let keys = partition_keys(tpl);
+            self.forget_requested(&keys);
+            for key in &keys {
+                let _ = self.task_for(key);
             }
             tracing::info!(group = %self.group, partitions = tpl.count(), "partitions assigned");
         }
@@ -331,6 +326,13 @@ impl GroupContext {
         self.commit(consumer, &offsets, CommitMode::Async);
     }
 
+    fn forget_requested(&self, keys: &[PartitionKey]) {
+        let mut requested = lock(&self.requested);
+        for key in keys {
+            let _ = requested.remove(key);
+        }
+    }
+
     /// Puts offsets whose commit failed back into `pending`, for partitions this member still
     /// owns; a revoked or lost partition's offsets are dropped, its next owner redelivers and
     /// skips them as duplicates.
@@ -345,6 +347,13 @@ impl GroupContext {
             &mut pending,
         );
     }
+}
+
+fn partition_keys(tpl: &TopicPartitionList) -> Vec<PartitionKey> {
+    tpl.elements()
+        .iter()
+        .map(|e| (e.topic().to_owned(), e.partition()))
+        .collect()
 }
 
 /// Moves the offsets of failed commits back into `pending`: only for partitions still `owned`,
