@@ -16,13 +16,11 @@ use uuid::Uuid;
 
 use crate::dead_letter::{self, DeadLetter, DeadLetterSink};
 use crate::handler::{Event, Handler, HandlerBatch, HandlerError};
-use crate::parking::{orders_with_parked, park, release_parked};
+use crate::parking::{park, release_parked};
 use crate::process_error::is_rejection;
 pub use crate::process_error::ProcessError;
 pub use crate::store::claim_partition;
-use crate::store::{
-    check_owner, insert_processed, load_progress, record_applied, set_outcomes, AppliedEffect,
-};
+use crate::store::{check_owner, record_applied, set_outcomes, start_batch, AppliedEffect};
 
 /// A record as read from Kafka, owned so it can cross to the partition's task.
 #[derive(Debug, Clone)]
@@ -126,17 +124,12 @@ pub async fn process_batch_with(
 ) -> Result<BatchReport, ProcessError> {
     let handler = ctx.handler;
     let group = handler.group();
-    let began = std::time::Instant::now();
-    let mut tx = ctx.pool.begin().await?;
-    if let Some(fence) = ctx.fence {
-        check_owner(&mut tx, group, fence).await?;
-    }
-    let mut letters: Vec<DeadLetter> = Vec::new();
     let mut outcomes: Vec<Option<Outcome>> = vec![None; messages.len()];
     let mut report = BatchReport::default();
 
     // Sort out records that are not readable events; keep the first copy of each event id.
     let mut valid: Vec<(usize, Pending<'_>)> = Vec::new();
+    let mut unreadable: Vec<(usize, String)> = Vec::new();
     let mut seen: HashSet<Uuid> = HashSet::new();
     for (i, msg) in messages.iter().enumerate() {
         match read_event(msg) {
@@ -147,20 +140,34 @@ pub async fn process_batch_with(
                     outcomes[i] = Some(Outcome::Duplicate);
                 }
             }
-            Err(reason) => {
-                let letter = DeadLetter::now(msg, None, &reason);
-                dead_letter::record(&mut tx, group, &letter).await?;
-                letters.push(letter);
-                outcomes[i] = Some(Outcome::DeadLettered);
-            }
+            Err(reason) => unreadable.push((i, reason)),
         }
     }
+    let orders: Vec<String> = {
+        let mut o: Vec<String> = valid
+            .iter()
+            .map(|(_, p)| p.event.envelope.aggregate_id.clone())
+            .collect();
+        o.sort();
+        o.dedup();
+        o
+    };
 
-    // The dedupe constraint: only rows inserted now are new to this group.
-    let new_ids = insert_processed(&mut tx, group, &valid).await?;
-    let mut fresh: Vec<(usize, Pending<'_>)> = Vec::with_capacity(new_ids.len());
+    let began = std::time::Instant::now();
+    let mut tx = ctx.pool.begin().await?;
+    // One round trip: the ownership fence, the dedupe constraint (only rows inserted now are new
+    // to this group), and the orders' progress and parked events.
+    let start = start_batch(&mut tx, group, ctx.fence, &valid, &orders).await?;
+    let mut letters: Vec<DeadLetter> = Vec::new();
+    for (i, reason) in unreadable {
+        let letter = DeadLetter::now(&messages[i], None, &reason);
+        dead_letter::record(&mut tx, group, &letter).await?;
+        letters.push(letter);
+        outcomes[i] = Some(Outcome::DeadLettered);
+    }
+    let mut fresh: Vec<(usize, Pending<'_>)> = Vec::with_capacity(start.new_ids.len());
     for (i, p) in valid {
-        if new_ids.contains(&p.event.envelope.event_id) {
+        if start.new_ids.contains(&p.event.envelope.event_id) {
             fresh.push((i, p));
         } else {
             outcomes[i] = Some(Outcome::Duplicate);
@@ -170,19 +177,10 @@ pub async fn process_batch_with(
     let events: Vec<Event> = fresh.iter().map(|(_, p)| p.event.clone()).collect();
     let mut effects_batch = handler.batch();
     effects_batch.prepare(&mut tx, &events).await?;
-    let orders: Vec<String> = {
-        let mut o: Vec<String> = events
-            .iter()
-            .map(|e| e.envelope.aggregate_id.clone())
-            .collect();
-        o.sort();
-        o.dedup();
-        o
-    };
     let mut state = BatchState {
-        progress: load_progress(&mut tx, group, &orders).await?,
+        progress: start.progress,
         advanced: HashMap::new(),
-        parked_orders: orders_with_parked(&mut tx, group, &orders).await?,
+        parked_orders: start.parked_orders,
         effects: Vec::new(),
         letters,
     };

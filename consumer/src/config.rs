@@ -149,6 +149,11 @@ pub struct RunArgs {
     /// fetch.wait.max.ms.
     #[arg(long, env = "CONSUMER_FETCH_WAIT_MAX_MS", default_value_t = 20)]
     pub fetch_wait_max_ms: u64,
+    /// Offsets of finished batches are committed together at most this often, in milliseconds
+    /// (0: after every poll). Always after the batches' database commits; a revoke or shutdown
+    /// commits at once.
+    #[arg(long, env = "CONSUMER_COMMIT_INTERVAL_MS", default_value_t = 20)]
+    pub commit_interval_ms: u64,
     /// How long a revoke waits for in-flight batches, in milliseconds.
     #[arg(long, env = "CONSUMER_REVOKE_TIMEOUT_MS", default_value_t = 10_000)]
     pub revoke_timeout_ms: u64,
@@ -190,6 +195,7 @@ impl RunArgs {
             session_timeout: Duration::from_millis(self.session_timeout_ms),
             max_poll_interval: Duration::from_millis(self.max_poll_interval_ms),
             fetch_wait_max: Duration::from_millis(self.fetch_wait_max_ms),
+            commit_interval: Duration::from_millis(self.commit_interval_ms),
             revoke_timeout: Duration::from_millis(self.revoke_timeout_ms),
             max_queued: self.max_queued,
         }

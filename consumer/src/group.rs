@@ -21,6 +21,8 @@ pub struct GroupSettings {
     pub session_timeout: Duration,
     pub max_poll_interval: Duration,
     pub fetch_wait_max: Duration,
+    /// Shortest time between two commits of finished offsets.
+    pub commit_interval: Duration,
     /// How long a revoke waits for in-flight batches before giving up on them.
     pub revoke_timeout: Duration,
     /// Messages queued for one partition's task before the partition is paused.
@@ -88,6 +90,7 @@ pub fn run_group(
     let ctx = consumer.context();
     let mut missing_topic_since: Option<Instant> = None;
     let mut last_recommit = Instant::now();
+    let mut last_commit = Instant::now();
     let mut fatal = None;
     while !shutdown.is_cancelled() {
         match consumer.poll(Duration::from_millis(50)) {
@@ -117,9 +120,14 @@ pub fn run_group(
                 PollError::Transient => tracing::warn!(%group, error = %e, "Kafka consumer error"),
             },
         }
-        ctx.collect_progress();
-        let finished = ctx.take_pending(None);
-        ctx.commit(&consumer, &finished, CommitMode::Async);
+        // Offsets finished since the last commit go out together: one request per interval
+        // instead of one per batch.
+        if last_commit.elapsed() >= settings.commit_interval {
+            ctx.collect_progress();
+            let finished = ctx.take_pending(None);
+            ctx.commit(&consumer, &finished, CommitMode::Async);
+            last_commit = Instant::now();
+        }
         if last_recommit.elapsed() >= RECOMMIT_EVERY {
             ctx.recommit_owned(&consumer);
             last_recommit = Instant::now();

@@ -76,19 +76,12 @@ impl HandlerBatch for InventoryBatch {
                 .filter_map(|e| order_snapshot(e).ok())
                 .collect();
             let orders: Vec<String> = snapshots.iter().map(|s| s.order_id.to_string()).collect();
-            self.load_reservations(conn, orders).await?;
-            let mut products: Vec<String> = snapshots
+            let products: Vec<String> = snapshots
                 .iter()
                 .flat_map(|s| s.lines.iter().map(|l| l.product_id.clone()))
                 .collect();
-            // Products of reservations the batch may release or settle.
-            products.extend(
-                self.reservations
-                    .values()
-                    .flatten()
-                    .flat_map(|r| r.lines.keys().cloned()),
-            );
-            self.load_stock(conn, products).await
+            // With the products of the reservations the batch may release or settle.
+            self.load(conn, orders, products).await
         })
     }
 
@@ -128,79 +121,97 @@ impl HandlerBatch for InventoryBatch {
         &'a mut self,
         conn: &'a mut PgConnection,
     ) -> BoxFuture<'a, Result<(), HandlerError>> {
-        Box::pin(async move {
-            self.write_stock(conn).await?;
-            self.write_reservations(conn).await
-        })
+        Box::pin(async move { self.write(conn).await })
     }
 }
 
 impl InventoryBatch {
-    /// Locks and reads the stock rows of `products` not read yet, in product order.
+    /// Locks and reads the stock rows of `products` not read yet.
     async fn load_stock(
         &mut self,
         conn: &mut PgConnection,
-        mut products: Vec<String>,
+        products: Vec<String>,
     ) -> Result<(), HandlerError> {
-        products.retain(|p| !self.stock.contains_key(p));
-        products.sort();
-        products.dedup();
-        if products.is_empty() {
-            return Ok(());
-        }
-        let rows: Vec<(String, i32, i32)> = sqlx::query_as(
-            "SELECT product_id, available, reserved FROM inventory_stock
-             WHERE product_id = ANY($1) ORDER BY product_id FOR UPDATE",
-        )
-        .bind(&products)
-        .fetch_all(&mut *conn)
-        .await?;
-        for p in products {
-            let _ = self.stock.insert(p, None);
-        }
-        for (p, available, reserved) in rows {
-            let _ = self.stock.insert(
-                p,
-                Some(Stock {
-                    available,
-                    reserved,
-                }),
-            );
-        }
-        Ok(())
+        self.load(conn, Vec::new(), products).await
     }
 
-    /// Locks and reads the reservations (with lines) of `orders` not read yet, in order-id order.
+    /// Locks and reads the reservations (with lines) of `orders` not read yet, and the stock
+    /// rows of their lines.
     async fn load_reservations(
         &mut self,
         conn: &mut PgConnection,
+        orders: Vec<String>,
+    ) -> Result<(), HandlerError> {
+        self.load(conn, orders, Vec::new()).await
+    }
+
+    /// Locks and reads, in one statement, the reservations (with lines) of `orders` and the stock
+    /// rows of `products` and of those reservations' lines, skipping what the batch read
+    /// already. Each table is locked in key order, so concurrent batches cannot deadlock.
+    async fn load(
+        &mut self,
+        conn: &mut PgConnection,
         mut orders: Vec<String>,
+        mut products: Vec<String>,
     ) -> Result<(), HandlerError> {
         orders.retain(|o| !self.reservations.contains_key(o));
         orders.sort();
         orders.dedup();
-        if orders.is_empty() {
+        products.retain(|p| !self.stock.contains_key(p));
+        products.sort();
+        products.dedup();
+        if orders.is_empty() && products.is_empty() {
             return Ok(());
         }
-        let rows: Vec<ReservationRow> = sqlx::query_as(
+        let read: Vec<&str> = self.stock.keys().map(String::as_str).collect();
+        let rows: Vec<LoadRow> = sqlx::query_as(
             // The lines' own `= ANY` lets their primary key find them: the planner does not carry
             // it over the join (seen: every batch reading the whole line table).
-            "SELECT r.order_id, r.status, r.reason, l.product_id, l.quantity
-             FROM inventory_reservation r
-             LEFT JOIN inventory_reservation_line l
-                    ON l.order_id = r.order_id AND l.order_id = ANY($1)
-             WHERE r.order_id = ANY($1) ORDER BY r.order_id FOR UPDATE OF r",
+            "WITH r AS (
+                 SELECT order_id, status, reason FROM inventory_reservation
+                 WHERE order_id = ANY($1) ORDER BY order_id FOR UPDATE),
+             l AS (
+                 SELECT order_id, product_id, quantity FROM inventory_reservation_line
+                 WHERE order_id = ANY($1)),
+             s AS (
+                 SELECT product_id, available, reserved FROM inventory_stock
+                 WHERE product_id = ANY(ARRAY(
+                           SELECT unnest($2::text[])
+                           UNION SELECT product_id FROM l WHERE product_id <> ALL($3)))
+                 ORDER BY product_id FOR UPDATE)
+             SELECT true, r.order_id, r.status, r.reason, l.product_id, l.quantity, NULL::int
+             FROM r LEFT JOIN l ON l.order_id = r.order_id
+             UNION ALL
+             SELECT false, product_id, NULL, NULL, NULL, available, reserved FROM s",
         )
         .bind(&orders)
+        .bind(&products)
+        .bind(&read)
         .fetch_all(&mut *conn)
         .await?;
         for o in orders {
             let _ = self.reservations.insert(o, None);
         }
-        for (order, status, reason, product, quantity) in rows {
-            let entry = self.reservations.entry(order).or_insert(None);
+        for p in products {
+            let _ = self.stock.insert(p, None);
+        }
+        for (is_reservation, key, status, reason, product, quantity, reserved) in rows {
+            if !is_reservation {
+                let (Some(available), Some(reserved)) = (quantity, reserved) else {
+                    continue;
+                };
+                let _ = self.stock.insert(
+                    key,
+                    Some(Stock {
+                        available,
+                        reserved,
+                    }),
+                );
+                continue;
+            }
+            let entry = self.reservations.entry(key).or_insert(None);
             let r = entry.get_or_insert_with(|| Reservation {
-                status: status_name(&status),
+                status: status_name(status.as_deref().unwrap_or_default()),
                 reason,
                 lines: BTreeMap::new(),
                 new_lines: false,
@@ -295,7 +306,8 @@ impl InventoryBatch {
         Ok(())
     }
 
-    async fn write_stock(&self, conn: &mut PgConnection) -> Result<(), HandlerError> {
+    /// Writes the changed stock rows, reservations and new reservation lines in one statement.
+    async fn write(&self, conn: &mut PgConnection) -> Result<(), HandlerError> {
         let (mut products, mut available, mut reserved) = (Vec::new(), Vec::new(), Vec::new());
         for p in &self.changed_stock {
             if let Some(Some(s)) = self.stock.get(p) {
@@ -304,23 +316,6 @@ impl InventoryBatch {
                 reserved.push(s.reserved);
             }
         }
-        if products.is_empty() {
-            return Ok(());
-        }
-        sqlx::query(
-            "UPDATE inventory_stock s SET available = u.available, reserved = u.reserved
-             FROM unnest($1::text[], $2::int[], $3::int[]) AS u(product_id, available, reserved)
-             WHERE s.product_id = u.product_id",
-        )
-        .bind(&products)
-        .bind(&available)
-        .bind(&reserved)
-        .execute(conn)
-        .await?;
-        Ok(())
-    }
-
-    async fn write_reservations(&mut self, conn: &mut PgConnection) -> Result<(), HandlerError> {
         let (mut orders, mut statuses, mut reasons) = (Vec::new(), Vec::new(), Vec::new());
         let (mut line_orders, mut line_products, mut line_qty) =
             (Vec::new(), Vec::new(), Vec::new());
@@ -338,37 +333,50 @@ impl InventoryBatch {
                 }
             }
         }
-        if orders.is_empty() {
+        if products.is_empty() && orders.is_empty() {
             return Ok(());
         }
         sqlx::query(
-            "INSERT INTO inventory_reservation (order_id, status, reason)
-             SELECT * FROM unnest($1::text[], $2::text[], $3::text[])
-             ON CONFLICT (order_id) DO UPDATE
-             SET status = EXCLUDED.status, reason = EXCLUDED.reason, updated_at = clock_timestamp()",
+            "WITH stock AS (
+                 UPDATE inventory_stock s SET available = u.available, reserved = u.reserved
+                 FROM unnest($1::text[], $2::int[], $3::int[]) AS u(product_id, available, reserved)
+                 WHERE s.product_id = u.product_id),
+             reservations AS (
+                 INSERT INTO inventory_reservation (order_id, status, reason)
+                 SELECT * FROM unnest($4::text[], $5::text[], $6::text[])
+                 ON CONFLICT (order_id) DO UPDATE
+                 SET status = EXCLUDED.status, reason = EXCLUDED.reason,
+                     updated_at = clock_timestamp())
+             INSERT INTO inventory_reservation_line (order_id, product_id, quantity)
+             SELECT * FROM unnest($7::text[], $8::text[], $9::int[])",
         )
+        .bind(&products)
+        .bind(&available)
+        .bind(&reserved)
         .bind(&orders)
         .bind(&statuses)
         .bind(&reasons)
-        .execute(&mut *conn)
+        .bind(&line_orders)
+        .bind(&line_products)
+        .bind(&line_qty)
+        .execute(conn)
         .await?;
-        if !line_orders.is_empty() {
-            sqlx::query(
-                "INSERT INTO inventory_reservation_line (order_id, product_id, quantity)
-                 SELECT * FROM unnest($1::text[], $2::text[], $3::int[])",
-            )
-            .bind(&line_orders)
-            .bind(&line_products)
-            .bind(&line_qty)
-            .execute(&mut *conn)
-            .await?;
-        }
         Ok(())
     }
 }
 
-/// A reservation joined with one of its lines (none for a rejected reservation).
-type ReservationRow = (String, String, Option<String>, Option<String>, Option<i32>);
+/// A row of [`InventoryBatch::load`]: a reservation joined with one of its lines (none for a
+/// rejected reservation): `(true, order, status, reason, product, quantity, None)`; or a stock
+/// row: `(false, product, None, None, None, available, reserved)`.
+type LoadRow = (
+    bool,
+    String,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<i32>,
+    Option<i32>,
+);
 
 fn status_name(s: &str) -> &'static str {
     match s {

@@ -1,7 +1,5 @@
 //! Events that arrived ahead of their order's next sequence: parked, then released in order.
 
-use std::collections::HashSet;
-
 use chrono::{DateTime, Utc};
 use pipeline_core::envelope::Envelope;
 use sqlx::{PgConnection, Postgres, Transaction};
@@ -11,24 +9,6 @@ use crate::apply::{apply_one, BatchReport, BatchState, InboundMessage, ProcessEr
 use crate::dead_letter::{self, DeadLetter};
 use crate::handler::{Event, HandlerBatch};
 use crate::store::{set_outcomes, AppliedEffect};
-
-pub(crate) async fn orders_with_parked(
-    tx: &mut PgConnection,
-    group: &str,
-    orders: &[String],
-) -> Result<HashSet<String>, sqlx::Error> {
-    if orders.is_empty() {
-        return Ok(HashSet::new());
-    }
-    let rows: Vec<String> = sqlx::query_scalar(
-        "SELECT DISTINCT order_id FROM parked_event WHERE group_name = $1 AND order_id = ANY($2)",
-    )
-    .bind(group)
-    .bind(orders)
-    .fetch_all(&mut *tx)
-    .await?;
-    Ok(rows.into_iter().collect())
-}
 
 /// Applies parked events of `order` that now follow `last` without a gap. Returns the new last.
 pub(crate) async fn release_parked(

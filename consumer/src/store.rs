@@ -45,13 +45,33 @@ pub async fn claim_partition(pool: &PgPool, group: &str, fence: &Fence) -> Resul
     Ok(())
 }
 
-pub(crate) async fn insert_processed(
+/// What a batch transaction learns from its first statement.
+#[derive(Debug, Default)]
+pub(crate) struct BatchStart {
+    /// Event ids whose `processed_message` row this batch inserted: the events new to the group.
+    pub(crate) new_ids: HashSet<Uuid>,
+    /// Last applied sequence of the batch's orders that have one, locked for this transaction.
+    pub(crate) progress: HashMap<String, i64>,
+    /// The batch's orders with parked events.
+    pub(crate) parked_orders: HashSet<String>,
+}
+
+type BatchStartRow = (bool, Vec<Uuid>, Vec<String>, Vec<i64>, Vec<String>);
+
+/// Opens a batch in one round trip: checks, with a share lock held until the transaction ends,
+/// that this consumer still owns the partition (when `fence` is given), inserts the
+/// `processed_message` rows of `valid` (the dedupe constraint decides which are new), and locks
+/// and reads the progress and parked events of `orders`. A fenced batch inserts nothing and is
+/// reported as [`ProcessError::Fenced`].
+pub(crate) async fn start_batch(
     tx: &mut PgConnection,
     group: &str,
+    fence: Option<&Fence>,
     valid: &[(usize, Pending<'_>)],
-) -> Result<HashSet<Uuid>, sqlx::Error> {
-    if valid.is_empty() {
-        return Ok(HashSet::new());
+    orders: &[String],
+) -> Result<BatchStart, ProcessError> {
+    if valid.is_empty() && fence.is_none() {
+        return Ok(BatchStart::default());
     }
     let ids: Vec<Uuid> = valid
         .iter()
@@ -60,39 +80,53 @@ pub(crate) async fn insert_processed(
     let topics: Vec<&str> = valid.iter().map(|(_, p)| p.msg.topic.as_str()).collect();
     let partitions: Vec<i32> = valid.iter().map(|(_, p)| p.msg.partition).collect();
     let offsets: Vec<i64> = valid.iter().map(|(_, p)| p.msg.offset).collect();
-    let inserted: Vec<Uuid> = sqlx::query_scalar(
-        "INSERT INTO processed_message (group_name, event_id, topic, partition, kafka_offset, outcome)
-         SELECT $1, e, t, p, o, 'applied' FROM unnest($2::uuid[], $3::text[], $4::int[], $5::bigint[]) AS u(e, t, p, o)
-         ON CONFLICT (group_name, event_id) DO NOTHING
-         RETURNING event_id",
+    let (owned, new_ids, progress_orders, progress_seqs, parked): BatchStartRow = sqlx::query_as(
+        "WITH owner AS (
+                 SELECT 1 FROM partition_owner
+                 WHERE group_name = $1 AND topic = $6 AND partition = $7 AND owner = $8
+                 FOR SHARE),
+             fence AS (SELECT $8::uuid IS NULL OR EXISTS (SELECT 1 FROM owner) AS owned),
+             new AS (
+                 INSERT INTO processed_message (group_name, event_id, topic, partition,
+                                                kafka_offset, outcome)
+                 SELECT $1, e, t, p, o, 'applied'
+                 FROM unnest($2::uuid[], $3::text[], $4::int[], $5::bigint[]) AS u(e, t, p, o)
+                 WHERE (SELECT owned FROM fence)
+                 ON CONFLICT (group_name, event_id) DO NOTHING
+                 RETURNING event_id),
+             progress AS (
+                 SELECT order_id, last_sequence FROM order_progress
+                 WHERE group_name = $1 AND order_id = ANY($9) AND (SELECT owned FROM fence)
+                 ORDER BY order_id FOR UPDATE)
+             SELECT f.owned,
+                    ARRAY(SELECT event_id FROM new),
+                    COALESCE(p.orders, '{}'), COALESCE(p.seqs, '{}'),
+                    ARRAY(SELECT DISTINCT order_id FROM parked_event
+                          WHERE group_name = $1 AND order_id = ANY($9))
+             FROM fence f,
+                  LATERAL (SELECT array_agg(order_id ORDER BY order_id) AS orders,
+                                  array_agg(last_sequence ORDER BY order_id) AS seqs
+                           FROM progress) p",
     )
     .bind(group)
     .bind(&ids)
     .bind(&topics)
     .bind(&partitions)
     .bind(&offsets)
-    .fetch_all(&mut *tx)
-    .await?;
-    Ok(inserted.into_iter().collect())
-}
-
-pub(crate) async fn load_progress(
-    tx: &mut PgConnection,
-    group: &str,
-    orders: &[String],
-) -> Result<HashMap<String, i64>, sqlx::Error> {
-    if orders.is_empty() {
-        return Ok(HashMap::new());
-    }
-    let rows: Vec<(String, i64)> = sqlx::query_as(
-        "SELECT order_id, last_sequence FROM order_progress
-         WHERE group_name = $1 AND order_id = ANY($2) ORDER BY order_id FOR UPDATE",
-    )
-    .bind(group)
+    .bind(fence.map(|f| f.topic.as_str()))
+    .bind(fence.map(|f| f.partition))
+    .bind(fence.map(|f| f.owner))
     .bind(orders)
-    .fetch_all(&mut *tx)
+    .fetch_one(&mut *tx)
     .await?;
-    Ok(rows.into_iter().collect())
+    if !owned {
+        return Err(ProcessError::Fenced);
+    }
+    Ok(BatchStart {
+        new_ids: new_ids.into_iter().collect(),
+        progress: progress_orders.into_iter().zip(progress_seqs).collect(),
+        parked_orders: parked.into_iter().collect(),
+    })
 }
 
 pub(crate) struct AppliedEffect {

@@ -9,7 +9,8 @@ use uuid::Uuid;
 use super::{Order, OrderError, OrderService};
 use crate::outbox::{self, Enqueued, NewEvent};
 
-type OrderRow = (
+/// An order row with its lines' products and quantities, in line order.
+pub(super) type OrderRow = (
     Uuid,
     String,
     Option<String>,
@@ -38,12 +39,13 @@ pub async fn fetch_order(
     .bind(order_id)
     .fetch_optional(&mut *conn)
     .await?;
-    let Some((order_id, customer_id, email, status, created_at, updated_at, products, quantities)) =
-        row
-    else {
-        return Ok(None);
-    };
-    Ok(Some(Order {
+    row.map(order_from_row).transpose()
+}
+
+/// The order an [`OrderRow`] holds.
+pub(super) fn order_from_row(row: OrderRow) -> Result<Order, OrderError> {
+    let (order_id, customer_id, email, status, created_at, updated_at, products, quantities) = row;
+    Ok(Order {
         order_id,
         customer_id,
         email,
@@ -58,7 +60,7 @@ pub async fn fetch_order(
             .collect(),
         created_at,
         updated_at,
-    }))
+    })
 }
 
 /// Reads a status column, which the table's CHECK constraint keeps to the four known values.

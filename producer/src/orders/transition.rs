@@ -2,40 +2,62 @@
 
 use uuid::Uuid;
 
-use super::store::{fetch_order, parse_status};
-use super::{Action, Order, OrderError, OrderService};
+use pipeline_core::order_events::OrderStatus;
+
+use super::store::{order_from_row, parse_status, OrderRow};
+use super::{Action, IllegalTransition, Order, OrderError, OrderService};
 
 impl OrderService {
     /// Applies `action` to the order and records its event, in one transaction.
     ///
-    /// The order row is locked first, so concurrent actions on one order are applied one after
-    /// the other and each sees the status the previous one left: of two concurrent `pay` calls,
-    /// exactly one succeeds.
+    /// The status changes only from a status the action may leave. The UPDATE locks the row, and
+    /// a concurrent action's commit makes it re-check the status, so concurrent actions on one
+    /// order are applied one after the other and each sees the status the previous one left: of
+    /// two concurrent `pay` calls, exactly one succeeds.
     pub async fn transition(
         &self,
         order_id: Uuid,
         action: Action,
         traceparent: Option<&str>,
     ) -> Result<Order, OrderError> {
+        use OrderStatus::{Cancelled, Paid, Placed, Shipped};
+        // The statuses this action may leave, as the lifecycle says.
+        let from: Vec<&str> = [Placed, Paid, Cancelled, Shipped]
+            .into_iter()
+            .filter(|s| action.apply(*s).is_ok())
+            .map(OrderStatus::as_str)
+            .collect();
         let mut tx = self.pool.begin().await?;
-        let status: Option<String> =
-            sqlx::query_scalar("SELECT status FROM orders WHERE order_id = $1 FOR UPDATE")
-                .bind(order_id)
-                .fetch_optional(&mut *tx)
-                .await?;
-        let status = status.ok_or(OrderError::NotFound(order_id))?;
-        let target = action.apply(parse_status(&status)?)?;
-
-        let _ = sqlx::query(
-            "UPDATE orders SET status = $2, updated_at = clock_timestamp() WHERE order_id = $1",
+        // One round trip for the change and the order with its lines.
+        let changed: Option<OrderRow> = sqlx::query_as(
+            "UPDATE orders o SET status = $2, updated_at = clock_timestamp()
+             WHERE o.order_id = $1 AND o.status = ANY($3)
+             RETURNING o.order_id, o.customer_id, o.email, o.status, o.created_at, o.updated_at,
+                       (SELECT COALESCE(array_agg(product_id ORDER BY line_no), '{}')
+                        FROM order_line WHERE order_id = $1),
+                       (SELECT COALESCE(array_agg(quantity ORDER BY line_no), '{}')
+                        FROM order_line WHERE order_id = $1)",
         )
         .bind(order_id)
-        .bind(target.as_str())
-        .execute(&mut *tx)
+        .bind(action.target().as_str())
+        .bind(&from)
+        .fetch_optional(&mut *tx)
         .await?;
-        let order = fetch_order(&mut tx, order_id)
-            .await?
-            .ok_or(OrderError::NotFound(order_id))?;
+        let Some(row) = changed else {
+            let status: Option<String> =
+                sqlx::query_scalar("SELECT status FROM orders WHERE order_id = $1")
+                    .bind(order_id)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+            let status = status.ok_or(OrderError::NotFound(order_id))?;
+            // The lifecycle only moves forward: the status the UPDATE did not accept, or a
+            // later one, is the reason.
+            return Err(OrderError::IllegalTransition(IllegalTransition {
+                action,
+                status: parse_status(&status)?,
+            }));
+        };
+        let order = order_from_row(row)?;
         let _ = self.record_event(&mut tx, &order, traceparent).await?;
         tx.commit().await?;
         Ok(order)

@@ -31,7 +31,7 @@ pub struct BenchArgs {
         long,
         env = "BENCH_PHASES",
         value_delimiter = ',',
-        default_value = "broker,relay,consumer,latency,sustained"
+        default_value = "broker,database,relay,consumer,latency,sustained"
     )]
     pub phases: Vec<Phase>,
     /// The broker's storage engine, recorded with the figures (it does not configure the broker).
@@ -117,6 +117,8 @@ pub struct BenchArgs {
 pub enum Phase {
     /// Plain producer and consumer: the broker's ceiling.
     Broker,
+    /// PostgreSQL alone: one-row commits and batched inserts, the database's ceiling.
+    Database,
     /// The relay draining a preloaded outbox.
     Relay,
     /// Each consumer group draining the relay's topic, batched and one message at a time.

@@ -1,11 +1,12 @@
 //! The pipeline benchmark (`bench` binary, `scripts/bench.sh`): one run measures the broker's
-//! ceiling, the relay's and each consumer group's drain rates, end-to-end latency at fixed
+//! and PostgreSQL's ceilings, the relay's and each consumer group's drain rates, end-to-end latency at fixed
 //! open-loop rates, the highest sustained rate and each process's CPU and peak memory, each phase
 //! in its own database, topic and consumer groups.
 
 pub mod broker;
 pub mod config;
 pub mod consumer_drain;
+pub mod database;
 pub mod dbprofile;
 pub mod driver;
 pub mod envs;
@@ -58,6 +59,13 @@ async fn run(settings: &Settings, envs: &EnvRegistry, report: &mut Report) {
                 report.broker = Some(b);
             }
             Err(e) => report.errors.push(format!("broker phase: {e:#}")),
+        }
+    }
+    if settings.runs(Phase::Database) {
+        say("phase 1b: PostgreSQL ceiling (one-row commits, batched inserts)");
+        match database::run(settings, envs, &mut report.notes).await {
+            Ok(d) => report.database = Some(d),
+            Err(e) => report.errors.push(format!("database phase: {e:#}")),
         }
     }
     if settings.runs(Phase::Relay) || settings.runs(Phase::Consumer) {

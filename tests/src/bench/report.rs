@@ -11,6 +11,7 @@ use serde::Serialize;
 use super::broker::BrokerResult;
 use super::config::Settings;
 use super::consumer_drain::GroupDrain;
+use super::database::DatabaseCeiling;
 use super::dbprofile::DbActivity;
 use super::latency::LatencyRun;
 use super::procstat::{cores, CpuUse};
@@ -27,6 +28,8 @@ pub struct Report {
     pub host: Host,
     pub settings: Settings,
     pub broker: Option<BrokerResult>,
+    /// PostgreSQL alone.
+    pub database: Option<DatabaseCeiling>,
     pub relay: Option<RelayResult>,
     pub consumer: Vec<GroupDrain>,
     pub latency: Vec<LatencyRun>,
@@ -34,6 +37,9 @@ pub struct Report {
     /// Highest peak resident memory (VmHWM) of each service over every phase, MiB.
     pub peak_rss_mb: BTreeMap<String, f64>,
     pub targets: Vec<TargetCheck>,
+    /// Pipeline figures over the database's ceiling of the same shape (measured in this run):
+    /// drains over pg_batch_rows_per_s, the sustained rate over pg_commit_tps.
+    pub vs_database: BTreeMap<String, f64>,
     /// Things seen along the way: unclean exits, dead letters, parked events, clean-up problems.
     pub notes: Vec<String>,
     /// Phases that failed.
@@ -75,12 +81,14 @@ impl Report {
             host,
             settings: settings.clone(),
             broker: None,
+            database: None,
             relay: None,
             consumer: Vec::new(),
             latency: Vec::new(),
             sustained: None,
             peak_rss_mb: BTreeMap::new(),
             targets: Vec::new(),
+            vs_database: BTreeMap::new(),
             notes: Vec::new(),
             errors: Vec::new(),
         }
@@ -106,6 +114,34 @@ impl Report {
             }
         }
         self.targets = self.check_targets();
+        self.vs_database = self.database_ratios();
+    }
+
+    fn database_ratios(&self) -> BTreeMap<String, f64> {
+        let mut ratios = BTreeMap::new();
+        let Some(d) = &self.database else {
+            return ratios;
+        };
+        let ratio = |x: f64, ceiling: f64| (x / ceiling.max(1.0) * 1000.0).round() / 1000.0;
+        if let Some(r) = &self.relay {
+            let _ = ratios.insert(
+                "relay_drain_eps / pg_batch_rows_per_s".to_owned(),
+                ratio(r.relay_drain_eps, d.batch_rows_per_s),
+            );
+        }
+        for g in &self.consumer {
+            let _ = ratios.insert(
+                format!("consumer_drain_eps[{}] / pg_batch_rows_per_s", g.group),
+                ratio(g.batched.eps, d.batch_rows_per_s),
+            );
+        }
+        if let Some(sus) = &self.sustained {
+            let _ = ratios.insert(
+                "sustained_events_per_s / pg_commit_tps".to_owned(),
+                ratio(sus.events_per_s, d.commit_tps),
+            );
+        }
+        ratios
     }
 
     fn check_targets(&self) -> Vec<TargetCheck> {

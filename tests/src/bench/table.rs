@@ -90,6 +90,30 @@ fn write_report(o: &mut String, r: &Report) -> std::fmt::Result {
         writeln!(o, "{}", cpu(&b.cpu_consume))?;
         writeln!(o, "   produce, relay-like {:>9}   ({:.2} s; batches of {}, each waiting for all its acks)", eps(b.produce_batched_eps), b.produce_batched_seconds, s.relay_batch_size)?;
     }
+    if let Some(d) = &r.database {
+        writeln!(
+            o,
+            "\n1b. PostgreSQL ceiling: rows of {} B jsonb (identity key, unique uuid), nothing else running",
+            d.payload_bytes
+        )?;
+        writeln!(
+            o,
+            "   pg_commit_tps       {:>10}   (one row per transaction, {} connections, {:.1} s)",
+            eps(d.commit_tps),
+            d.commit_connections,
+            d.commit_seconds
+        )?;
+        writeln!(o, "{}", cpu(&d.cpu_commit))?;
+        writeln!(
+            o,
+            "   pg_batch_rows_per_s {:>10}   ({} rows per transaction, {} connections, {:.1} s)",
+            eps(d.batch_rows_per_s),
+            d.batch_rows,
+            d.batch_connections,
+            d.batch_seconds
+        )?;
+        writeln!(o, "{}", cpu(&d.cpu_batch))?;
+    }
     if let Some(x) = &r.relay {
         writeln!(
             o,
@@ -245,6 +269,12 @@ fn write_report(o: &mut String, r: &Report) -> std::fmt::Result {
             "\n6. Peak resident memory (VmHWM, MiB, max over phases): {}",
             peaks.join(", ")
         )?;
+    }
+    if !r.vs_database.is_empty() {
+        writeln!(o, "\nAgainst PostgreSQL's ceiling of the same shape")?;
+        for (name, v) in &r.vs_database {
+            writeln!(o, "   {name:<58} {v:>8.3}")?;
+        }
     }
     writeln!(o, "\nTargets")?;
     for t in &r.targets {
