@@ -50,16 +50,29 @@ impl OutboxEvent {
 /// row that already failed an attempt can be failed or waiting for a retry, so the check reads a
 /// partial index of such rows.
 pub async fn claim_batch(pool: &PgPool, limit: i64) -> Result<Vec<OutboxEvent>, sqlx::Error> {
+    claim_batch_excluding(pool, limit, &[]).await
+}
+
+/// [`claim_batch`], leaving out every event of the aggregates in `busy`: those with a batch
+/// still on its way to Kafka. A later event of such an aggregate waits until that batch's outcome
+/// is recorded, so it can never overtake an earlier event that ends up failing.
+pub async fn claim_batch_excluding(
+    pool: &PgPool,
+    limit: i64,
+    busy: &[&str],
+) -> Result<Vec<OutboxEvent>, sqlx::Error> {
     // Planned on every execution: a cached generic plan, made while the table was small, turns
     // the anti-join into a scan per row once the table has grown (seen: 3 s instead of 9 ms).
+    // With the values known to the planner, `<> ALL` of a long list is a hash lookup.
     sqlx::query_as::<_, OutboxEvent>(CLAIM_SQL)
         .persistent(false)
         .bind(limit)
+        .bind(busy)
         .fetch_all(pool)
         .await
 }
 
-/// The claim query; `$1` is the batch size. The queue is read first and limited, then the events
+/// The claim query; `$1` is the batch size, `$2` the aggregates to leave out. The queue is read first and limited, then the events
 /// are fetched by id through the outbox's primary key (`= ANY` of the claimed ids, so the planner
 /// cannot choose to read the large outbox whole).
 pub const CLAIM_SQL: &str = "WITH q AS MATERIALIZED (
@@ -67,6 +80,7 @@ pub const CLAIM_SQL: &str = "WITH q AS MATERIALIZED (
      FROM outbox_unpublished u
      WHERE u.state = 'pending'
        AND u.next_attempt_at <= now()
+       AND u.aggregate_id <> ALL ($2::text[])
        AND NOT EXISTS (
            SELECT 1 FROM outbox_unpublished p
            WHERE p.aggregate_id = u.aggregate_id

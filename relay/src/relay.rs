@@ -1,9 +1,13 @@
-//! The relay loop: claim a batch, publish it, record the outcome; wait for work when idle.
+//! The relay loop: claim a batch, publish it, record the outcome; wait for work when idle. Up to
+//! `--pipeline-depth` batches are out at once, each aggregate in one of them.
 
+use std::collections::HashSet;
+use std::future::Future;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use chrono::Utc;
+use futures::stream::{FuturesUnordered, StreamExt};
 use pipeline_core::db::OUTBOX_CHANNEL;
 use rdkafka::producer::Producer;
 use sqlx::postgres::PgListener;
@@ -11,7 +15,7 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 use crate::backoff::RetryPolicy;
-use crate::claim::claim_batch;
+use crate::claim::{claim_batch, claim_batch_excluding, OutboxEvent};
 use crate::config::RunArgs;
 use crate::leader::Leadership;
 use crate::mark::{mark_published, record_failures, FailedAttempt};
@@ -37,10 +41,23 @@ pub async fn relay_batch(
 ) -> Result<BatchOutcome, sqlx::Error> {
     let started = Instant::now();
     let events = claim_batch(pool, batch_size).await?;
+    publish_claimed(pool, producer, &events, started, retry, metrics).await
+}
+
+/// Publishes claimed `events`, waits for every delivery report and records the outcome: the
+/// published leave the queue, failed attempts get their backoff.
+pub async fn publish_claimed(
+    pool: &PgPool,
+    producer: &RelayProducer,
+    events: &[OutboxEvent],
+    started: Instant,
+    retry: &RetryPolicy,
+    metrics: &RelayMetrics,
+) -> Result<BatchOutcome, sqlx::Error> {
     if events.is_empty() {
         return Ok(BatchOutcome::default());
     }
-    let delivery = publish_batch(producer, &events).await;
+    let delivery = publish_batch(producer, events).await;
     let acked_at = Utc::now();
     pipeline_core::crash_point::crash_point(pipeline_core::crash_point::RELAY_AFTER_DELIVERY);
     mark_published(pool, &delivery.published).await?;
@@ -156,45 +173,117 @@ async fn run_active(
         None
     };
     let poll = Duration::from_millis(args.poll_interval_ms);
+    let depth = usize::try_from(args.pipeline_depth).unwrap_or(1).max(1);
     let mut last_lock_check = Instant::now();
     let mut error_streak: u32 = 0;
-    while !shutdown.is_cancelled() {
+    // Batches on their way to Kafka, and the aggregates they hold: the next claim leaves those
+    // out, so an aggregate is in one batch at a time and its events keep their order.
+    let mut in_flight = FuturesUnordered::new();
+    let mut busy: HashSet<String> = HashSet::new();
+    let result = loop {
+        if shutdown.is_cancelled() {
+            break Ok(());
+        }
         if last_lock_check.elapsed() >= Duration::from_secs(1) {
             if !leadership.still_held().await {
                 tracing::warn!("lost the relay lock; standing by");
-                return Ok(());
+                break Ok(());
             }
             last_lock_check = Instant::now();
         }
-        match relay_batch(pool, producer, args.batch_size, retry, metrics).await {
-            Ok(outcome) => {
-                error_streak = 0;
-                metrics
-                    .last_success
-                    .set(Utc::now().timestamp_millis() as f64 / 1000.0);
-                // Events that committed while this batch was out are due now: claim again at
-                // once, and pause only when a claim found nothing.
-                if outcome.claimed > 0 {
+        let mut failed: Option<sqlx::Error> = None;
+        if in_flight.len() < depth {
+            let started = Instant::now();
+            let exclude: Vec<&str> = busy.iter().map(String::as_str).collect();
+            match claim_batch_excluding(pool, args.batch_size, &exclude).await {
+                Ok(events) if !events.is_empty() => {
+                    let aggregates: HashSet<String> =
+                        events.iter().map(|e| e.aggregate_id.clone()).collect();
+                    busy.extend(aggregates.iter().cloned());
+                    // Its own task: it is produced and marked while this loop claims the next.
+                    let (p, k, r, m) =
+                        (pool.clone(), producer.clone(), retry.clone(), metrics.clone());
+                    let batch = tokio::spawn(async move {
+                        publish_claimed(&p, &k, &events, started, &r, &m).await
+                    });
+                    in_flight.push(async move {
+                        let outcome = batch.await.unwrap_or_else(|e| {
+                            Err(sqlx::Error::Protocol(format!("relay batch task failed: {e}")))
+                        });
+                        (aggregates, outcome)
+                    });
+                    // Events that committed while earlier batches were out may be due: claim
+                    // again at once, and pause only when a claim finds nothing.
                     continue;
                 }
-                wait_for_work(listener.as_mut(), poll, shutdown).await;
+                Ok(_) if in_flight.is_empty() => {
+                    error_streak = 0;
+                    record_success(metrics);
+                    wait_for_work(listener.as_mut(), poll, shutdown).await;
+                    continue;
+                }
+                Ok(_) => {}
+                Err(e) => failed = Some(e),
             }
-            Err(e) => {
-                error_streak = error_streak.saturating_add(1);
-                let pause = retry.delay(error_streak.min(10) as i32);
-                tracing::error!(error = %e, pause_ms = pause.as_millis() as u64, "relay step failed; retrying");
-                metrics
-                    .publish_errors
-                    .with_label_values(&["database"])
-                    .inc();
-                tokio::select! {
-                    _ = shutdown.cancelled() => {}
-                    _ = tokio::time::sleep(pause) => {}
+        }
+        if failed.is_none() {
+            if let Some((aggregates, outcome)) = in_flight.next().await {
+                release(&mut busy, &aggregates);
+                match outcome {
+                    Ok(_) => {
+                        error_streak = 0;
+                        record_success(metrics);
+                    }
+                    Err(e) => failed = Some(e),
                 }
             }
         }
+        if let Some(e) = failed {
+            // Let the batches already out record their outcome before pausing.
+            settle(&mut in_flight, &mut busy).await;
+            error_streak = error_streak.saturating_add(1);
+            let pause = retry.delay(error_streak.min(10) as i32);
+            tracing::error!(error = %e, pause_ms = pause.as_millis() as u64, "relay step failed; retrying");
+            metrics
+                .publish_errors
+                .with_label_values(&["database"])
+                .inc();
+            tokio::select! {
+                _ = shutdown.cancelled() => {}
+                _ = tokio::time::sleep(pause) => {}
+            }
+        }
+    };
+    // Stopping, or the lock is lost: the batches already out still record what Kafka did.
+    settle(&mut in_flight, &mut busy).await;
+    result
+}
+
+type InFlight = (HashSet<String>, Result<BatchOutcome, sqlx::Error>);
+
+/// Waits for every batch in flight and records each outcome.
+async fn settle<F: Future<Output = InFlight>>(
+    in_flight: &mut FuturesUnordered<F>,
+    busy: &mut HashSet<String>,
+) {
+    while let Some((aggregates, outcome)) = in_flight.next().await {
+        release(busy, &aggregates);
+        if let Err(e) = outcome {
+            tracing::error!(error = %e, "recording a batch's outcome failed; its events stay queued");
+        }
     }
-    Ok(())
+}
+
+fn release(busy: &mut HashSet<String>, aggregates: &HashSet<String>) {
+    for a in aggregates {
+        let _ = busy.remove(a);
+    }
+}
+
+fn record_success(metrics: &RelayMetrics) {
+    metrics
+        .last_success
+        .set(Utc::now().timestamp_millis() as f64 / 1000.0);
 }
 
 async fn wait_for_work(

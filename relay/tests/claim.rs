@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use relay::claim::claim_batch;
+use relay::claim::{claim_batch, claim_batch_excluding};
 use relay::mark::{mark_published, record_failures, FailedAttempt, Published};
 use sqlx::PgPool;
 
@@ -216,6 +216,7 @@ async fn claim_plan_and_time(pool: &PgPool, published: i64, pending: i64) {
         .expect("vacuum");
     let plan: Vec<String> = sqlx::query_scalar(&format!("EXPLAIN {}", relay::claim::CLAIM_SQL))
         .bind(2000_i64)
+        .bind(Vec::<String>::new())
         .fetch_all(pool)
         .await
         .expect("explain");
@@ -280,4 +281,32 @@ async fn any_writer_s_insert_joins_the_queue_in_its_own_transaction(pool: PgPool
         .await
         .expect("status");
     assert_eq!(status, vec!["pending"; 4]);
+}
+
+#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+async fn an_aggregate_with_a_batch_in_flight_is_left_out_until_it_settles(pool: PgPool) {
+    // order-a's first event is on its way to Kafka in an earlier batch; its second event, and
+    // nothing of order-a, may go out in the next batch, whatever the first one's fate.
+    let a1 = append(&pool, "order-a", "order.placed").await;
+    let b1 = append(&pool, "order-b", "order.placed").await;
+    let a2 = append(&pool, "order-a", "order.paid").await;
+    let next = claim_batch_excluding(&pool, 100, &["order-a"])
+        .await
+        .expect("claim");
+    assert_eq!(ids(&next), vec![b1], "only aggregates without a batch in flight");
+
+    // order-a's batch failed: a1 waits for its retry, and a2 stays behind it.
+    record_failures(
+        &pool,
+        &[FailedAttempt {
+            id: a1,
+            error: "broker unavailable".into(),
+            retry_in: Duration::from_secs(60),
+            give_up: false,
+        }],
+    )
+    .await
+    .expect("record failure");
+    let after = claim_batch_excluding(&pool, 100, &[]).await.expect("claim");
+    assert_eq!(ids(&after), vec![b1], "a2 is held behind a1's retry: {a2}");
 }
