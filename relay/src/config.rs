@@ -53,7 +53,7 @@ pub struct RunArgs {
     /// Batches on their way to Kafka at once: the next batch is claimed while earlier ones are
     /// produced and marked. An aggregate is in at most one of them, so its events keep their
     /// order. 1: claim, publish and mark one batch at a time.
-    #[arg(long, env = "RELAY_PIPELINE_DEPTH", default_value_t = 2,
+    #[arg(long, env = "RELAY_PIPELINE_DEPTH", default_value_t = 4,
           value_parser = clap::value_parser!(u32).range(1..=16))]
     pub pipeline_depth: u32,
     /// Pause between claims when the outbox has nothing due, in milliseconds.

@@ -201,14 +201,20 @@ async fn run_active(
                         events.iter().map(|e| e.aggregate_id.clone()).collect();
                     busy.extend(aggregates.iter().cloned());
                     // Its own task: it is produced and marked while this loop claims the next.
-                    let (p, k, r, m) =
-                        (pool.clone(), producer.clone(), retry.clone(), metrics.clone());
+                    let (p, k, r, m) = (
+                        pool.clone(),
+                        producer.clone(),
+                        retry.clone(),
+                        metrics.clone(),
+                    );
                     let batch = tokio::spawn(async move {
                         publish_claimed(&p, &k, &events, started, &r, &m).await
                     });
                     in_flight.push(async move {
                         let outcome = batch.await.unwrap_or_else(|e| {
-                            Err(sqlx::Error::Protocol(format!("relay batch task failed: {e}")))
+                            Err(sqlx::Error::Protocol(format!(
+                                "relay batch task failed: {e}"
+                            )))
                         });
                         (aggregates, outcome)
                     });

@@ -293,7 +293,11 @@ async fn an_aggregate_with_a_batch_in_flight_is_left_out_until_it_settles(pool: 
     let next = claim_batch_excluding(&pool, 100, &["order-a"])
         .await
         .expect("claim");
-    assert_eq!(ids(&next), vec![b1], "only aggregates without a batch in flight");
+    assert_eq!(
+        ids(&next),
+        vec![b1],
+        "only aggregates without a batch in flight"
+    );
 
     // order-a's batch failed: a1 waits for its retry, and a2 stays behind it.
     record_failures(
