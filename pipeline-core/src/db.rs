@@ -74,6 +74,13 @@ impl DbArgs {
             .database_url
             .parse()
             .with_context(|| format!("invalid DATABASE_URL {}", redact_url(&self.database_url)))?;
+        // Operators (and pg_stat_activity) see which program a connection belongs to, unless the
+        // URL names it already.
+        if options.get_application_name().is_none() {
+            if let Some(program) = program_name() {
+                options = options.application_name(&program);
+            }
+        }
         if let Some(t) = statement_timeout {
             options = options.options([("statement_timeout", t.as_millis().to_string())]);
         }
@@ -96,6 +103,12 @@ impl DbArgs {
         }
         Ok(pool)
     }
+}
+
+/// This executable's file name (`producer`, `relay`, `consumer`…).
+fn program_name() -> Option<String> {
+    let exe = std::env::current_exe().ok()?;
+    Some(exe.file_stem()?.to_string_lossy().into_owned())
 }
 
 #[cfg(test)]

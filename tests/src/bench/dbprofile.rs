@@ -1,10 +1,12 @@
 //! Where a phase's database time goes: a sampler reads `pg_stat_activity` of the phase's database
 //! every 25 ms and tallies what each client connection is doing (running which statement,
 //! waiting on a lock, or idle in a transaction while the client works), so the report can say
-//! "the relay spends its time in the claim" or "inventory batches wait on stock row locks".
+//! "the relay spends its time in the claim" or "inventory batches wait on stock row locks". It
+//! also adds up the CPU of the server processes serving each client program (by the
+//! connections' `application_name`), so PostgreSQL's share is split by who asked for the work.
 
-use std::collections::HashMap;
-use std::time::Duration;
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use sqlx::{Connection, PgConnection};
@@ -12,6 +14,8 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 const SAMPLE_EVERY: Duration = Duration::from_millis(25);
+/// Server processes' CPU is read every this many samples.
+const CPU_EVERY: u64 = 8;
 /// Characters of a statement kept to name it.
 const HEAD: usize = 64;
 /// Marks the statements the benchmark itself runs while it samples (a leading SQL comment), so
@@ -26,6 +30,9 @@ pub struct DbActivity {
     /// `lock wait: <statement>`, `idle in transaction after: <statement>`. Idle connections
     /// are left out.
     pub busy: Vec<(String, f64)>,
+    /// CPU% (100 = one core) of the PostgreSQL backends serving each client program, by
+    /// `application_name`, over the phase.
+    pub cpu_by_client: BTreeMap<String, f64>,
 }
 
 impl DbActivity {
@@ -37,7 +44,16 @@ impl DbActivity {
             .take(n)
             .map(|(what, avg)| format!("{avg:.2} {what}"))
             .collect();
-        parts.join(" | ")
+        let cpu: Vec<String> = self
+            .cpu_by_client
+            .iter()
+            .map(|(client, p)| format!("{client} {p:.0}%"))
+            .collect();
+        format!(
+            "{}; PostgreSQL CPU by client: {}",
+            parts.join(" | "),
+            cpu.join(", ")
+        )
     }
 }
 
@@ -63,10 +79,25 @@ impl DbProfiler {
     }
 }
 
-type Row = (Option<String>, Option<String>, Option<String>);
+type Row = (
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    i32,
+    Option<String>,
+);
+
+/// One backend's CPU ticks: its client, and the first and latest reading.
+struct BackendCpu {
+    client: String,
+    first: u64,
+    last: u64,
+}
 
 async fn sample(mut conn: PgConnection, stop: CancellationToken) -> DbActivity {
     let mut counts: HashMap<String, u64> = HashMap::new();
+    let mut backends: HashMap<u32, BackendCpu> = HashMap::new();
+    let started = Instant::now();
     let mut samples = 0u64;
     let mut tick = tokio::time::interval(SAMPLE_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
@@ -76,7 +107,8 @@ async fn sample(mut conn: PgConnection, stop: CancellationToken) -> DbActivity {
             _ = tick.tick() => {}
         }
         let rows: Vec<Row> = match sqlx::query_as(
-            "/* bench */ SELECT state, wait_event_type, query FROM pg_stat_activity
+            "/* bench */ SELECT state, wait_event_type, query, pid, application_name
+             FROM pg_stat_activity
              WHERE datname = current_database() AND pid <> pg_backend_pid()
                AND backend_type = 'client backend'",
         )
@@ -86,12 +118,36 @@ async fn sample(mut conn: PgConnection, stop: CancellationToken) -> DbActivity {
             Ok(rows) => rows,
             Err(_) => break,
         };
+        let read_cpu = samples.is_multiple_of(CPU_EVERY);
         samples += 1;
-        for (state, wait, query) in rows {
+        for (state, wait, query, pid, client) in rows {
             if let Some(what) = classify(state.as_deref(), wait.as_deref(), query.as_deref()) {
                 *counts.entry(what).or_insert(0) += 1;
             }
+            let ticks = u32::try_from(pid)
+                .ok()
+                .and_then(|pid| Some((pid, super::procstat::cpu_ticks(pid)?)));
+            if let (true, Some((pid, ticks))) = (read_cpu, ticks) {
+                let b = backends.entry(pid).or_insert_with(|| BackendCpu {
+                    client: client
+                        .filter(|c| !c.is_empty())
+                        .unwrap_or_else(|| "?".into()),
+                    first: ticks,
+                    last: ticks,
+                });
+                b.last = ticks;
+            }
         }
+    }
+    let seconds = started.elapsed().as_secs_f64().max(1e-3);
+    let mut cpu_by_client: BTreeMap<String, f64> = BTreeMap::new();
+    for b in backends.values() {
+        // USER_HZ ticks: 100 per second.
+        *cpu_by_client.entry(b.client.clone()).or_insert(0.0) +=
+            (b.last - b.first) as f64 / seconds;
+    }
+    for p in cpu_by_client.values_mut() {
+        *p = super::procstat::round1(*p);
     }
     let mut busy: Vec<(String, f64)> = counts
         .into_iter()
@@ -105,7 +161,11 @@ async fn sample(mut conn: PgConnection, stop: CancellationToken) -> DbActivity {
         .collect();
     busy.sort_by(|a, b| b.1.total_cmp(&a.1));
     busy.truncate(12);
-    DbActivity { samples, busy }
+    DbActivity {
+        samples,
+        busy,
+        cpu_by_client,
+    }
 }
 
 /// What one connection is doing; `None` when idle or when it is the benchmark's own query.

@@ -90,7 +90,7 @@ pub fn pids_named(name: &str) -> Vec<u32> {
 }
 
 /// utime + stime of a process, in ticks; `None` once it is gone.
-fn cpu_ticks(pid: u32) -> Option<u64> {
+pub(crate) fn cpu_ticks(pid: u32) -> Option<u64> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name (field 2) may hold spaces; the fields after its closing parenthesis are
     // state (3), …, utime (14), stime (15).

@@ -1,6 +1,7 @@
 //! The highest rate the whole pipeline holds: open-loop steps of rising rate, each in a fresh
 //! environment, until one is not held. When not even the first is held, the rate is halved until
-//! one is (down to 250/s), so the report still says where the pipeline stands.
+//! one is (down to 250/s), then the rate halfway to the lowest one not held is tried once, so the
+//! report still says where the pipeline stands.
 //!
 //! A step is held when the driver kept its schedule (p99 dispatch delay ≤ 100 ms), at least 99%
 //! of the requests succeeded on time and at most 0.1% failed, and, at the end of the step, the
@@ -90,6 +91,9 @@ pub async fn run(
     let mut ascending = settings.sustain_rates.iter().copied();
     let mut next = ascending.next();
     let mut going_down = false;
+    // The lowest rate not held, and whether the midpoint below it was tried already.
+    let mut failed_at: Option<f64> = None;
+    let mut refined = false;
     while let Some(rate) = next {
         let name = format!("bench_sustain_{}", rate.round());
         let env = envs.create(&name, settings.partitions).await?;
@@ -98,14 +102,19 @@ pub async fn run(
         let step = step?;
         let ok = step.held;
         steps.push(step);
+        if ok {
+            held = rate;
+        } else {
+            failed_at = Some(failed_at.map_or(rate, |f: f64| f.min(rate)));
+        }
         next = match (ok, going_down) {
-            (true, false) => {
-                held = rate;
-                ascending.next()
-            }
+            (true, false) => ascending.next(),
+            // Found one held on the way down: one step halfway to the rate that was not held,
+            // so the figure is within a quarter of the truth rather than a half.
+            (true, true) | (false, true) if refined => None,
             (true, true) => {
-                held = rate;
-                None
+                refined = true;
+                failed_at.map(|f| ((held + f) / 2.0).round())
             }
             (false, _) if held > 0.0 => None,
             // Not even the first step: halve until one holds, to say where the pipeline is.
