@@ -122,91 +122,142 @@ pub async fn process_batch_with(
     ctx: &BatchContext<'_>,
     messages: &[InboundMessage],
 ) -> Result<BatchReport, ProcessError> {
+    let batch = PartitionBatch {
+        fence: ctx.fence,
+        messages,
+    };
+    let mut reports = process_batches(ctx, std::slice::from_ref(&batch)).await?;
+    Ok(reports.pop().unwrap_or_default())
+}
+
+/// One partition's messages (in offset order) within a shared transaction, and the token this
+/// consumer owns the partition with (none: not fenced).
+pub struct PartitionBatch<'a> {
+    pub fence: Option<&'a Fence>,
+    pub messages: &'a [InboundMessage],
+}
+
+/// One partition batch's messages sorted out before the transaction.
+struct Member<'m> {
+    fence: Option<&'m Fence>,
+    messages: &'m [InboundMessage],
+    outcomes: Vec<Option<Outcome>>,
+    valid: Vec<(usize, Pending<'m>)>,
+    unreadable: Vec<(usize, String)>,
+    orders: Vec<String>,
+    report: BatchReport,
+}
+
+/// Processes the batches of one or more partitions in one transaction and commits it: each
+/// partition's events still pass the dedupe constraint and are applied in its offset order, the
+/// handler prepares and flushes once for all of them, and one commit covers them all. Any error
+/// rolls back every batch. `ctx.fence` is ignored: each batch carries its own. One report per
+/// batch, in the order given.
+pub async fn process_batches(
+    ctx: &BatchContext<'_>,
+    batches: &[PartitionBatch<'_>],
+) -> Result<Vec<BatchReport>, ProcessError> {
     let handler = ctx.handler;
     let group = handler.group();
-    let mut outcomes: Vec<Option<Outcome>> = vec![None; messages.len()];
-    let mut report = BatchReport::default();
 
     // Sort out records that are not readable events; keep the first copy of each event id.
-    let mut valid: Vec<(usize, Pending<'_>)> = Vec::new();
-    let mut unreadable: Vec<(usize, String)> = Vec::new();
     let mut seen: HashSet<Uuid> = HashSet::new();
-    for (i, msg) in messages.iter().enumerate() {
-        match read_event(msg) {
-            Ok(event) => {
-                if seen.insert(event.envelope.event_id) {
-                    valid.push((i, Pending { msg, event }));
-                } else {
-                    outcomes[i] = Some(Outcome::Duplicate);
+    let mut members: Vec<Member<'_>> = batches
+        .iter()
+        .map(|b| {
+            let mut member = Member {
+                fence: b.fence,
+                messages: b.messages,
+                outcomes: vec![None; b.messages.len()],
+                valid: Vec::new(),
+                unreadable: Vec::new(),
+                orders: Vec::new(),
+                report: BatchReport::default(),
+            };
+            for (i, msg) in b.messages.iter().enumerate() {
+                match read_event(msg) {
+                    Ok(event) if seen.insert(event.envelope.event_id) => {
+                        member.valid.push((i, Pending { msg, event }));
+                    }
+                    Ok(_) => member.outcomes[i] = Some(Outcome::Duplicate),
+                    Err(reason) => member.unreadable.push((i, reason)),
                 }
             }
-            Err(reason) => unreadable.push((i, reason)),
-        }
-    }
-    let orders: Vec<String> = {
-        let mut o: Vec<String> = valid
-            .iter()
-            .map(|(_, p)| p.event.envelope.aggregate_id.clone())
-            .collect();
-        o.sort();
-        o.dedup();
-        o
-    };
+            member.orders = member
+                .valid
+                .iter()
+                .map(|(_, p)| p.event.envelope.aggregate_id.clone())
+                .collect();
+            member.orders.sort();
+            member.orders.dedup();
+            member
+        })
+        .collect();
 
     let began = std::time::Instant::now();
     let mut tx = ctx.pool.begin().await?;
-    // One round trip: the ownership fence, the dedupe constraint (only rows inserted now are new
-    // to this group), and the orders' progress and parked events.
-    let start = start_batch(&mut tx, group, ctx.fence, &valid, &orders).await?;
-    let mut letters: Vec<DeadLetter> = Vec::new();
-    for (i, reason) in unreadable {
-        let letter = DeadLetter::now(&messages[i], None, &reason);
-        dead_letter::record(&mut tx, group, &letter).await?;
-        letters.push(letter);
-        outcomes[i] = Some(Outcome::DeadLettered);
-    }
-    let mut fresh: Vec<(usize, Pending<'_>)> = Vec::with_capacity(start.new_ids.len());
-    for (i, p) in valid {
-        if start.new_ids.contains(&p.event.envelope.event_id) {
-            fresh.push((i, p));
-        } else {
-            outcomes[i] = Some(Outcome::Duplicate);
+    let mut state = BatchState::default();
+    // Per batch, one round trip: the ownership fence, the dedupe constraint (only rows inserted
+    // now are new to this group), and the orders' progress and parked events.
+    let mut fresh: Vec<Vec<(usize, Pending<'_>)>> = Vec::with_capacity(members.len());
+    for m in &mut members {
+        let start = start_batch(&mut tx, group, m.fence, &m.valid, &m.orders).await?;
+        state.progress.extend(start.progress);
+        state.parked_orders.extend(start.parked_orders);
+        for (i, reason) in std::mem::take(&mut m.unreadable) {
+            let letter = DeadLetter::now(&m.messages[i], None, &reason);
+            dead_letter::record(&mut tx, group, &letter).await?;
+            state.letters.push(letter);
+            m.outcomes[i] = Some(Outcome::DeadLettered);
         }
+        let mut new = Vec::with_capacity(start.new_ids.len());
+        for (i, p) in std::mem::take(&mut m.valid) {
+            if start.new_ids.contains(&p.event.envelope.event_id) {
+                new.push((i, p));
+            } else {
+                m.outcomes[i] = Some(Outcome::Duplicate);
+            }
+        }
+        fresh.push(new);
     }
 
-    let events: Vec<Event> = fresh.iter().map(|(_, p)| p.event.clone()).collect();
+    let events: Vec<Event> = fresh
+        .iter()
+        .flatten()
+        .map(|(_, p)| p.event.clone())
+        .collect();
     let mut effects_batch = handler.batch();
     effects_batch.prepare(&mut tx, &events).await?;
-    let mut state = BatchState {
-        progress: start.progress,
-        advanced: HashMap::new(),
-        parked_orders: start.parked_orders,
-        effects: Vec::new(),
-        letters,
-    };
-    for (i, p) in &fresh {
-        let env = &p.event.envelope;
-        // Every log line of this event's handling carries its ids and the caller's trace context.
-        let span = tracing::info_span!(
-            "event",
-            group,
-            event_id = %env.event_id,
-            order_id = %env.aggregate_id,
-            sequence = env.sequence,
-            event_type = %env.event_type,
-            traceparent = env.traceparent.as_deref().unwrap_or(""),
-        );
-        let outcome = handle_event(
-            &mut tx,
-            effects_batch.as_mut(),
-            group,
-            &mut state,
-            &mut report,
-            p,
-        )
-        .instrument(span)
-        .await?;
-        outcomes[*i] = Some(outcome);
+    // Which of `state.effects` each batch applied.
+    let mut applied: Vec<std::ops::Range<usize>> = Vec::with_capacity(members.len());
+    for (m, new) in members.iter_mut().zip(&fresh) {
+        let first = state.effects.len();
+        for (i, p) in new {
+            let env = &p.event.envelope;
+            // Every log line of this event's handling carries its ids and the caller's trace
+            // context.
+            let span = tracing::info_span!(
+                "event",
+                group,
+                event_id = %env.event_id,
+                order_id = %env.aggregate_id,
+                sequence = env.sequence,
+                event_type = %env.event_type,
+                traceparent = env.traceparent.as_deref().unwrap_or(""),
+            );
+            let outcome = handle_event(
+                &mut tx,
+                effects_batch.as_mut(),
+                group,
+                &mut state,
+                &mut m.report,
+                p,
+            )
+            .instrument(span)
+            .await?;
+            m.outcomes[*i] = Some(outcome);
+        }
+        applied.push(first..state.effects.len());
     }
     let BatchState {
         advanced,
@@ -221,14 +272,23 @@ pub async fn process_batch_with(
         sink.publish(group, &letters).await?;
     }
     tx.commit().await?;
-    report.transaction_duration = began.elapsed();
+    let transaction_duration = began.elapsed();
 
-    report.applied_occurred_at = effects.iter().map(|e| e.occurred_at).collect();
-    report.outcomes = outcomes
+    Ok(members
         .into_iter()
-        .map(|o| o.unwrap_or(Outcome::Duplicate))
-        .collect();
-    Ok(report)
+        .zip(applied)
+        .map(|(m, range)| {
+            let mut report = m.report;
+            report.transaction_duration = transaction_duration;
+            report.applied_occurred_at = effects[range].iter().map(|e| e.occurred_at).collect();
+            report.outcomes = m
+                .outcomes
+                .into_iter()
+                .map(|o| o.unwrap_or(Outcome::Duplicate))
+                .collect();
+            report
+        })
+        .collect())
 }
 
 /// What a batch has learned so far about the orders it touches.

@@ -127,9 +127,14 @@ pub struct RunArgs {
     /// Address of the /metrics, /healthz and /readyz endpoint (port 0 picks one).
     #[arg(long, env = "METRICS_LISTEN", default_value = "127.0.0.1:9102")]
     pub metrics_listen: SocketAddr,
-    /// Most messages of one partition applied in one database transaction.
+    /// Most messages applied in one database transaction (1: one transaction per message).
     #[arg(long, env = "CONSUMER_MAX_BATCH", default_value_t = 500)]
     pub max_batch: usize,
+    /// Most database transactions a group runs at once, each taking the batches of every
+    /// partition waiting for one (up to --max-batch messages). 0: each partition batch has a
+    /// transaction of its own.
+    #[arg(long, env = "CONSUMER_GROUP_TRANSACTIONS", default_value_t = 2)]
+    pub group_transactions: usize,
     /// Messages queued for one partition before it is paused.
     #[arg(long, env = "CONSUMER_MAX_QUEUED", default_value_t = 1000)]
     pub max_queued: usize,

@@ -18,6 +18,7 @@ pub mod process_error;
 pub mod rebalance;
 pub mod report;
 pub mod resolve;
+pub mod shared_tx;
 pub mod store;
 pub mod worker;
 
@@ -35,6 +36,7 @@ use crate::config::{GroupKind, RunArgs};
 use crate::handler::Handler;
 use crate::metrics::ConsumerMetrics;
 use crate::notification::{LoggingSender, NotificationSender};
+use crate::shared_tx::{SharedTransactions, SharedTxSettings};
 use crate::worker::{FatalSignal, WorkerShared};
 
 /// The handler of a group kind; `name` is the dedupe scope and Kafka group id.
@@ -149,6 +151,19 @@ pub async fn run_with_sender(
         let handler = handler_for(kind, name.clone());
         metrics.init_group(&name);
         let (progress_tx, progress_rx) = mpsc::channel();
+        let shared_transactions = (args.group_transactions > 0 && args.max_batch > 1).then(|| {
+            Arc::new(SharedTransactions::start(
+                SharedTxSettings {
+                    pool: pool.clone(),
+                    handler: handler.clone(),
+                    dead_letters: dead_letters.clone(),
+                    metrics: metrics.clone(),
+                    transactions: args.group_transactions,
+                    max_messages: args.max_batch,
+                },
+                stop.clone(),
+            ))
+        });
         let shared = WorkerShared {
             pool: pool.clone(),
             handler,
@@ -160,6 +175,7 @@ pub async fn run_with_sender(
             retry_base: Duration::from_millis(args.retry_base_ms),
             retry_max: Duration::from_millis(args.retry_max_ms),
             retry_budget: Duration::from_millis(args.retry_budget_ms),
+            shared_transactions,
         };
         if kind == GroupKind::Notification {
             background.push(tokio::spawn(notification::dispatch(

@@ -23,6 +23,8 @@ pub struct ConsumerMetrics {
     pub processing_duration: HistogramVec,
     pub transaction_duration: HistogramVec,
     pub batch_size: HistogramVec,
+    pub transaction_partitions: HistogramVec,
+    pub shared_transaction_failures: IntCounterVec,
     pub end_to_end: HistogramVec,
     pub commit_duration: HistogramVec,
     pub commit_failures: IntCounterVec,
@@ -67,6 +69,21 @@ impl ConsumerMetrics {
             batch_size: HistogramVec::new(
                 HistogramOpts::new("consumer_batch_size", "Messages per partition batch")
                     .buckets(exponential_buckets(1.0, 4.0, 7)?),
+                &["group"],
+            )?,
+            transaction_partitions: HistogramVec::new(
+                HistogramOpts::new(
+                    "consumer_transaction_partition_batches",
+                    "Partition batches applied in one database transaction",
+                )
+                .buckets(vec![1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0]),
+                &["group"],
+            )?,
+            shared_transaction_failures: IntCounterVec::new(
+                Opts::new(
+                    "consumer_shared_transaction_failures_total",
+                    "Shared transactions of several partition batches that failed (each batch is then retried alone)",
+                ),
                 &["group"],
             )?,
             end_to_end: HistogramVec::new(
@@ -116,6 +133,8 @@ impl ConsumerMetrics {
         registry.register(Box::new(m.processing_duration.clone()))?;
         registry.register(Box::new(m.transaction_duration.clone()))?;
         registry.register(Box::new(m.batch_size.clone()))?;
+        registry.register(Box::new(m.transaction_partitions.clone()))?;
+        registry.register(Box::new(m.shared_transaction_failures.clone()))?;
         registry.register(Box::new(m.end_to_end.clone()))?;
         registry.register(Box::new(m.commit_duration.clone()))?;
         registry.register(Box::new(m.commit_failures.clone()))?;
@@ -137,6 +156,7 @@ impl ConsumerMetrics {
         let _ = self.out_of_sequence.with_label_values(&[group]);
         let _ = self.commit_failures.with_label_values(&[group]);
         let _ = self.batch_retries.with_label_values(&[group]);
+        let _ = self.shared_transaction_failures.with_label_values(&[group]);
         let _ = self.assigned_partitions.with_label_values(&[group]);
     }
 }

@@ -25,6 +25,7 @@ use crate::apply::{
 use crate::dead_letter::DeadLetterSink;
 use crate::handler::Handler;
 use crate::metrics::ConsumerMetrics;
+use crate::shared_tx::SharedTransactions;
 
 /// A batch committed: the group may commit `next_offset` for this partition.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,6 +70,8 @@ pub struct WorkerShared {
     /// How long a batch may keep failing, with the database answering, before its messages are
     /// isolated and the failing one dead-lettered.
     pub retry_budget: Duration,
+    /// When set, batches go through the group's shared transactions (see [`crate::shared_tx`]).
+    pub shared_transactions: Option<Arc<SharedTransactions>>,
 }
 
 /// One partition's task.
@@ -169,7 +172,8 @@ impl PartitionWorker {
             self.isolate_through = None;
         }
         let limit = if isolating { 1 } else { self.shared.max_batch };
-        let batch: Vec<InboundMessage> = self.pending.iter().take(limit).cloned().collect();
+        let batch: Arc<Vec<InboundMessage>> =
+            Arc::new(self.pending.iter().take(limit).cloned().collect());
         let ctx = BatchContext {
             pool: &self.shared.pool,
             handler: self.shared.handler.as_ref(),
@@ -177,7 +181,17 @@ impl PartitionWorker {
             dead_letters: self.shared.dead_letters.as_deref(),
         };
         let started = Instant::now();
-        match process_batch_with(&ctx, &batch).await {
+        let shared = match (&self.shared.shared_transactions, isolating) {
+            (Some(shared), false) => shared.process(&self.fence, batch.clone()).await,
+            _ => None,
+        };
+        let result = match shared {
+            Some(result) => result,
+            // Never start a transaction for a partition this process no longer owns.
+            None if self.stop.is_cancelled() => return false,
+            None => process_batch_with(&ctx, &batch).await,
+        };
+        match result {
             Ok(report) => {
                 pipeline_core::crash_point::crash_point(
                     pipeline_core::crash_point::CONSUMER_AFTER_DB_COMMIT,

@@ -2,12 +2,21 @@
 //! (`#[sqlx::test]` reads `DATABASE_URL`, e.g. postgres://postgres@127.0.0.1:5432/postgres).
 
 use chrono::Utc;
-use consumer::apply::{process_batch, InboundMessage, Outcome};
+use std::sync::Arc;
+
+use consumer::apply::{
+    claim_partition, process_batch, process_batches, BatchContext, Fence, InboundMessage, Outcome,
+    PartitionBatch, ProcessError,
+};
 use consumer::inventory::Inventory;
+use consumer::metrics::ConsumerMetrics;
 use consumer::notification::Notifications;
+use consumer::shared_tx::{SharedTransactions, SharedTxSettings};
 use pipeline_core::envelope::{Envelope, EnvelopeError};
 use pipeline_core::order_events::{OrderLine, OrderSnapshot, OrderStatus};
+use prometheus::Registry;
 use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 const GROUP: &str = "inventory";
@@ -353,4 +362,245 @@ async fn dispatch_records_each_outcome_and_gives_up_after_ten_attempts(pool: PgP
             .expect("dispatch"),
         0
     );
+}
+
+fn on_partition(mut m: InboundMessage, partition: i32) -> InboundMessage {
+    m.partition = partition;
+    m
+}
+
+fn fence(partition: i32) -> Fence {
+    Fence {
+        topic: "orders".into(),
+        partition,
+        owner: Uuid::new_v4(),
+    }
+}
+
+async fn processed_count(pool: &PgPool) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM processed_message")
+        .fetch_one(pool)
+        .await
+        .expect("count")
+}
+
+#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+async fn batches_of_several_partitions_in_one_transaction_keep_dedupe_and_order(pool: PgPool) {
+    stock(&pool, 5).await;
+    let handler = Inventory::new(GROUP);
+    let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
+    let a_placed = on_partition(message(a, 1, OrderStatus::Placed, 10), 0);
+    // Partition 1 saw order b's first event already (a redelivery follows).
+    let b_placed = on_partition(message(b, 1, OrderStatus::Placed, 20), 1);
+    process_batch(&pool, &handler, std::slice::from_ref(&b_placed))
+        .await
+        .expect("earlier batch");
+    assert_eq!(available(&pool).await, (3, 2));
+
+    let p0 = vec![
+        a_placed,
+        on_partition(message(a, 2, OrderStatus::Paid, 11), 0),
+    ];
+    let p1 = vec![
+        b_placed,
+        on_partition(message(b, 3, OrderStatus::Shipped, 21), 1),
+        on_partition(message(b, 2, OrderStatus::Cancelled, 22), 1),
+    ];
+    let ctx = BatchContext {
+        pool: &pool,
+        handler: &handler,
+        fence: None,
+        dead_letters: None,
+    };
+    let reports = process_batches(
+        &ctx,
+        &[
+            PartitionBatch {
+                fence: None,
+                messages: &p0,
+            },
+            PartitionBatch {
+                fence: None,
+                messages: &p1,
+            },
+        ],
+    )
+    .await
+    .expect("shared transaction");
+    assert_eq!(reports.len(), 2);
+    assert_eq!(
+        reports[0].outcomes,
+        vec![Outcome::Applied, Outcome::Applied]
+    );
+    // b's sequence 3 came before 2: parked, then released when 2 was applied.
+    assert_eq!(
+        reports[1].outcomes,
+        vec![Outcome::Duplicate, Outcome::Parked, Outcome::Applied]
+    );
+    assert_eq!(reports[1].released, 1);
+    assert_eq!(reports[0].applied_occurred_at.len(), 2);
+    assert_eq!(reports[1].applied_occurred_at.len(), 2);
+    // a reserved 2 of the 3 left; b released its 2 (cancelled), then shipped nothing reserved.
+    assert_eq!(available(&pool).await, (3, 2));
+    let a_id = a.to_string();
+    let b_id = b.to_string();
+    let applied = effects(&pool, GROUP).await;
+    let of = |order: &str| -> Vec<i64> {
+        applied
+            .iter()
+            .filter(|(o, _)| o == order)
+            .map(|(_, s)| *s)
+            .collect()
+    };
+    assert_eq!(of(&a_id), vec![1, 2]);
+    assert_eq!(of(&b_id), vec![1, 2, 3]);
+}
+
+#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+async fn a_fenced_batch_rolls_back_the_shared_transaction(pool: PgPool) {
+    stock(&pool, 100).await;
+    let handler = Inventory::new(GROUP);
+    let (owned, lost) = (fence(0), fence(1));
+    claim_partition(&pool, GROUP, &owned).await.expect("claim");
+    claim_partition(&pool, GROUP, &lost).await.expect("claim");
+    claim_partition(
+        &pool,
+        GROUP,
+        &Fence {
+            owner: Uuid::new_v4(),
+            ..lost.clone()
+        },
+    )
+    .await
+    .expect("taken over");
+    let p0 = vec![on_partition(
+        message(Uuid::new_v4(), 1, OrderStatus::Placed, 0),
+        0,
+    )];
+    let p1 = vec![on_partition(
+        message(Uuid::new_v4(), 1, OrderStatus::Placed, 0),
+        1,
+    )];
+    let ctx = BatchContext {
+        pool: &pool,
+        handler: &handler,
+        fence: None,
+        dead_letters: None,
+    };
+    let result = process_batches(
+        &ctx,
+        &[
+            PartitionBatch {
+                fence: Some(&owned),
+                messages: &p0,
+            },
+            PartitionBatch {
+                fence: Some(&lost),
+                messages: &p1,
+            },
+        ],
+    )
+    .await;
+    assert!(matches!(result, Err(ProcessError::Fenced)), "{result:?}");
+    assert_eq!(processed_count(&pool).await, 0, "nothing of either batch");
+    assert_eq!(available(&pool).await, (100, 0));
+}
+
+fn shared(pool: &PgPool, transactions: usize, metrics: &ConsumerMetrics) -> SharedTransactions {
+    SharedTransactions::start(
+        SharedTxSettings {
+            pool: pool.clone(),
+            handler: Arc::new(Inventory::new(GROUP)),
+            dead_letters: None,
+            metrics: metrics.clone(),
+            transactions,
+            max_messages: 500,
+        },
+        CancellationToken::new(),
+    )
+}
+
+// `#[sqlx::test]` runs on a current-thread runtime: every batch below is handed over before the
+// runner first runs, as when partitions' batches arrive while a transaction is in flight.
+#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+async fn waiting_batches_of_many_partitions_share_transactions(pool: PgPool) {
+    stock(&pool, 1_000).await;
+    let metrics = ConsumerMetrics::register(&Registry::new()).expect("metrics");
+    let shared = shared(&pool, 1, &metrics);
+    let partitions: Vec<(Fence, Uuid)> = (0..8).map(|p| (fence(p), Uuid::new_v4())).collect();
+    for (f, _) in &partitions {
+        claim_partition(&pool, GROUP, f).await.expect("claim");
+    }
+    let results = futures::future::join_all(partitions.iter().map(|(f, order)| {
+        let batch = vec![
+            on_partition(message(*order, 1, OrderStatus::Placed, 0), f.partition),
+            on_partition(message(*order, 2, OrderStatus::Cancelled, 1), f.partition),
+        ];
+        shared.process(f, Arc::new(batch))
+    }))
+    .await;
+    for result in results {
+        let report = result.expect("applied").expect("committed");
+        assert_eq!(report.outcomes, vec![Outcome::Applied, Outcome::Applied]);
+    }
+    assert_eq!(processed_count(&pool).await, 16);
+    assert_eq!(available(&pool).await, (1_000, 0));
+    let h = metrics.transaction_partitions.with_label_values(&[GROUP]);
+    assert_eq!(
+        h.get_sample_sum() as u64,
+        8,
+        "every batch in one transaction"
+    );
+    assert!(
+        h.get_sample_count() < 8,
+        "{} transactions for 8 waiting batches",
+        h.get_sample_count()
+    );
+}
+
+#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+async fn batches_of_a_failed_shared_transaction_are_handed_back(pool: PgPool) {
+    stock(&pool, 100).await;
+    let metrics = ConsumerMetrics::register(&Registry::new()).expect("metrics");
+    let shared = shared(&pool, 1, &metrics);
+    let (owned, lost) = (fence(0), fence(1));
+    claim_partition(&pool, GROUP, &owned).await.expect("claim");
+    claim_partition(&pool, GROUP, &lost).await.expect("claim");
+    claim_partition(
+        &pool,
+        GROUP,
+        &Fence {
+            owner: Uuid::new_v4(),
+            ..lost.clone()
+        },
+    )
+    .await
+    .expect("taken over");
+    let p0 = Arc::new(vec![on_partition(
+        message(Uuid::new_v4(), 1, OrderStatus::Placed, 0),
+        0,
+    )]);
+    let p1 = Arc::new(vec![on_partition(
+        message(Uuid::new_v4(), 1, OrderStatus::Placed, 0),
+        1,
+    )]);
+    let (r0, r1) = futures::join!(
+        shared.process(&owned, p0.clone()),
+        shared.process(&lost, p1.clone())
+    );
+    assert!(r0.is_none() && r1.is_none(), "{r0:?} {r1:?}");
+    assert_eq!(processed_count(&pool).await, 0);
+    assert_eq!(
+        metrics
+            .shared_transaction_failures
+            .with_label_values(&[GROUP])
+            .get(),
+        1
+    );
+    // Alone, each batch gets its own answer.
+    let r0 = shared.process(&owned, p0).await.expect("ran");
+    assert_eq!(r0.expect("owned").outcomes, vec![Outcome::Applied]);
+    let r1 = shared.process(&lost, p1).await.expect("ran");
+    assert!(matches!(r1, Err(ProcessError::Fenced)), "{r1:?}");
+    assert_eq!(processed_count(&pool).await, 1);
 }

@@ -1,0 +1,162 @@
+//! Shared transactions: batches of several partitions of one group, waiting at the same time,
+//! are applied in one database transaction.
+//!
+//! At low rates every partition batch holds an event or two, and the cost of an event is the
+//! cost of a commit. A group runs at most `--group-transactions` transactions at once; batches
+//! that arrive while those run wait and go together into the next one, up to `--max-batch`
+//! messages. Nothing else changes: each partition's task still hands over one batch at a time
+//! and learns its outcome only after the commit, so its offset is committed after the database
+//! commit, in order; each batch keeps its own ownership fence. When a shared transaction fails,
+//! every batch in it is handed back to its partition's task, which retries it in a transaction
+//! of its own (where retries, isolation and dead-lettering work as for any batch).
+
+use std::sync::Arc;
+
+use sqlx::PgPool;
+use tokio::sync::{mpsc, oneshot, Mutex};
+use tokio_util::sync::CancellationToken;
+
+use crate::apply::{
+    process_batches, BatchContext, BatchReport, Fence, InboundMessage, PartitionBatch, ProcessError,
+};
+use crate::dead_letter::DeadLetterSink;
+use crate::handler::Handler;
+use crate::metrics::ConsumerMetrics;
+
+/// What a shared transaction's runner needs.
+pub struct SharedTxSettings {
+    pub pool: PgPool,
+    pub handler: Arc<dyn Handler>,
+    pub dead_letters: Option<Arc<DeadLetterSink>>,
+    pub metrics: ConsumerMetrics,
+    /// Transactions run at once.
+    pub transactions: usize,
+    /// Most messages in one transaction.
+    pub max_messages: usize,
+}
+
+/// A batch's result from a shared transaction; `None`: run it alone.
+pub type SharedResult = Option<Result<BatchReport, ProcessError>>;
+
+struct Job {
+    fence: Fence,
+    messages: Arc<Vec<InboundMessage>>,
+    reply: oneshot::Sender<SharedResult>,
+}
+
+struct Queue {
+    rx: mpsc::UnboundedReceiver<Job>,
+    /// A job taken that did not fit in the previous transaction.
+    held: Option<Job>,
+}
+
+/// The entry to a group's shared transactions.
+pub struct SharedTransactions {
+    tx: mpsc::UnboundedSender<Job>,
+}
+
+impl SharedTransactions {
+    /// Starts the group's runners; they stop with `stop`.
+    pub fn start(settings: SharedTxSettings, stop: CancellationToken) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let queue = Arc::new(Mutex::new(Queue { rx, held: None }));
+        let settings = Arc::new(settings);
+        for _ in 0..settings.transactions.max(1) {
+            let (queue, settings, stop) = (queue.clone(), settings.clone(), stop.clone());
+            tokio::spawn(async move { run(&queue, &settings, &stop).await });
+        }
+        SharedTransactions { tx }
+    }
+
+    /// Applies a partition's batch, possibly together with other partitions' batches, and
+    /// returns once its transaction has committed or failed. `None`: the batch was not applied
+    /// (a shared transaction failed, or the group is stopping); the caller may run it alone.
+    pub async fn process(&self, fence: &Fence, messages: Arc<Vec<InboundMessage>>) -> SharedResult {
+        let (reply, answer) = oneshot::channel();
+        let job = Job {
+            fence: fence.clone(),
+            messages,
+            reply,
+        };
+        self.tx.send(job).ok()?;
+        answer.await.ok().flatten()
+    }
+}
+
+async fn run(queue: &Mutex<Queue>, settings: &SharedTxSettings, stop: &CancellationToken) {
+    loop {
+        let jobs = {
+            let mut q = queue.lock().await;
+            let first = match q.held.take() {
+                Some(job) => job,
+                None => tokio::select! {
+                    biased;
+                    _ = stop.cancelled() => return,
+                    job = q.rx.recv() => match job { Some(job) => job, None => return },
+                },
+            };
+            let mut size = first.messages.len();
+            let mut jobs = vec![first];
+            while size < settings.max_messages {
+                let Ok(job) = q.rx.try_recv() else { break };
+                if size + job.messages.len() > settings.max_messages {
+                    q.held = Some(job);
+                    break;
+                }
+                size += job.messages.len();
+                jobs.push(job);
+            }
+            jobs
+        };
+        apply(settings, jobs).await;
+    }
+}
+
+async fn apply(settings: &SharedTxSettings, jobs: Vec<Job>) {
+    let ctx = BatchContext {
+        pool: &settings.pool,
+        handler: settings.handler.as_ref(),
+        fence: None,
+        dead_letters: settings.dead_letters.as_deref(),
+    };
+    let batches: Vec<PartitionBatch<'_>> = jobs
+        .iter()
+        .map(|j| PartitionBatch {
+            fence: Some(&j.fence),
+            messages: &j.messages,
+        })
+        .collect();
+    let group = settings.handler.group();
+    settings
+        .metrics
+        .transaction_partitions
+        .with_label_values(&[group])
+        .observe(jobs.len() as f64);
+    let result = process_batches(&ctx, &batches).await;
+    drop(batches);
+    match result {
+        Ok(reports) => {
+            for (job, report) in jobs.into_iter().zip(reports) {
+                let _ = job.reply.send(Some(Ok(report)));
+            }
+        }
+        // Alone, the batch's own error is its answer.
+        Err(e) if jobs.len() == 1 => {
+            if let Some(job) = jobs.into_iter().next() {
+                let _ = job.reply.send(Some(Err(e)));
+            }
+        }
+        Err(e) => {
+            tracing::debug!(group, batches = jobs.len(), error = %e,
+                "shared transaction failed; each batch is retried alone");
+            settings
+                .metrics
+                .shared_transaction_failures
+                .with_label_values(&[group])
+                .inc();
+            for job in jobs {
+                let _ = job.reply.send(None);
+            }
+        }
+    }
+}
