@@ -1,4 +1,5 @@
-//! Applying a batch of one partition's messages in one database transaction.
+//! Applying a batch of one partition's messages (or the batches of several partitions, see
+//! [`crate::shared_tx`]) in one database transaction.
 //!
 //! For every message the transaction inserts the group's `processed_message` row (the dedupe
 //! constraint) and, only when that row is new, applies the handler's effects. Events of an order

@@ -135,8 +135,10 @@ pub struct RunArgs {
     /// transaction of its own.
     #[arg(long, env = "CONSUMER_GROUP_TRANSACTIONS", default_value_t = 2)]
     pub group_transactions: usize,
-    /// Messages queued for one partition before it is paused.
-    #[arg(long, env = "CONSUMER_MAX_QUEUED", default_value_t = 1000)]
+    /// Messages queued for one partition's task before the partition is paused; it resumes once
+    /// half of them are done. Bounds memory at about partitions × this × message size; with too
+    /// little room a task runs dry while the partition is resumed and fetched again.
+    #[arg(long, env = "CONSUMER_MAX_QUEUED", default_value_t = 8000)]
     pub max_queued: usize,
     /// partition.assignment.strategy.
     #[arg(

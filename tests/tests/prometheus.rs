@@ -49,6 +49,8 @@ const CORE_SERIES: &[&str] = &[
     "consumer_batch_duration_seconds_bucket",
     "consumer_db_transaction_duration_seconds_bucket",
     "consumer_batch_size_bucket",
+    "consumer_transaction_partition_batches_bucket",
+    "consumer_shared_transaction_failures_total",
     "pipeline_end_to_end_latency_seconds_bucket",
     "consumer_offset_commit_duration_seconds_bucket",
     "consumer_rebalances_total",

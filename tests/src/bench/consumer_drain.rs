@@ -52,6 +52,8 @@ pub struct DrainRun {
     pub outcomes: BTreeMap<String, i64>,
     pub avg_batch_size: f64,
     pub avg_batch_ms: f64,
+    /// Partition batches per database transaction (`consumer_transaction_partition_batches`).
+    pub avg_partition_batches_per_transaction: f64,
     pub cpu: CpuUse,
     /// What the group's database connections were doing.
     pub db_activity: DbActivity,
@@ -173,6 +175,18 @@ async fn drain(
     let batch_events = scrape_sum(&metrics, "consumer_batch_size_sum", &labels).await?;
     let batch_seconds =
         scrape_sum(&metrics, "consumer_batch_duration_seconds_sum", &labels).await?;
+    let transactions = scrape_sum(
+        &metrics,
+        "consumer_transaction_partition_batches_count",
+        &labels,
+    )
+    .await?;
+    let shared_batches = scrape_sum(
+        &metrics,
+        "consumer_transaction_partition_batches_sum",
+        &labels,
+    )
+    .await?;
     notes.extend(services::stop(consumer).await);
 
     for (outcome, n) in &outcomes {
@@ -218,6 +232,11 @@ async fn drain(
         outcomes,
         avg_batch_size: round1(batch_events / batches.max(1.0)),
         avg_batch_ms: round1(batch_seconds * 1000.0 / batches.max(1.0)),
+        avg_partition_batches_per_transaction: if transactions > 0.0 {
+            round1(shared_batches / transactions)
+        } else {
+            1.0
+        },
         cpu,
         db_activity,
         peak_rss_mb,

@@ -176,7 +176,7 @@ fn write_report(o: &mut String, r: &Report) -> std::fmt::Result {
         }
         for g in &r.consumer {
             for (mode, run) in [("batched", &g.batched), ("per-message", &g.per_message)] {
-                writeln!(o, "   {} {mode} (--max-batch {}): {} of {} events in {:.1} s, start-up {:.1} s, avg batch {} in {} ms", g.group, run.max_batch, eps(run.processed as f64), eps(run.events as f64), run.seconds, run.startup_seconds, run.avg_batch_size, run.avg_batch_ms)?;
+                writeln!(o, "   {} {mode} (--max-batch {}): {} of {} events in {:.1} s, start-up {:.1} s, avg batch {} in {} ms, {} partition batches per transaction", g.group, run.max_batch, eps(run.processed as f64), eps(run.events as f64), run.seconds, run.startup_seconds, run.avg_batch_size, run.avg_batch_ms, run.avg_partition_batches_per_transaction)?;
                 writeln!(o, "{}", cpu(&run.cpu))?;
                 writeln!(o, "{}", db(&run.db_activity))?;
             }
