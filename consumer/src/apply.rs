@@ -32,8 +32,33 @@ pub struct InboundMessage {
     pub key: Option<Vec<u8>>,
     pub payload: Option<Vec<u8>>,
     /// All headers as a JSON object (values decoded lossily), kept for dead letters.
-    pub headers: serde_json::Value,
+    pub headers: RecordHeaders,
     pub envelope: Result<Envelope, EnvelopeError>,
+}
+
+/// A record's headers as compact JSON text: one allocation per queued message instead of a map
+/// of strings, parsed only when a dead letter needs them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordHeaders(Box<str>);
+
+impl RecordHeaders {
+    /// The headers as a JSON object.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.0)
+            .unwrap_or_else(|_| serde_json::Value::Object(serde_json::Map::new()))
+    }
+}
+
+impl Default for RecordHeaders {
+    fn default() -> Self {
+        RecordHeaders("{}".into())
+    }
+}
+
+impl From<serde_json::Value> for RecordHeaders {
+    fn from(value: serde_json::Value) -> Self {
+        RecordHeaders(value.to_string().into_boxed_str())
+    }
 }
 
 /// What happened to one message.

@@ -138,7 +138,7 @@ pub struct RunArgs {
     /// Messages queued for one partition's task before the partition is paused; it resumes once
     /// half of them are done. Bounds memory at about partitions × this × message size; with too
     /// little room a task runs dry while the partition is resumed and fetched again.
-    #[arg(long, env = "CONSUMER_MAX_QUEUED", default_value_t = 8000)]
+    #[arg(long, env = "CONSUMER_MAX_QUEUED", default_value_t = 5000)]
     pub max_queued: usize,
     /// partition.assignment.strategy.
     #[arg(

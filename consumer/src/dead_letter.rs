@@ -89,7 +89,7 @@ pub async fn record(
     .bind(&letter.reason)
     .bind(&msg.key)
     .bind(&msg.payload)
-    .bind(&msg.headers)
+    .bind(msg.headers.to_json())
     .bind(letter.attempts)
     .bind(letter.first_failure_at)
     .bind(letter.last_failure_at)
@@ -147,8 +147,8 @@ impl DeadLetterSink {
             .to_rfc3339_opts(SecondsFormat::Micros, true);
         let mut hdrs = OwnedHeaders::new();
         // The original headers first, then ours.
-        if let serde_json::Value::Object(map) = &msg.headers {
-            for (k, v) in map {
+        if let serde_json::Value::Object(map) = msg.headers.to_json() {
+            for (k, v) in &map {
                 let value = v
                     .as_str()
                     .map(str::to_owned)

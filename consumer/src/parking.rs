@@ -57,7 +57,7 @@ pub(crate) async fn release_parked(
                     offset: row.kafka_offset,
                     key: Some(order.as_bytes().to_vec()),
                     payload: serde_json::to_vec(&row.payload).ok(),
-                    headers: serde_json::Value::Object(Default::default()),
+                    headers: Default::default(),
                     envelope: Ok(event.envelope.clone()),
                 };
                 let letter = DeadLetter::now(&msg, Some(&event), &reason);

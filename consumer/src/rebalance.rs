@@ -433,7 +433,7 @@ fn inbound_message(msg: &BorrowedMessage<'_>) -> InboundMessage {
         offset: msg.offset(),
         key: msg.key().map(<[u8]>::to_vec),
         payload: msg.payload().map(<[u8]>::to_vec),
-        headers: serde_json::Value::Object(map),
+        headers: serde_json::Value::Object(map).into(),
         envelope: Envelope::from_record(msg.key(), headers),
     }
 }

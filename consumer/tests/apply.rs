@@ -52,7 +52,7 @@ fn message_with_id(
         offset,
         key: Some(order_id.to_string().into_bytes()),
         payload: Some(payload),
-        headers: serde_json::json!({}),
+        headers: serde_json::json!({}).into(),
         envelope: Ok(Envelope {
             event_id,
             event_type: status.event_type().into(),

@@ -38,7 +38,7 @@ fn message(
         offset,
         key: Some(order_id.to_string().into_bytes()),
         payload: Some(serde_json::to_vec(&snapshot).expect("json")),
-        headers: serde_json::json!({"occurred-at": Utc::now().to_rfc3339()}),
+        headers: serde_json::json!({"occurred-at": Utc::now().to_rfc3339()}).into(),
         envelope: Ok(Envelope {
             event_id: Uuid::new_v4(),
             event_type: status.event_type().into(),

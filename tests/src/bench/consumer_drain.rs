@@ -41,9 +41,12 @@ pub struct DrainRun {
     pub complete: bool,
     /// From starting the consumer to lag zero (or to the time limit).
     pub seconds: f64,
-    /// processed / seconds.
+    /// processed / (seconds - startup_seconds): from the first processed event to lag zero.
     pub eps: f64,
-    /// From starting the consumer to its first processed event (process start, group join).
+    /// processed / seconds: from process start to lag zero.
+    pub eps_from_start: f64,
+    /// From starting the consumer to its first processed event (process start, group join,
+    /// including the broker's initial rebalance delay).
     pub startup_seconds: f64,
     /// From the first to the last processed event.
     pub active_seconds: f64,
@@ -221,7 +224,8 @@ async fn drain(
         processed,
         complete,
         seconds: round3(seconds),
-        eps: (processed as f64 / seconds).round(),
+        eps: (processed as f64 / (seconds - startup_seconds).max(1e-3)).round(),
+        eps_from_start: (processed as f64 / seconds).round(),
         startup_seconds: round3(startup_seconds),
         active_seconds: round3(active_seconds),
         active_eps: if active_seconds > 0.0 {

@@ -29,7 +29,14 @@ pub struct RelayResult {
     pub relay_args: Vec<String>,
     /// From starting the relay process to no pending event left (polled every 100 ms).
     pub drain_seconds: f64,
+    /// From starting the relay process to the start of its first batch (the first
+    /// `published_at` less one average batch): process start, migrations, connections, leader
+    /// lock.
+    pub startup_seconds: f64,
+    /// events / (drain_seconds - startup_seconds): from the first claim to drained.
     pub relay_drain_eps: f64,
+    /// events / drain_seconds: from process start to drained.
+    pub relay_drain_eps_from_start: f64,
     /// From the first to the last `published_at`: the relay's own work, without start-up.
     pub active_seconds: f64,
     pub relay_active_eps: f64,
@@ -68,6 +75,7 @@ pub async fn run(
 
     let relay_args = services::relay_args(settings);
     let spawned = Instant::now();
+    let spawned_at = Utc::now();
     let (mut relay, metrics) = services::start_relay(&env, settings).await?;
     let mut watched = vec![Watched::Pid("relay", relay.pid().as_raw().unsigned_abs())];
     watched.extend(shared_processes());
@@ -113,7 +121,11 @@ pub async fn run(
         _ => 0.0,
     };
     let n = events as f64;
-    let relay_drain_eps = (n / drain_seconds).round();
+    let avg_batch_seconds = batch_seconds / batches.max(1.0);
+    let startup_seconds = first.map_or(0.0, |f| {
+        ((f - spawned_at).num_microseconds().unwrap_or(0) as f64 / 1e6 - avg_batch_seconds).max(0.0)
+    });
+    let relay_drain_eps = (n / (drain_seconds - startup_seconds).max(1e-3)).round();
     let result = RelayResult {
         events,
         orders,
@@ -122,7 +134,9 @@ pub async fn run(
         preload_seconds: round3(preload_seconds),
         relay_args,
         drain_seconds: round3(drain_seconds),
+        startup_seconds: round3(startup_seconds),
         relay_drain_eps,
+        relay_drain_eps_from_start: (n / drain_seconds).round(),
         active_seconds: round3(active_seconds),
         relay_active_eps: if active_seconds > 0.0 {
             (n / active_seconds).round()
