@@ -48,7 +48,7 @@ pub struct RunArgs {
     #[arg(long, env = "METRICS_LISTEN", default_value = "127.0.0.1:9101")]
     pub metrics_listen: SocketAddr,
     /// Most events claimed and published per batch.
-    #[arg(long, env = "RELAY_BATCH_SIZE", default_value_t = 2000)]
+    #[arg(long, env = "RELAY_BATCH_SIZE", default_value_t = 5000)]
     pub batch_size: i64,
     /// Batches on their way to Kafka at once: the next batch is claimed while earlier ones are
     /// produced and marked. An aggregate is in at most one of them, so its events keep their

@@ -54,7 +54,7 @@ pub struct BenchArgs {
     #[arg(long, env = "BENCH_BACKLOG")]
     pub backlog: Option<u64>,
     /// `relay run --batch-size`.
-    #[arg(long, env = "BENCH_RELAY_BATCH_SIZE", default_value_t = 2000)]
+    #[arg(long, env = "BENCH_RELAY_BATCH_SIZE", default_value_t = 5000)]
     pub relay_batch_size: u32,
     /// `relay run --linger-ms` (also the plain producer's linger.ms).
     #[arg(long, env = "BENCH_RELAY_LINGER_MS", default_value_t = 1)]
