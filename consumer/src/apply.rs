@@ -222,21 +222,35 @@ pub async fn process_batches(
 
     let began = std::time::Instant::now();
     let mut tx = ctx.pool.begin().await?;
-    let mut state = BatchState::default();
-    // Per batch, one round trip: the ownership fence, the dedupe constraint (only rows inserted
-    // now are new to this group), and the orders' progress and parked events.
+    // One round trip for all batches: the ownership fences, the dedupe constraint (only rows
+    // inserted now are new to this group), and the orders' progress and parked events.
+    let fences: Vec<&Fence> = members.iter().filter_map(|m| m.fence).collect();
+    let valid: Vec<&Pending<'_>> = members
+        .iter()
+        .flat_map(|m| m.valid.iter().map(|(_, p)| p))
+        .collect();
+    let mut orders: Vec<String> = members
+        .iter()
+        .flat_map(|m| m.orders.iter().cloned())
+        .collect();
+    orders.sort();
+    orders.dedup();
+    let start = start_batch(&mut tx, group, &fences, &valid, &orders).await?;
+    drop(valid);
+    let mut state = BatchState {
+        progress: start.progress,
+        parked_orders: start.parked_orders,
+        ..BatchState::default()
+    };
     let mut fresh: Vec<Vec<(usize, Pending<'_>)>> = Vec::with_capacity(members.len());
     for m in &mut members {
-        let start = start_batch(&mut tx, group, m.fence, &m.valid, &m.orders).await?;
-        state.progress.extend(start.progress);
-        state.parked_orders.extend(start.parked_orders);
         for (i, reason) in std::mem::take(&mut m.unreadable) {
             let letter = DeadLetter::now(&m.messages[i], None, &reason);
             dead_letter::record(&mut tx, group, &letter).await?;
             state.letters.push(letter);
             m.outcomes[i] = Some(Outcome::DeadLettered);
         }
-        let mut new = Vec::with_capacity(start.new_ids.len());
+        let mut new = Vec::with_capacity(m.valid.len());
         for (i, p) in std::mem::take(&mut m.valid) {
             if start.new_ids.contains(&p.event.envelope.event_id) {
                 new.push((i, p));

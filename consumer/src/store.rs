@@ -58,34 +58,38 @@ pub(crate) struct BatchStart {
 
 type BatchStartRow = (bool, Vec<Uuid>, Vec<String>, Vec<i64>, Vec<String>);
 
-/// Opens a batch in one round trip: checks, with a share lock held until the transaction ends,
-/// that this consumer still owns the partition (when `fence` is given), inserts the
+/// Opens a transaction's batches in one round trip: checks, with share locks held until the
+/// transaction ends, that this consumer still owns every partition in `fences`, inserts the
 /// `processed_message` rows of `valid` (the dedupe constraint decides which are new), and locks
-/// and reads the progress and parked events of `orders`. A fenced batch inserts nothing and is
-/// reported as [`ProcessError::Fenced`].
+/// and reads the progress and parked events of `orders` (sorted). If any partition is no longer
+/// owned, nothing is inserted and the batch is reported as [`ProcessError::Fenced`].
 pub(crate) async fn start_batch(
     tx: &mut PgConnection,
     group: &str,
-    fence: Option<&Fence>,
-    valid: &[(usize, Pending<'_>)],
+    fences: &[&Fence],
+    valid: &[&Pending<'_>],
     orders: &[String],
 ) -> Result<BatchStart, ProcessError> {
-    if valid.is_empty() && fence.is_none() {
+    if valid.is_empty() && fences.is_empty() {
         return Ok(BatchStart::default());
     }
-    let ids: Vec<Uuid> = valid
-        .iter()
-        .map(|(_, p)| p.event.envelope.event_id)
-        .collect();
-    let topics: Vec<&str> = valid.iter().map(|(_, p)| p.msg.topic.as_str()).collect();
-    let partitions: Vec<i32> = valid.iter().map(|(_, p)| p.msg.partition).collect();
-    let offsets: Vec<i64> = valid.iter().map(|(_, p)| p.msg.offset).collect();
+    let ids: Vec<Uuid> = valid.iter().map(|p| p.event.envelope.event_id).collect();
+    let topics: Vec<&str> = valid.iter().map(|p| p.msg.topic.as_str()).collect();
+    let partitions: Vec<i32> = valid.iter().map(|p| p.msg.partition).collect();
+    let offsets: Vec<i64> = valid.iter().map(|p| p.msg.offset).collect();
+    let fence_topics: Vec<&str> = fences.iter().map(|f| f.topic.as_str()).collect();
+    let fence_partitions: Vec<i32> = fences.iter().map(|f| f.partition).collect();
+    let fence_owners: Vec<Uuid> = fences.iter().map(|f| f.owner).collect();
     let (owned, new_ids, progress_orders, progress_seqs, parked): BatchStartRow = sqlx::query_as(
-        "WITH owner AS (
-                 SELECT 1 FROM partition_owner
-                 WHERE group_name = $1 AND topic = $6 AND partition = $7 AND owner = $8
-                 FOR SHARE),
-             fence AS (SELECT $8::uuid IS NULL OR EXISTS (SELECT 1 FROM owner) AS owned),
+        "WITH want AS (
+                 SELECT * FROM unnest($6::text[], $7::int[], $8::uuid[]) AS w(topic, partition, owner)),
+             owner AS (
+                 SELECT 1 FROM partition_owner o JOIN want w
+                     ON o.topic = w.topic AND o.partition = w.partition AND o.owner = w.owner
+                 WHERE o.group_name = $1
+                 FOR SHARE OF o),
+             fence AS (
+                 SELECT (SELECT count(*) FROM owner) = (SELECT count(*) FROM want) AS owned),
              new AS (
                  INSERT INTO processed_message (group_name, event_id, topic, partition,
                                                 kafka_offset, outcome)
@@ -113,9 +117,9 @@ pub(crate) async fn start_batch(
     .bind(&topics)
     .bind(&partitions)
     .bind(&offsets)
-    .bind(fence.map(|f| f.topic.as_str()))
-    .bind(fence.map(|f| f.partition))
-    .bind(fence.map(|f| f.owner))
+    .bind(&fence_topics)
+    .bind(&fence_partitions)
+    .bind(&fence_owners)
     .bind(orders)
     .fetch_one(&mut *tx)
     .await?;

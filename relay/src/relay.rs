@@ -192,8 +192,6 @@ async fn run_active(
             last_lock_check = Instant::now();
         }
         let mut failed: Option<sqlx::Error> = None;
-        // The last claim found nothing while batches are out.
-        let mut idle = false;
         if in_flight.len() < depth {
             let started = Instant::now();
             let exclude: Vec<&str> = busy.iter().map(String::as_str).collect();
@@ -230,22 +228,12 @@ async fn run_active(
                     wait_for_work(listener.as_mut(), poll, shutdown).await;
                     continue;
                 }
-                Ok(_) => idle = true,
+                Ok(_) => {}
                 Err(e) => failed = Some(e),
             }
         }
         if failed.is_none() {
-            // Nothing to claim: claim again when a batch is done or after the poll interval,
-            // whichever comes first (a batch's produce and mark can take longer than a poll).
-            let done = if idle {
-                tokio::select! {
-                    done = in_flight.next() => done,
-                    _ = tokio::time::sleep(poll) => None,
-                }
-            } else {
-                in_flight.next().await
-            };
-            if let Some((aggregates, outcome)) = done {
+            if let Some((aggregates, outcome)) = in_flight.next().await {
                 release(&mut busy, &aggregates);
                 match outcome {
                     Ok(_) => {
