@@ -456,23 +456,26 @@ async fn batches_of_several_partitions_in_one_transaction_keep_dedupe_and_order(
     assert_eq!(of(&b_id), vec![1, 2, 3]);
 }
 
+/// Partition 0 owned by this consumer; partition 1 claimed by it, then taken over by another.
+async fn owned_and_lost(pool: &PgPool) -> (Fence, Fence) {
+    let (owned, lost) = (fence(0), fence(1));
+    claim_partition(pool, GROUP, &owned).await.expect("claim");
+    claim_partition(pool, GROUP, &lost).await.expect("claim");
+    let successor = Fence {
+        owner: Uuid::new_v4(),
+        ..lost.clone()
+    };
+    claim_partition(pool, GROUP, &successor)
+        .await
+        .expect("taken over");
+    (owned, lost)
+}
+
 #[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
 async fn a_fenced_batch_rolls_back_the_shared_transaction(pool: PgPool) {
     stock(&pool, 100).await;
     let handler = Inventory::new(GROUP);
-    let (owned, lost) = (fence(0), fence(1));
-    claim_partition(&pool, GROUP, &owned).await.expect("claim");
-    claim_partition(&pool, GROUP, &lost).await.expect("claim");
-    claim_partition(
-        &pool,
-        GROUP,
-        &Fence {
-            owner: Uuid::new_v4(),
-            ..lost.clone()
-        },
-    )
-    .await
-    .expect("taken over");
+    let (owned, lost) = owned_and_lost(&pool).await;
     let p0 = vec![on_partition(
         message(Uuid::new_v4(), 1, OrderStatus::Placed, 0),
         0,
@@ -563,19 +566,7 @@ async fn batches_of_a_failed_shared_transaction_are_handed_back(pool: PgPool) {
     stock(&pool, 100).await;
     let metrics = ConsumerMetrics::register(&Registry::new()).expect("metrics");
     let shared = shared(&pool, 1, &metrics);
-    let (owned, lost) = (fence(0), fence(1));
-    claim_partition(&pool, GROUP, &owned).await.expect("claim");
-    claim_partition(&pool, GROUP, &lost).await.expect("claim");
-    claim_partition(
-        &pool,
-        GROUP,
-        &Fence {
-            owner: Uuid::new_v4(),
-            ..lost.clone()
-        },
-    )
-    .await
-    .expect("taken over");
+    let (owned, lost) = owned_and_lost(&pool).await;
     let p0 = Arc::new(vec![on_partition(
         message(Uuid::new_v4(), 1, OrderStatus::Placed, 0),
         0,
