@@ -167,7 +167,18 @@ impl TestEnv {
 
     /// Starts a relay; returns it with its metrics address.
     pub async fn relay(&self, label: &str) -> anyhow::Result<(Service, String)> {
-        let svc = self.spawn("relay", label, &["run", "--metrics-listen", "127.0.0.1:0"])?;
+        self.relay_with_args(label, &[]).await
+    }
+
+    /// [`TestEnv::relay`] with further `relay run` arguments.
+    pub async fn relay_with_args(
+        &self,
+        label: &str,
+        extra: &[&str],
+    ) -> anyhow::Result<(Service, String)> {
+        let mut args = vec!["run", "--metrics-listen", "127.0.0.1:0"];
+        args.extend_from_slice(extra);
+        let svc = self.spawn("relay", label, &args)?;
         let addr = svc
             .wait_for_log_value("relay metrics listening on ", Duration::from_secs(30))
             .await?;

@@ -292,6 +292,7 @@ fn peak_rss_mb(pid: nix::unistd::Pid) -> anyhow::Result<f64> {
 async fn a_burst_far_larger_than_a_batch_is_paged_through_in_bounded_memory() -> anyhow::Result<()>
 {
     const EVENTS: i64 = 60_000;
+    const BATCH: i64 = 2_000;
     let env = TestEnv::new("burst", 12).await?;
     sqlx::query(
         "INSERT INTO outbox (event_id, business_key, event_type, aggregate_id, sequence, topic, payload)
@@ -306,7 +307,9 @@ async fn a_burst_far_larger_than_a_batch_is_paged_through_in_bounded_memory() ->
     .execute(&env.pool)
     .await?;
     let started = Instant::now();
-    let (relay, metrics) = env.relay("relay").await?;
+    let (relay, metrics) = env
+        .relay_with_args("relay", &["--batch-size", &BATCH.to_string()])
+        .await?;
     wait_until("burst drained", Duration::from_secs(240), || async {
         let left: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_unpublished")
             .fetch_one(&env.pool)
@@ -322,7 +325,7 @@ async fn a_burst_far_larger_than_a_batch_is_paged_through_in_bounded_memory() ->
         EVENTS as f64 / elapsed.as_secs_f64()
     );
     assert!(
-        batches >= (EVENTS / 2000) as f64,
+        batches >= (EVENTS / BATCH) as f64,
         "paged through in batches, not loaded at once"
     );
     assert!(
