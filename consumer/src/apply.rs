@@ -42,6 +42,24 @@ pub struct InboundMessage {
 pub struct RecordHeaders(Box<str>);
 
 impl RecordHeaders {
+    /// Headers as a record carries them: each value decoded lossily as UTF-8, `null` without
+    /// one. Written straight to JSON text, with no map built on the way.
+    pub fn from_pairs<'a>(pairs: impl IntoIterator<Item = (&'a str, Option<&'a [u8]>)>) -> Self {
+        struct Pairs<'a>(Vec<(&'a str, Option<&'a [u8]>)>);
+        impl serde::Serialize for Pairs<'_> {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.collect_map(
+                    self.0
+                        .iter()
+                        .map(|(k, v)| (k, v.map(String::from_utf8_lossy))),
+                )
+            }
+        }
+        let text = serde_json::to_string(&Pairs(pairs.into_iter().collect()))
+            .unwrap_or_else(|_| "{}".to_owned());
+        RecordHeaders(text.into_boxed_str())
+    }
+
     /// The headers as a JSON object.
     pub fn to_json(&self) -> serde_json::Value {
         serde_json::from_str(&self.0)
@@ -170,7 +188,6 @@ struct Member<'m> {
     outcomes: Vec<Option<Outcome>>,
     valid: Vec<(usize, Pending<'m>)>,
     unreadable: Vec<(usize, String)>,
-    orders: Vec<String>,
     report: BatchReport,
 }
 
@@ -197,7 +214,6 @@ pub async fn process_batches(
                 outcomes: vec![None; b.messages.len()],
                 valid: Vec::new(),
                 unreadable: Vec::new(),
-                orders: Vec::new(),
                 report: BatchReport::default(),
             };
             for (i, msg) in b.messages.iter().enumerate() {
@@ -209,13 +225,6 @@ pub async fn process_batches(
                     Err(reason) => member.unreadable.push((i, reason)),
                 }
             }
-            member.orders = member
-                .valid
-                .iter()
-                .map(|(_, p)| p.event.envelope.aggregate_id.clone())
-                .collect();
-            member.orders.sort();
-            member.orders.dedup();
             member
         })
         .collect();
@@ -229,9 +238,9 @@ pub async fn process_batches(
         .iter()
         .flat_map(|m| m.valid.iter().map(|(_, p)| p))
         .collect();
-    let mut orders: Vec<String> = members
+    let mut orders: Vec<String> = valid
         .iter()
-        .flat_map(|m| m.orders.iter().cloned())
+        .map(|p| p.event.envelope.aggregate_id.clone())
         .collect();
     orders.sort();
     orders.dedup();
@@ -477,5 +486,27 @@ pub(crate) async fn apply_one(
             Ok(Err(format!("rejected by the database: {e}")))
         }
         Err(HandlerError::Database(e)) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RecordHeaders;
+
+    #[test]
+    fn record_headers_keep_every_header_as_json() {
+        let headers = RecordHeaders::from_pairs([
+            ("event-id", Some(b"e-1".as_slice())),
+            ("quote\"d", Some(b"caf\xc3\xa9 \xff".as_slice())),
+            ("empty", None),
+        ]);
+        assert_eq!(
+            headers.to_json(),
+            serde_json::json!({"event-id": "e-1", "quote\"d": "café \u{fffd}", "empty": null})
+        );
+        assert_eq!(
+            RecordHeaders::from_pairs([]).to_json(),
+            serde_json::json!({})
+        );
     }
 }

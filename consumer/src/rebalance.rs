@@ -19,7 +19,7 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 use tokio_util::sync::CancellationToken;
 
-use crate::apply::InboundMessage;
+use crate::apply::{InboundMessage, RecordHeaders};
 use crate::worker::{PartitionWorker, Progress, WorkerShared};
 
 pub(crate) type PartitionKey = (String, i32);
@@ -417,23 +417,18 @@ pub(crate) fn apply_backpressure(consumer: &BaseConsumer<GroupContext>, max_queu
 
 fn inbound_message(msg: &BorrowedMessage<'_>) -> InboundMessage {
     let headers = msg.headers();
-    let mut map = serde_json::Map::new();
-    if let Some(h) = headers {
-        for header in h.iter() {
-            let value = header
-                .value
-                .map(|v| serde_json::Value::String(String::from_utf8_lossy(v).into_owned()))
-                .unwrap_or(serde_json::Value::Null);
-            let _ = map.insert(header.key.to_owned(), value);
-        }
-    }
     InboundMessage {
         topic: msg.topic().to_owned(),
         partition: msg.partition(),
         offset: msg.offset(),
         key: msg.key().map(<[u8]>::to_vec),
         payload: msg.payload().map(<[u8]>::to_vec),
-        headers: serde_json::Value::Object(map).into(),
+        headers: RecordHeaders::from_pairs(
+            headers
+                .into_iter()
+                .flat_map(|h| h.iter())
+                .map(|h| (h.key, h.value)),
+        ),
         envelope: Envelope::from_record(msg.key(), headers),
     }
 }
