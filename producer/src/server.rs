@@ -16,7 +16,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::{self, ApiMetrics, AppState};
-use crate::orders::OrderService;
+use crate::orders::{GroupCommitMetrics, GroupCommitSettings, OrderService};
 
 /// `producer serve`: run the order service.
 #[derive(clap::Args, Debug)]
@@ -32,6 +32,14 @@ pub struct ServeArgs {
     #[arg(long, env = "OUTBOX_NOTIFY", default_value_t = false,
           value_parser = clap::builder::BoolishValueParser::new())]
     pub notify_relay: bool,
+    /// Order-service transactions shared by changes requested at the same time that run at
+    /// once (group commit); 0 writes every change in a transaction of its own.
+    #[arg(long, env = "ORDER_GROUP_COMMIT", default_value_t = 2)]
+    pub group_commit: usize,
+    /// Most changes written in one shared transaction.
+    #[arg(long, env = "ORDER_GROUP_COMMIT_MAX", default_value_t = 64,
+          value_parser = clap::value_parser!(u16).range(1..))]
+    pub group_commit_max: u16,
     /// Seconds in-flight requests may take to finish after SIGTERM/SIGINT.
     #[arg(long, env = "SHUTDOWN_GRACE_SECONDS", default_value_t = 10)]
     pub shutdown_grace_seconds: u64,
@@ -85,8 +93,17 @@ pub async fn run(args: ServeArgs, shutdown: CancellationToken) -> anyhow::Result
             return Ok(());
         }
     };
-    let orders = OrderService::new(pool.clone(), args.topic.as_str(), args.notify_relay);
-    let app = app(orders, Registry::new())?;
+    let registry = Registry::new();
+    let mut orders = OrderService::new(pool.clone(), args.topic.as_str(), args.notify_relay);
+    if args.group_commit > 0 {
+        let settings = GroupCommitSettings {
+            runners: args.group_commit,
+            max_ops: usize::from(args.group_commit_max),
+        };
+        let metrics = GroupCommitMetrics::register(&registry).context("registering metrics")?;
+        orders = orders.with_group_commit(settings, metrics);
+    }
+    let app = app(orders, registry)?;
     let listener = TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;

@@ -59,6 +59,13 @@ impl From<OrderError> for ApiError {
             OrderError::Database(e) | OrderError::Enqueue(EnqueueError::Database(e)) => {
                 database_error(&e)
             }
+            OrderError::CommitFailed(_) => {
+                tracing::warn!(error = %e, "shared order transaction's commit failed");
+                Self::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "database commit failed; the change may or may not have been applied",
+                )
+            }
             OrderError::EventAlreadyRecorded { .. }
             | OrderError::CorruptStatus(_)
             | OrderError::Enqueue(_) => {

@@ -4,6 +4,7 @@
 //! Every write here happens in one PostgreSQL transaction with its [`crate::outbox::enqueue`]
 //! call, so an order change and its event are committed together or not at all.
 
+mod group_commit;
 mod place;
 mod store;
 mod transition;
@@ -15,10 +16,14 @@ use chrono::{DateTime, Utc};
 use pipeline_core::order_events::{OrderLine, OrderSnapshot, OrderStatus};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
+use tokio::sync::oneshot;
 use uuid::Uuid;
 
 use crate::outbox::EnqueueError;
+use crate::validation::ValidOrder;
+use group_commit::{GroupCommit, Job};
 
+pub use group_commit::{GroupCommitMetrics, GroupCommitSettings};
 pub use place::Placed;
 pub use store::fetch_order;
 
@@ -126,8 +131,26 @@ pub enum OrderError {
     CorruptStatus(String),
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
+    /// The commit of a transaction shared with other requests failed: whether it took effect
+    /// is unknown, as for any commit whose connection fails.
+    #[error("database commit failed: {0}")]
+    CommitFailed(String),
     #[error("outbox: {0}")]
     Enqueue(#[from] EnqueueError),
+}
+
+impl OrderError {
+    /// True for a refusal decided before anything was written: the transaction it happened in
+    /// is still good for other changes.
+    fn wrote_nothing(&self) -> bool {
+        matches!(
+            self,
+            OrderError::NotFound(_)
+                | OrderError::IllegalTransition(_)
+                | OrderError::UnknownProducts(_)
+                | OrderError::IdempotencyKeyReused
+        )
+    }
 }
 
 /// Places and changes orders, recording one outbox event per change.
@@ -136,16 +159,99 @@ pub struct OrderService {
     pool: PgPool,
     topic: Arc<str>,
     notify_relay: bool,
+    group: Option<GroupCommit>,
 }
 
 impl OrderService {
     /// Events go to `topic`; with `notify_relay` every transaction also wakes a listening relay.
+    /// Each change is written in a transaction of its own.
     pub fn new(pool: PgPool, topic: impl Into<Arc<str>>, notify_relay: bool) -> Self {
         Self {
             pool,
             topic: topic.into(),
             notify_relay,
+            group: None,
         }
+    }
+
+    /// Changes requested at the same time share transactions (see [`group_commit`]). Starts the
+    /// runners on the current Tokio runtime; they stop when the service's last clone is dropped.
+    pub fn with_group_commit(
+        mut self,
+        settings: GroupCommitSettings,
+        metrics: GroupCommitMetrics,
+    ) -> Self {
+        let writer = Self {
+            group: None,
+            ..self.clone()
+        };
+        self.group = Some(GroupCommit::start(writer, settings, metrics));
+        self
+    }
+
+    /// Places `order` with its `order.placed` event, committed together.
+    ///
+    /// With an idempotency key, the key's unique constraint decides: the insert either takes the
+    /// key, or finds it taken (waiting for a concurrent holder to commit or roll back) and
+    /// returns that order if it came from the same request. There is no check-then-insert
+    /// window, so concurrent retries of one request place one order.
+    pub async fn place(
+        &self,
+        order: &ValidOrder,
+        idempotency_key: Option<&str>,
+        traceparent: Option<&str>,
+    ) -> Result<Placed, OrderError> {
+        if let Some(group) = &self.group {
+            let (reply, answer) = oneshot::channel();
+            let job = Job::Place {
+                order: order.clone(),
+                idempotency_key: idempotency_key.map(str::to_owned),
+                traceparent: traceparent.map(str::to_owned),
+                reply,
+            };
+            if let Some(result) = group.submit(job, answer).await {
+                return result;
+            }
+        }
+        // Alone: a transaction of its own, committed if the change succeeds.
+        let mut tx = self.pool.begin().await?;
+        let placed = self
+            .place_in(&mut tx, order, idempotency_key, traceparent)
+            .await?;
+        tx.commit().await?;
+        Ok(placed)
+    }
+
+    /// Applies `action` to the order and records its event, committed together.
+    ///
+    /// The status changes only from a status the action may leave. The UPDATE locks the row, and
+    /// a concurrent action's commit makes it re-check the status, so concurrent actions on one
+    /// order are applied one after the other and each sees the status the previous one left: of
+    /// two concurrent `pay` calls, exactly one succeeds.
+    pub async fn transition(
+        &self,
+        order_id: Uuid,
+        action: Action,
+        traceparent: Option<&str>,
+    ) -> Result<Order, OrderError> {
+        if let Some(group) = &self.group {
+            let (reply, answer) = oneshot::channel();
+            let job = Job::Transition {
+                order_id,
+                action,
+                traceparent: traceparent.map(str::to_owned),
+                reply,
+            };
+            if let Some(result) = group.submit(job, answer).await {
+                return result;
+            }
+        }
+        let mut tx = self.pool.begin().await?;
+        let order = self
+            .transition_in(&mut tx, order_id, action, traceparent)
+            .await?;
+        tx.commit().await?;
+        Ok(order)
     }
 
     /// The connection pool the service writes through.

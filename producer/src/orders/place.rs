@@ -1,6 +1,7 @@
 //! Placing an order, idempotently when the client sends an `Idempotency-Key`.
 
 use chrono::{DateTime, Utc};
+use sqlx::{Postgres, Transaction};
 use uuid::Uuid;
 
 use super::store::fetch_order;
@@ -19,21 +20,17 @@ pub struct Placed {
 }
 
 impl OrderService {
-    /// Places `order`: the order row, its lines and its `order.placed` event in one transaction.
-    ///
-    /// With an idempotency key, the key's unique constraint decides: the insert either takes the
-    /// key, or finds it taken (waiting for a concurrent holder to commit or roll back) and
-    /// returns that order if it came from the same request. There is no check-then-insert
-    /// window, so concurrent retries of one request place one order.
-    pub async fn place(
+    /// Places `order` inside `tx`: the order row, its lines and its `order.placed` event. The
+    /// caller commits.
+    pub(super) async fn place_in(
         &self,
+        tx: &mut Transaction<'_, Postgres>,
         order: &ValidOrder,
         idempotency_key: Option<&str>,
         traceparent: Option<&str>,
     ) -> Result<Placed, OrderError> {
         let fingerprint = idempotency_key.map(|_| order.fingerprint());
         let order_id = Uuid::now_v7();
-        let mut tx = self.pool.begin().await?;
 
         let product_ids: Vec<&str> = order.lines.iter().map(|l| l.product_id.as_str()).collect();
         let quantities: Vec<i32> = order.lines.iter().map(|l| l.quantity).collect();
@@ -64,7 +61,7 @@ impl OrderService {
         .bind(&fingerprint)
         .bind(&product_ids)
         .bind(&quantities)
-        .fetch_one(&mut *tx)
+        .fetch_one(&mut **tx)
         .await?;
 
         let (Some(created_at), Some(updated_at)) = (created_at, updated_at) else {
@@ -77,19 +74,19 @@ impl OrderService {
                         "SELECT order_id, request_hash FROM orders WHERE idempotency_key = $1",
                     )
                     .bind(key)
-                    .fetch_optional(&mut *tx)
+                    .fetch_optional(&mut **tx)
                     .await?
                 }
                 None => None,
             };
             let Some((existing_id, existing_hash)) = existing else {
-                // Dropping `tx` rolls back; nothing was written.
+                // Nothing was written.
                 return Err(OrderError::UnknownProducts(unknown));
             };
             if existing_hash != fingerprint {
                 return Err(OrderError::IdempotencyKeyReused);
             }
-            let order = fetch_order(&mut tx, existing_id)
+            let order = fetch_order(tx, existing_id)
                 .await?
                 .ok_or(OrderError::NotFound(existing_id))?;
             return Ok(Placed {
@@ -107,8 +104,7 @@ impl OrderService {
             created_at,
             updated_at,
         };
-        let _ = self.record_event(&mut tx, &placed, traceparent).await?;
-        tx.commit().await?;
+        let _ = self.record_event(tx, &placed, traceparent).await?;
         Ok(Placed {
             order: placed,
             created: true,

@@ -1,5 +1,6 @@
 //! Paying, cancelling and shipping an order.
 
+use sqlx::{Postgres, Transaction};
 use uuid::Uuid;
 
 use pipeline_core::order_events::OrderStatus;
@@ -8,14 +9,10 @@ use super::store::{order_from_row, parse_status, OrderRow};
 use super::{Action, IllegalTransition, Order, OrderError, OrderService};
 
 impl OrderService {
-    /// Applies `action` to the order and records its event, in one transaction.
-    ///
-    /// The status changes only from a status the action may leave. The UPDATE locks the row, and
-    /// a concurrent action's commit makes it re-check the status, so concurrent actions on one
-    /// order are applied one after the other and each sees the status the previous one left: of
-    /// two concurrent `pay` calls, exactly one succeeds.
-    pub async fn transition(
+    /// Applies `action` to the order and records its event, inside `tx`. The caller commits.
+    pub(super) async fn transition_in(
         &self,
+        tx: &mut Transaction<'_, Postgres>,
         order_id: Uuid,
         action: Action,
         traceparent: Option<&str>,
@@ -27,7 +24,6 @@ impl OrderService {
             .filter(|s| action.apply(*s).is_ok())
             .map(OrderStatus::as_str)
             .collect();
-        let mut tx = self.pool.begin().await?;
         // One round trip for the change and the order with its lines.
         let changed: Option<OrderRow> = sqlx::query_as(
             "UPDATE orders o SET status = $2, updated_at = clock_timestamp()
@@ -41,13 +37,13 @@ impl OrderService {
         .bind(order_id)
         .bind(action.target().as_str())
         .bind(&from)
-        .fetch_optional(&mut *tx)
+        .fetch_optional(&mut **tx)
         .await?;
         let Some(row) = changed else {
             let status: Option<String> =
                 sqlx::query_scalar("SELECT status FROM orders WHERE order_id = $1")
                     .bind(order_id)
-                    .fetch_optional(&mut *tx)
+                    .fetch_optional(&mut **tx)
                     .await?;
             let status = status.ok_or(OrderError::NotFound(order_id))?;
             // The lifecycle only moves forward: the status the UPDATE did not accept, or a
@@ -58,8 +54,7 @@ impl OrderService {
             }));
         };
         let order = order_from_row(row)?;
-        let _ = self.record_event(&mut tx, &order, traceparent).await?;
-        tx.commit().await?;
+        let _ = self.record_event(tx, &order, traceparent).await?;
         Ok(order)
     }
 }

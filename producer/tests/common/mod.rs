@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use pipeline_core::telemetry::{self, LogArgs};
-use producer::orders::OrderService;
+use producer::orders::{GroupCommitMetrics, GroupCommitSettings, OrderService};
 use prometheus::Registry;
 use serde_json::{json, Value};
 use sqlx::PgPool;
@@ -50,14 +50,39 @@ pub fn init_test_log() {
     }
 }
 
-/// Seeds the catalogue and serves the order API on 127.0.0.1, port 0.
+/// The binary's default group commit: two shared transactions at once, up to 64 changes each.
+pub const GROUP_COMMIT: GroupCommitSettings = GroupCommitSettings {
+    runners: 2,
+    max_ops: 64,
+};
+
+/// An order service writing through `pool` with `group` commit (None: a transaction per change),
+/// its metrics registered on `registry`.
+pub fn order_service(
+    pool: &PgPool,
+    group: Option<GroupCommitSettings>,
+    registry: &Registry,
+) -> OrderService {
+    let orders = OrderService::new(pool.clone(), TOPIC, false);
+    match group {
+        Some(settings) => {
+            let metrics = GroupCommitMetrics::register(registry).expect("register metrics");
+            orders.with_group_commit(settings, metrics)
+        }
+        None => orders,
+    }
+}
+
+/// Seeds the catalogue and serves the order API on 127.0.0.1, port 0, with the binary's default
+/// group commit.
 pub async fn spawn_app(pool: PgPool) -> TestApp {
     init_test_log();
     producer::catalog::seed_catalog(&pool, PRODUCTS)
         .await
         .expect("seed catalogue");
-    let orders = OrderService::new(pool.clone(), TOPIC, false);
-    let app = producer::server::app(orders, Registry::new()).expect("build app");
+    let registry = Registry::new();
+    let orders = order_service(&pool, Some(GROUP_COMMIT), &registry);
+    let app = producer::server::app(orders, registry).expect("build app");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind port 0");

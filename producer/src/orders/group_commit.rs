@@ -1,0 +1,308 @@
+//! Group commit: order changes requested at the same time are written in one transaction.
+//!
+//! Each change on its own costs a transaction: `BEGIN`, its statements and a `COMMIT`, each a
+//! round trip, and a WAL flush. Under load, requests arrive while others are being written; a
+//! runner takes every change waiting (up to `max_ops`) and writes them one after the other in one
+//! transaction, so the `BEGIN`, the `COMMIT` and the flush are shared. At most `runners`
+//! transactions run at once; when the service is idle a change waits for nobody.
+//!
+//! Nothing a client sees changes. Each change is answered only after the transaction holding it
+//! committed. A change the lifecycle or the catalogue refuses writes nothing, so it is answered
+//! with its refusal and the others commit. A change that needs its writes undone (a database
+//! error, an event already in the outbox) rolls the whole transaction back, and every change in it
+//! is handed back to its request, which then runs in a transaction of its own, where it gets
+//! exactly the answer it would have had without group commit. Changes are written in the order
+//! of the rows they lock (idempotency key or order id, arrival order among equals), so two
+//! shared transactions can not deadlock on each other.
+
+use prometheus::{Histogram, HistogramOpts, IntCounter, Registry};
+use sqlx::{Postgres, Transaction};
+use tokio::sync::{mpsc, oneshot, Mutex};
+use uuid::Uuid;
+
+use super::{Action, Order, OrderError, OrderService, Placed};
+use crate::validation::ValidOrder;
+
+/// How changes are grouped.
+#[derive(Debug, Clone, Copy)]
+pub struct GroupCommitSettings {
+    /// Shared transactions running at once.
+    pub runners: usize,
+    /// Most changes in one transaction.
+    pub max_ops: usize,
+}
+
+/// Prometheus series of group commit, registered on a registry the caller owns.
+#[derive(Debug, Clone)]
+pub struct GroupCommitMetrics {
+    ops: Histogram,
+    failures: IntCounter,
+}
+
+impl GroupCommitMetrics {
+    /// Creates the metrics and registers them on `registry`.
+    pub fn register(registry: &Registry) -> prometheus::Result<Self> {
+        let ops = Histogram::with_opts(
+            HistogramOpts::new(
+                "order_transaction_changes",
+                "Order changes written per order-service transaction (group commit).",
+            )
+            .buckets(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0]),
+        )?;
+        let failures = IntCounter::new(
+            "order_group_commit_failures_total",
+            "Shared order-service transactions rolled back; their changes were retried alone.",
+        )?;
+        registry.register(Box::new(ops.clone()))?;
+        registry.register(Box::new(failures.clone()))?;
+        Ok(Self { ops, failures })
+    }
+}
+
+/// A request's answer; `None`: its shared transaction failed, run it alone.
+type Answer<T> = Option<Result<T, OrderError>>;
+
+/// A change waiting for a transaction, with where its answer goes.
+pub(super) enum Job {
+    Place {
+        order: ValidOrder,
+        idempotency_key: Option<String>,
+        traceparent: Option<String>,
+        reply: oneshot::Sender<Answer<Placed>>,
+    },
+    Transition {
+        order_id: Uuid,
+        action: Action,
+        traceparent: Option<String>,
+        reply: oneshot::Sender<Answer<Order>>,
+    },
+}
+
+impl Job {
+    /// The rows this change locks, as one sortable key: its idempotency key or its order id. A
+    /// place without a key locks nothing another change could wait for.
+    fn lock_key(&self) -> (u8, String) {
+        match self {
+            Job::Place {
+                idempotency_key, ..
+            } => (0, idempotency_key.clone().unwrap_or_default()),
+            Job::Transition { order_id, .. } => (1, order_id.to_string()),
+        }
+    }
+
+    async fn run(self, service: &OrderService, tx: &mut Transaction<'static, Postgres>) -> Done {
+        match self {
+            Job::Place {
+                order,
+                idempotency_key,
+                traceparent,
+                reply,
+            } => {
+                let result = service
+                    .place_in(
+                        tx,
+                        &order,
+                        idempotency_key.as_deref(),
+                        traceparent.as_deref(),
+                    )
+                    .await;
+                Done::Place(reply, result)
+            }
+            Job::Transition {
+                order_id,
+                action,
+                traceparent,
+                reply,
+            } => {
+                let result = service
+                    .transition_in(tx, order_id, action, traceparent.as_deref())
+                    .await;
+                Done::Transition(reply, result)
+            }
+        }
+    }
+
+    /// Hands the change back to its request, unwritten.
+    fn hand_back(self) {
+        match self {
+            Job::Place { reply, .. } => drop(reply.send(None)),
+            Job::Transition { reply, .. } => drop(reply.send(None)),
+        }
+    }
+
+    /// Answers `error` without running the change.
+    fn fail(self, error: OrderError) {
+        match self {
+            Job::Place { reply, .. } => drop(reply.send(Some(Err(error)))),
+            Job::Transition { reply, .. } => drop(reply.send(Some(Err(error)))),
+        }
+    }
+}
+
+/// A change written inside the open transaction, with its result.
+enum Done {
+    Place(oneshot::Sender<Answer<Placed>>, Result<Placed, OrderError>),
+    Transition(oneshot::Sender<Answer<Order>>, Result<Order, OrderError>),
+}
+
+impl Done {
+    /// True when the change's writes must be undone: everything but a refusal that wrote
+    /// nothing.
+    fn needs_rollback(&self) -> bool {
+        let error = match self {
+            Done::Place(_, result) => result.as_ref().err(),
+            Done::Transition(_, result) => result.as_ref().err(),
+        };
+        error.is_some_and(|e| !e.wrote_nothing())
+    }
+
+    /// Sends the result: the transaction committed, or the change was alone in it.
+    fn answer(self) {
+        match self {
+            Done::Place(reply, result) => drop(reply.send(Some(result))),
+            Done::Transition(reply, result) => drop(reply.send(Some(result))),
+        }
+    }
+
+    /// Sends `error` instead of the result.
+    fn fail(self, error: OrderError) {
+        match self {
+            Done::Place(reply, _) => drop(reply.send(Some(Err(error)))),
+            Done::Transition(reply, _) => drop(reply.send(Some(Err(error)))),
+        }
+    }
+
+    /// Hands the change back to its request: its writes were rolled back.
+    fn hand_back(self) {
+        match self {
+            Done::Place(reply, _) => drop(reply.send(None)),
+            Done::Transition(reply, _) => drop(reply.send(None)),
+        }
+    }
+}
+
+/// The entry to the service's shared transactions. The runners stop when the last clone of the
+/// service holding it is dropped.
+#[derive(Debug, Clone)]
+pub(super) struct GroupCommit {
+    tx: mpsc::UnboundedSender<Job>,
+}
+
+struct Queue {
+    rx: mpsc::UnboundedReceiver<Job>,
+}
+
+impl GroupCommit {
+    /// Starts the runners. `service` writes each transaction; it must not group commit itself.
+    pub(super) fn start(
+        service: OrderService,
+        settings: GroupCommitSettings,
+        metrics: GroupCommitMetrics,
+    ) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let queue = std::sync::Arc::new(Mutex::new(Queue { rx }));
+        for _ in 0..settings.runners.max(1) {
+            let (queue, service, metrics) = (queue.clone(), service.clone(), metrics.clone());
+            let max_ops = settings.max_ops.max(1);
+            tokio::spawn(async move { run(&queue, &service, max_ops, &metrics).await });
+        }
+        GroupCommit { tx }
+    }
+
+    /// Writes `job` in a shared transaction and waits for its answer; `None` when it was not
+    /// written (its transaction failed, or the runners are gone): the caller runs it alone.
+    pub(super) async fn submit<T>(
+        &self,
+        job: Job,
+        answer: oneshot::Receiver<Answer<T>>,
+    ) -> Answer<T> {
+        self.tx.send(job).ok()?;
+        answer.await.ok().flatten()
+    }
+}
+
+async fn run(
+    queue: &Mutex<Queue>,
+    service: &OrderService,
+    max_ops: usize,
+    metrics: &GroupCommitMetrics,
+) {
+    loop {
+        let jobs = {
+            let mut q = queue.lock().await;
+            let Some(first) = q.rx.recv().await else {
+                return;
+            };
+            let mut jobs = vec![first];
+            while jobs.len() < max_ops {
+                let Ok(job) = q.rx.try_recv() else { break };
+                jobs.push(job);
+            }
+            jobs
+        };
+        metrics.ops.observe(jobs.len() as f64);
+        if !write(service, jobs).await {
+            metrics.failures.inc();
+        }
+    }
+}
+
+/// Writes `jobs` in one transaction and answers each. Returns false when several changes were
+/// handed back because the transaction failed.
+async fn write(service: &OrderService, mut jobs: Vec<Job>) -> bool {
+    let alone = jobs.len() == 1;
+    // Stable: changes of one order keep their arrival order.
+    jobs.sort_by_cached_key(Job::lock_key);
+    let mut tx = match service.pool.begin().await {
+        Ok(tx) => tx,
+        Err(e) if alone => {
+            if let Some(job) = jobs.pop() {
+                job.fail(OrderError::Database(e));
+            }
+            return true;
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "could not open a shared transaction");
+            jobs.into_iter().for_each(Job::hand_back);
+            return false;
+        }
+    };
+    let mut done = Vec::with_capacity(jobs.len());
+    let mut pending = jobs.into_iter();
+    for job in pending.by_ref() {
+        let change = job.run(service, &mut tx).await;
+        if change.needs_rollback() {
+            drop(tx);
+            if alone {
+                change.answer();
+                return true;
+            }
+            tracing::debug!(
+                changes = done.len() + 1 + pending.len(),
+                "shared order transaction rolled back; each change runs alone"
+            );
+            done.into_iter().for_each(Done::hand_back);
+            change.hand_back();
+            pending.for_each(Job::hand_back);
+            return false;
+        }
+        done.push(change);
+    }
+    match tx.commit().await {
+        Ok(()) => done.into_iter().for_each(Done::answer),
+        // The commit's outcome is unknown to us (the connection failed during it): running the
+        // changes again could write them twice, so each request gets the failure, as it would
+        // alone.
+        Err(e) if alone => {
+            if let Some(change) = done.pop() {
+                change.fail(OrderError::Database(e));
+            }
+        }
+        Err(e) => {
+            let message = e.to_string();
+            done.into_iter()
+                .for_each(|change| change.fail(OrderError::CommitFailed(message.clone())));
+        }
+    }
+    true
+}

@@ -1,0 +1,270 @@
+//! Group commit: changes requested while a shared transaction runs are written together in the
+//! next one, and each still gets exactly the answer and the writes it would get alone.
+//! Needs `DATABASE_URL` (see `common/mod.rs`).
+//!
+//! The tests make changes wait deterministically: one runner, whose first transaction is held
+//! on a row lock this test owns, while the other changes queue up behind it.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{order_service, outbox_rows, PRODUCTS};
+use producer::orders::{Action, GroupCommitSettings, OrderError, OrderService};
+use producer::outbox::{enqueue, NewEvent};
+use producer::validation::{validate_order, CreateOrderRequest, RequestedLine, ValidOrder};
+use prometheus::Registry;
+use sqlx::{PgPool, Postgres, Transaction};
+use uuid::Uuid;
+
+const ONE_RUNNER: GroupCommitSettings = GroupCommitSettings {
+    runners: 1,
+    max_ops: 64,
+};
+
+fn order(product_id: &str) -> ValidOrder {
+    validate_order(CreateOrderRequest {
+        customer_id: "customer-1".into(),
+        email: None,
+        lines: vec![RequestedLine {
+            product_id: product_id.into(),
+            quantity: 1,
+        }],
+    })
+    .expect("valid order")
+}
+
+async fn setup(pool: &PgPool) -> (OrderService, Registry) {
+    producer::catalog::seed_catalog(pool, PRODUCTS)
+        .await
+        .expect("seed catalogue");
+    let registry = Registry::new();
+    (order_service(pool, Some(ONE_RUNNER), &registry), registry)
+}
+
+async fn placed(orders: &OrderService) -> Uuid {
+    let placed = orders
+        .place(&order("sku-00001"), None, None)
+        .await
+        .expect("place");
+    placed.order.order_id
+}
+
+/// Locks `order_id`'s row in a transaction of the test's own, and returns it.
+async fn lock_order(pool: &PgPool, order_id: Uuid) -> Transaction<'static, Postgres> {
+    let mut tx = pool.begin().await.expect("begin");
+    sqlx::query("SELECT 1 FROM orders WHERE order_id = $1 FOR UPDATE")
+        .bind(order_id)
+        .fetch_one(&mut *tx)
+        .await
+        .expect("lock order");
+    tx
+}
+
+/// Waits until some session of this database waits for a lock.
+async fn wait_for_lock_waiter(pool: &PgPool) {
+    for _ in 0..500 {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(pool)
+        .await
+        .expect("pg_stat_activity");
+        if waiting > 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("no session ever waited for the test's lock");
+}
+
+/// (transactions, changes) the service's group commit wrote so far.
+fn transactions_and_changes(registry: &Registry) -> (u64, f64) {
+    let family = registry
+        .gather()
+        .into_iter()
+        .find(|f| f.name() == "order_transaction_changes")
+        .expect("order_transaction_changes registered");
+    let histogram = family.get_metric()[0].get_histogram();
+    (histogram.get_sample_count(), histogram.get_sample_sum())
+}
+
+fn failures(registry: &Registry) -> u64 {
+    registry
+        .gather()
+        .into_iter()
+        .find(|f| f.name() == "order_group_commit_failures_total")
+        .map_or(0, |f| f.get_metric()[0].get_counter().get_value() as u64)
+}
+
+async fn status(pool: &PgPool, order_id: Uuid) -> String {
+    sqlx::query_scalar("SELECT status FROM orders WHERE order_id = $1")
+        .bind(order_id)
+        .fetch_one(pool)
+        .await
+        .expect("status")
+}
+
+async fn event_types(pool: &PgPool, order_id: Uuid) -> Vec<(String, i64)> {
+    outbox_rows(pool, &order_id.to_string())
+        .await
+        .into_iter()
+        .map(|(event_type, sequence, ..)| (event_type, sequence))
+        .collect()
+}
+
+#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+async fn waiting_changes_share_a_transaction_and_keep_their_own_answers(pool: PgPool) {
+    let (orders, registry) = setup(&pool).await;
+    let held = placed(&orders).await;
+    let to_ship = placed(&orders).await;
+    let (before_tx, before_changes) = transactions_and_changes(&registry);
+
+    // The runner's next transaction waits on this lock; everything after it queues.
+    let lock = lock_order(&pool, held).await;
+    let pay_held = tokio::spawn({
+        let orders = orders.clone();
+        async move { orders.transition(held, Action::Pay, None).await }
+    });
+    wait_for_lock_waiter(&pool).await;
+
+    let places: Vec<_> = (0..5)
+        .map(|i| {
+            let orders = orders.clone();
+            let key = format!("key-{i}");
+            tokio::spawn(async move { orders.place(&order("sku-00002"), Some(&key), None).await })
+        })
+        .collect();
+    let unknown = tokio::spawn({
+        let orders = orders.clone();
+        async move { orders.place(&order("sku-nope"), None, None).await }
+    });
+    let missing = Uuid::now_v7();
+    let ship_missing = tokio::spawn({
+        let orders = orders.clone();
+        async move { orders.transition(missing, Action::Ship, None).await }
+    });
+    let ship_placed = tokio::spawn({
+        let orders = orders.clone();
+        async move { orders.transition(to_ship, Action::Ship, None).await }
+    });
+    // The queued changes were sent when their tasks first ran; give them that chance.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    lock.commit().await.expect("release lock");
+
+    let paid = pay_held.await.expect("join").expect("pay");
+    assert_eq!(paid.status.as_str(), "paid");
+    let mut new_orders = Vec::new();
+    for place in places {
+        let placed = place.await.expect("join").expect("place");
+        assert!(placed.created);
+        new_orders.push(placed.order.order_id);
+    }
+    match unknown.await.expect("join") {
+        Err(OrderError::UnknownProducts(products)) => assert_eq!(products, ["sku-nope"]),
+        other => panic!("unknown product placed: {other:?}"),
+    }
+    match ship_missing.await.expect("join") {
+        Err(OrderError::NotFound(id)) => assert_eq!(id, missing),
+        other => panic!("missing order shipped: {other:?}"),
+    }
+    match ship_placed.await.expect("join") {
+        Err(OrderError::IllegalTransition(e)) => assert_eq!(e.status.as_str(), "placed"),
+        other => panic!("unpaid order shipped: {other:?}"),
+    }
+
+    // Every accepted change is written with its one event; the refused ones wrote nothing.
+    assert_eq!(
+        event_types(&pool, held).await,
+        [("order.placed".into(), 1), ("order.paid".into(), 2)]
+    );
+    for id in &new_orders {
+        assert_eq!(status(&pool, *id).await, "placed");
+        assert_eq!(event_types(&pool, *id).await, [("order.placed".into(), 1)]);
+    }
+    assert_eq!(status(&pool, to_ship).await, "placed");
+    let orders_total: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
+        .fetch_one(&pool)
+        .await
+        .expect("count");
+    assert_eq!(orders_total, 7, "two set-up orders and five placed");
+
+    // Nine changes, written in fewer transactions than changes: some shared one.
+    let (after_tx, after_changes) = transactions_and_changes(&registry);
+    let (transactions, changes) = (after_tx - before_tx, after_changes - before_changes);
+    assert_eq!(changes, 9.0);
+    assert!(
+        (transactions as f64) < changes,
+        "{changes} changes in {transactions} transactions"
+    );
+    assert_eq!(failures(&registry), 0);
+}
+
+#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+async fn a_change_that_must_be_undone_sends_the_others_alone(pool: PgPool) {
+    let (orders, registry) = setup(&pool).await;
+    let held = placed(&orders).await;
+    let broken = placed(&orders).await;
+    // The outbox already holds `broken`'s paid event: paying it must be refused and undone.
+    let mut tx = pool.begin().await.expect("begin");
+    let _ = enqueue(
+        &mut tx,
+        &NewEvent {
+            business_key: broken.to_string(),
+            event_type: "order.paid".into(),
+            aggregate_id: broken.to_string(),
+            topic: common::TOPIC.into(),
+            payload: serde_json::json!({}),
+            headers: Vec::new(),
+        },
+    )
+    .await
+    .expect("enqueue");
+    tx.commit().await.expect("commit");
+
+    let lock = lock_order(&pool, held).await;
+    let pay_held = tokio::spawn({
+        let orders = orders.clone();
+        async move { orders.transition(held, Action::Pay, None).await }
+    });
+    wait_for_lock_waiter(&pool).await;
+    let pay_broken = tokio::spawn({
+        let orders = orders.clone();
+        async move { orders.transition(broken, Action::Pay, None).await }
+    });
+    let places: Vec<_> = (0..3)
+        .map(|_| {
+            let orders = orders.clone();
+            tokio::spawn(async move { orders.place(&order("sku-00003"), None, None).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    lock.commit().await.expect("release lock");
+
+    let paid = pay_held.await.expect("join").expect("pay");
+    assert_eq!(paid.status.as_str(), "paid");
+    match pay_broken.await.expect("join") {
+        Err(OrderError::EventAlreadyRecorded { order_id, .. }) => assert_eq!(order_id, broken),
+        other => panic!("pay of an order with a recorded paid event: {other:?}"),
+    }
+    for place in places {
+        let placed = place.await.expect("join").expect("place");
+        assert_eq!(
+            event_types(&pool, placed.order.order_id).await,
+            [("order.placed".into(), 1)]
+        );
+    }
+    // The refused change was undone; the others committed once each, after being handed back.
+    assert_eq!(status(&pool, broken).await, "placed");
+    assert_eq!(
+        event_types(&pool, held).await,
+        [("order.placed".into(), 1), ("order.paid".into(), 2)]
+    );
+    let orders_total: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
+        .fetch_one(&pool)
+        .await
+        .expect("count");
+    assert_eq!(orders_total, 5);
+    assert!(failures(&registry) >= 1, "no shared transaction failed");
+}
