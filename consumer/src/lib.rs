@@ -26,6 +26,7 @@ use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use anyhow::Context;
+use pipeline_core::db::SessionSettings;
 use pipeline_core::ops_http;
 use pipeline_core::order_events::demo_product_id;
 use prometheus::Registry;
@@ -59,9 +60,14 @@ pub async fn run_with_sender(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     args.validate()?;
+    // Every statement of the consumer works on a batch: planned per execution (see
+    // SessionSettings::custom_plans).
     let pool = args
         .db
-        .connect_with_statement_timeout(Some(Duration::from_millis(args.statement_timeout_ms)))
+        .connect_with(SessionSettings {
+            statement_timeout: Some(Duration::from_millis(args.statement_timeout_ms)),
+            custom_plans: true,
+        })
         .await?;
     let dead_letters = if args.dead_letter_topic.is_empty() {
         None

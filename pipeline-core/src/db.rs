@@ -12,6 +12,20 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 /// The LISTEN/NOTIFY channel the relay wakes on.
 pub const OUTBOX_CHANNEL: &str = "outbox_pending";
 
+/// Settings every connection of a pool starts with.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SessionSettings {
+    /// `statement_timeout`: the longest one statement may run.
+    pub statement_timeout: Option<Duration>,
+    /// `plan_cache_mode=force_custom_plan`: every execution of a prepared statement is planned
+    /// with its parameter values. For batch statements (`= ANY` of arrays) over tables that grow:
+    /// PostgreSQL otherwise settles on a generic plan after five executions, and a generic plan
+    /// made while the tables were small (or never analysed) keeps scanning them whole as they
+    /// grow. Seen in the consumer: order_progress read by its group prefix and filtered, the
+    /// reservation tables scanned in full, every batch; planning per batch costs far less.
+    pub custom_plans: bool,
+}
+
 /// Database settings shared by every binary.
 #[derive(clap::Args, Clone)]
 pub struct DbArgs {
@@ -62,14 +76,11 @@ pub fn redact_url(url: &str) -> String {
 impl DbArgs {
     /// Connects (waiting up to `acquire_timeout` for the server) and migrates when asked to.
     pub async fn connect(&self) -> anyhow::Result<PgPool> {
-        self.connect_with_statement_timeout(None).await
+        self.connect_with(SessionSettings::default()).await
     }
 
-    /// [`DbArgs::connect`], with a `statement_timeout` on every connection when given.
-    pub async fn connect_with_statement_timeout(
-        &self,
-        statement_timeout: Option<std::time::Duration>,
-    ) -> anyhow::Result<PgPool> {
+    /// [`DbArgs::connect`], every connection starting with `session`'s settings.
+    pub async fn connect_with(&self, session: SessionSettings) -> anyhow::Result<PgPool> {
         let mut options: PgConnectOptions = self
             .database_url
             .parse()
@@ -81,8 +92,15 @@ impl DbArgs {
                 options = options.application_name(&program);
             }
         }
-        if let Some(t) = statement_timeout {
-            options = options.options([("statement_timeout", t.as_millis().to_string())]);
+        let mut settings = Vec::new();
+        if let Some(t) = session.statement_timeout {
+            settings.push(("statement_timeout", t.as_millis().to_string()));
+        }
+        if session.custom_plans {
+            settings.push(("plan_cache_mode", "force_custom_plan".to_owned()));
+        }
+        if !settings.is_empty() {
+            options = options.options(settings);
         }
         let pool = PgPoolOptions::new()
             .max_connections(self.database_max_connections)

@@ -34,7 +34,7 @@ pub struct ServeArgs {
     pub notify_relay: bool,
     /// Order-service transactions shared by changes requested at the same time that run at
     /// once (group commit); 0 writes every change in a transaction of its own.
-    #[arg(long, env = "ORDER_GROUP_COMMIT", default_value_t = 2)]
+    #[arg(long, env = "ORDER_GROUP_COMMIT", default_value_t = 4)]
     pub group_commit: usize,
     /// Most changes written in one shared transaction.
     #[arg(long, env = "ORDER_GROUP_COMMIT_MAX", default_value_t = 64,

@@ -50,9 +50,9 @@ pub fn init_test_log() {
     }
 }
 
-/// The binary's default group commit: two shared transactions at once, up to 64 changes each.
+/// The binary's default group commit: four shared transactions at once, up to 64 changes each.
 pub const GROUP_COMMIT: GroupCommitSettings = GroupCommitSettings {
-    runners: 2,
+    runners: 4,
     max_ops: 64,
 };
 
