@@ -3,6 +3,8 @@
 //! Any Rust service calls [`enqueue`] inside its own sqlx transaction, next to its business
 //! writes: the event is committed, or rolled back, together with them. The relay publishes it.
 
+use std::collections::HashMap;
+
 pub use pipeline_core::db::OUTBOX_CHANNEL;
 use serde_json::Value;
 use sqlx::{Postgres, Transaction};
@@ -58,6 +60,10 @@ pub enum EnqueueError {
     Empty(&'static str),
     #[error("event field `{0}` contains a NUL character")]
     NulCharacter(&'static str),
+    /// [`enqueue_all`]: an event's (business key, event type) is already in the outbox, or twice
+    /// in the events given. The transaction is aborted.
+    #[error("an event's business key and type are already recorded")]
+    AlreadyRecorded,
     #[error(transparent)]
     Database(#[from] sqlx::Error),
 }
@@ -72,13 +78,7 @@ pub async fn enqueue(
     event: &NewEvent,
 ) -> Result<Enqueued, EnqueueError> {
     validate(event)?;
-    let headers = Value::Object(
-        event
-            .headers
-            .iter()
-            .map(|(k, v)| (k.clone(), Value::String(v.clone())))
-            .collect(),
-    );
+    let headers = headers_json(event);
     // One round trip: lock the aggregate's sequence row (creating it at 1 on first use), take the
     // next number and insert the event with it.
     let event_id = Uuid::now_v7();
@@ -123,6 +123,88 @@ pub async fn enqueue(
     .fetch_one(&mut **tx)
     .await?;
     Ok(Enqueued::Duplicate { event_id, sequence })
+}
+
+/// Appends all `events` inside `tx` in one round trip: each aggregate's events take its next
+/// sequence numbers in the order given, under the same row lock as [`enqueue`]. Returns each
+/// event's id and sequence number, in the order given.
+///
+/// Unlike [`enqueue`], an event whose (business key, event type) is already recorded is an error,
+/// [`EnqueueError::AlreadyRecorded`], and the statement fails inside PostgreSQL: the transaction
+/// is aborted and can only be rolled back, so no sequence number is ever skipped.
+pub async fn enqueue_all(
+    tx: &mut Transaction<'_, Postgres>,
+    events: &[NewEvent],
+) -> Result<Vec<(Uuid, i64)>, EnqueueError> {
+    if events.is_empty() {
+        return Ok(Vec::new());
+    }
+    for event in events {
+        validate(event)?;
+    }
+    let ids: Vec<Uuid> = events.iter().map(|_| Uuid::now_v7()).collect();
+    let field = |f: fn(&NewEvent) -> &str| events.iter().map(f).collect::<Vec<&str>>();
+    let payloads: Vec<&Value> = events.iter().map(|e| &e.payload).collect();
+    let headers: Vec<Value> = events.iter().map(headers_json).collect();
+    // Aggregates' sequence rows are taken in key order, so concurrent callers cannot deadlock on
+    // them; each aggregate advances by its number of events at once.
+    let rows: Vec<(Uuid, i64)> = sqlx::query_as(
+        "WITH input AS (
+             SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[],
+                                  $6::jsonb[], $7::jsonb[])
+                 WITH ORDINALITY AS i(event_id, business_key, event_type, aggregate_id, topic,
+                                      payload, headers, n)),
+         counts AS (
+             SELECT aggregate_id, count(*) AS events FROM input
+             GROUP BY aggregate_id ORDER BY aggregate_id),
+         next AS (
+             INSERT INTO outbox_sequence AS s (aggregate_id, last_sequence)
+             SELECT aggregate_id, events FROM counts
+             ON CONFLICT (aggregate_id)
+             DO UPDATE SET last_sequence = s.last_sequence + EXCLUDED.last_sequence
+             RETURNING aggregate_id, last_sequence)
+         INSERT INTO outbox (event_id, business_key, event_type, aggregate_id, sequence, topic,
+                             payload, headers)
+         SELECT i.event_id, i.business_key, i.event_type, i.aggregate_id,
+                next.last_sequence - c.events
+                    + row_number() OVER (PARTITION BY i.aggregate_id ORDER BY i.n),
+                i.topic, i.payload, i.headers
+         FROM input i JOIN counts c USING (aggregate_id) JOIN next USING (aggregate_id)
+         ORDER BY i.n
+         RETURNING event_id, sequence",
+    )
+    .bind(&ids)
+    .bind(field(|e| &e.business_key))
+    .bind(field(|e| &e.event_type))
+    .bind(field(|e| &e.aggregate_id))
+    .bind(field(|e| &e.topic))
+    .bind(&payloads)
+    .bind(&headers)
+    .fetch_all(&mut **tx)
+    .await
+    .map_err(|e| match &e {
+        sqlx::Error::Database(db) if db.constraint() == Some("outbox_business_fact_key") => {
+            EnqueueError::AlreadyRecorded
+        }
+        _ => EnqueueError::Database(e),
+    })?;
+    let sequences: HashMap<Uuid, i64> = rows.into_iter().collect();
+    ids.into_iter()
+        .map(|id| match sequences.get(&id) {
+            Some(&sequence) => Ok((id, sequence)),
+            None => Err(EnqueueError::Database(sqlx::Error::RowNotFound)),
+        })
+        .collect()
+}
+
+fn headers_json(event: &NewEvent) -> Value {
+    Value::Object(
+        event
+            .headers
+            .iter()
+            .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+            .collect(),
+    )
 }
 
 /// Asks a listening relay to look for new events as soon as `tx` commits.

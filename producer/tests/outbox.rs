@@ -1,7 +1,7 @@
 //! The outbox library on its own: sequences, duplicates and transactions.
 //! Needs `DATABASE_URL` (see `common/mod.rs`).
 
-use producer::outbox::{enqueue, EnqueueError, Enqueued, NewEvent};
+use producer::outbox::{enqueue, enqueue_all, EnqueueError, Enqueued, NewEvent};
 use serde_json::json;
 use sqlx::PgPool;
 
@@ -166,4 +166,105 @@ async fn invalid_events_are_refused_before_the_database(pool: PgPool) {
         .await
         .expect("enqueue");
     assert!(matches!(ok, Enqueued::New { sequence: 1, .. }));
+}
+
+async fn enqueue_all_committed(pool: &PgPool, events: &[NewEvent]) -> Vec<(uuid::Uuid, i64)> {
+    let mut tx = pool.begin().await.expect("begin");
+    let result = enqueue_all(&mut tx, events).await.expect("enqueue_all");
+    tx.commit().await.expect("commit");
+    result
+}
+
+#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+async fn enqueue_all_continues_each_aggregates_sequence_in_the_order_given(pool: PgPool) {
+    let _ = enqueue_committed(&pool, &event("a1", "e", "a")).await;
+    let events = [
+        event("a2", "e", "a"),
+        event("b1", "e", "b"),
+        event("a3", "e", "a"),
+        event("a4", "e", "a"),
+        event("b2", "e", "b"),
+    ];
+    let written = enqueue_all_committed(&pool, &events).await;
+    let seqs: Vec<i64> = written.iter().map(|(_, s)| *s).collect();
+    assert_eq!(seqs, [2, 1, 3, 4, 2]);
+    assert_eq!(sequences(&pool, "a").await, [1, 2, 3, 4]);
+    assert_eq!(sequences(&pool, "b").await, [1, 2]);
+    // Each returned id is the event written with that business key.
+    for ((id, _), e) in written.iter().zip(&events) {
+        let key: String = sqlx::query_scalar("SELECT business_key FROM outbox WHERE event_id = $1")
+            .bind(id)
+            .fetch_one(&pool)
+            .await
+            .expect("row");
+        assert_eq!(key, e.business_key);
+    }
+    // enqueue continues where enqueue_all left off.
+    let next = enqueue_committed(&pool, &event("a5", "e", "a")).await;
+    assert!(
+        matches!(next, Enqueued::New { sequence: 5, .. }),
+        "{next:?}"
+    );
+}
+
+#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+async fn enqueue_all_refuses_a_recorded_fact_and_leaves_no_gap(pool: PgPool) {
+    let _ = enqueue_committed(&pool, &event("o1", "order.placed", "o1")).await;
+    for events in [
+        // Already in the outbox.
+        vec![
+            event("o2", "order.placed", "o2"),
+            event("o1", "order.placed", "o1"),
+        ],
+        // Twice in the events given.
+        vec![
+            event("o1", "order.paid", "o1"),
+            event("o1", "order.paid", "o1"),
+        ],
+    ] {
+        let mut tx = pool.begin().await.expect("begin");
+        assert!(matches!(
+            enqueue_all(&mut tx, &events).await,
+            Err(EnqueueError::AlreadyRecorded)
+        ));
+        // PostgreSQL aborted the transaction: it cannot be committed.
+        assert!(sqlx::query("SELECT 1").execute(&mut *tx).await.is_err());
+        tx.rollback().await.expect("rollback");
+    }
+    let written = enqueue_all_committed(
+        &pool,
+        &[
+            event("o1", "order.paid", "o1"),
+            event("o2", "order.placed", "o2"),
+        ],
+    )
+    .await;
+    assert_eq!(written.iter().map(|(_, s)| *s).collect::<Vec<_>>(), [2, 1]);
+    assert_eq!(sequences(&pool, "o1").await, [1, 2]);
+    assert_eq!(sequences(&pool, "o2").await, [1]);
+    assert!(enqueue_all_committed(&pool, &[]).await.is_empty());
+}
+
+#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+async fn concurrent_enqueue_all_of_shared_aggregates_neither_deadlocks_nor_skips(pool: PgPool) {
+    // Each writer names the two aggregates in the opposite order.
+    let tasks = (0..20).map(|i| {
+        let pool = pool.clone();
+        tokio::spawn(async move {
+            let (first, second) = if i % 2 == 0 { ("x", "y") } else { ("y", "x") };
+            let events = [
+                event(&format!("{first}-{i}"), "e", first),
+                event(&format!("{second}-{i}"), "e", second),
+            ];
+            enqueue_all_committed(&pool, &events).await
+        })
+    });
+    for t in futures::future::join_all(tasks).await {
+        assert_eq!(t.expect("task").len(), 2);
+    }
+    for aggregate in ["x", "y"] {
+        let mut seqs = sequences(&pool, aggregate).await;
+        seqs.sort_unstable();
+        assert_eq!(seqs, (1..=20).collect::<Vec<i64>>());
+    }
 }

@@ -1,9 +1,11 @@
 //! Group commit: order changes requested at the same time are written in one transaction.
 //!
-//! Each change on its own costs a transaction: `BEGIN`, its statements and a `COMMIT`, each a
-//! round trip, and a WAL flush. Under load, requests arrive while others are being written; a
-//! runner takes every change waiting (up to `max_ops`) and writes them one after the other in one
-//! transaction, so the `BEGIN`, the `COMMIT` and the flush are shared. At most `runners`
+//! Each change on its own costs a transaction: `BEGIN`, its statement, its event's statement and
+//! a `COMMIT`, each a round trip, and a WAL flush. Under load, requests arrive while others are
+//! being written; a runner takes every change waiting (up to `max_ops`), makes them one after the
+//! other in one transaction and appends all their events in one statement
+//! ([`crate::outbox::enqueue_all`]), so the `BEGIN`, the events' statement, the `COMMIT` and the
+//! flush are shared. At most `runners`
 //! transactions run at once; when the service is idle a change waits for nobody.
 //!
 //! Nothing a client sees changes. Each change is answered only after the transaction holding it
@@ -90,6 +92,7 @@ impl Job {
         }
     }
 
+    /// Makes the change inside `tx`, without its event.
     async fn run(self, service: &OrderService, tx: &mut Transaction<'static, Postgres>) -> Done {
         match self {
             Job::Place {
@@ -99,14 +102,9 @@ impl Job {
                 reply,
             } => {
                 let result = service
-                    .place_in(
-                        tx,
-                        &order,
-                        idempotency_key.as_deref(),
-                        traceparent.as_deref(),
-                    )
+                    .place_in(tx, &order, idempotency_key.as_deref())
                     .await;
-                Done::Place(reply, result)
+                Done::Place(reply, result, traceparent)
             }
             Job::Transition {
                 order_id,
@@ -114,10 +112,8 @@ impl Job {
                 traceparent,
                 reply,
             } => {
-                let result = service
-                    .transition_in(tx, order_id, action, traceparent.as_deref())
-                    .await;
-                Done::Transition(reply, result)
+                let result = service.transition_in(tx, order_id, action).await;
+                Done::Transition(reply, result, traceparent)
             }
         }
     }
@@ -139,19 +135,39 @@ impl Job {
     }
 }
 
-/// A change written inside the open transaction, with its result.
+/// A change made inside the open transaction, with its result and its request's traceparent.
 enum Done {
-    Place(oneshot::Sender<Answer<Placed>>, Result<Placed, OrderError>),
-    Transition(oneshot::Sender<Answer<Order>>, Result<Order, OrderError>),
+    Place(
+        oneshot::Sender<Answer<Placed>>,
+        Result<Placed, OrderError>,
+        Option<String>,
+    ),
+    Transition(
+        oneshot::Sender<Answer<Order>>,
+        Result<Order, OrderError>,
+        Option<String>,
+    ),
 }
 
 impl Done {
+    /// The order whose new status needs its event, with the traceparent for it: none for a
+    /// refusal or an idempotent replay of a create.
+    fn changed(&self) -> Option<(&Order, Option<&str>)> {
+        match self {
+            Done::Place(_, Ok(placed), traceparent) if placed.created => {
+                Some((&placed.order, traceparent.as_deref()))
+            }
+            Done::Transition(_, Ok(order), traceparent) => Some((order, traceparent.as_deref())),
+            Done::Place(..) | Done::Transition(..) => None,
+        }
+    }
+
     /// True when the change's writes must be undone: everything but a refusal that wrote
     /// nothing.
     fn needs_rollback(&self) -> bool {
         let error = match self {
-            Done::Place(_, result) => result.as_ref().err(),
-            Done::Transition(_, result) => result.as_ref().err(),
+            Done::Place(_, result, _) => result.as_ref().err(),
+            Done::Transition(_, result, _) => result.as_ref().err(),
         };
         error.is_some_and(|e| !e.wrote_nothing())
     }
@@ -159,24 +175,24 @@ impl Done {
     /// Sends the result: the transaction committed, or the change was alone in it.
     fn answer(self) {
         match self {
-            Done::Place(reply, result) => drop(reply.send(Some(result))),
-            Done::Transition(reply, result) => drop(reply.send(Some(result))),
+            Done::Place(reply, result, _) => drop(reply.send(Some(result))),
+            Done::Transition(reply, result, _) => drop(reply.send(Some(result))),
         }
     }
 
     /// Sends `error` instead of the result.
     fn fail(self, error: OrderError) {
         match self {
-            Done::Place(reply, _) => drop(reply.send(Some(Err(error)))),
-            Done::Transition(reply, _) => drop(reply.send(Some(Err(error)))),
+            Done::Place(reply, ..) => drop(reply.send(Some(Err(error)))),
+            Done::Transition(reply, ..) => drop(reply.send(Some(Err(error)))),
         }
     }
 
     /// Hands the change back to its request: its writes were rolled back.
     fn hand_back(self) {
         match self {
-            Done::Place(reply, _) => drop(reply.send(None)),
-            Done::Transition(reply, _) => drop(reply.send(None)),
+            Done::Place(reply, ..) => drop(reply.send(None)),
+            Done::Transition(reply, ..) => drop(reply.send(None)),
         }
     }
 }
@@ -288,6 +304,23 @@ async fn write(service: &OrderService, mut jobs: Vec<Job>) -> bool {
         }
         done.push(change);
     }
+    // Every change's event in one statement.
+    let changed: Vec<(&Order, Option<&str>)> = done.iter().filter_map(Done::changed).collect();
+    if let Err(e) = service.record_events(&mut tx, &changed).await {
+        drop(changed);
+        drop(tx);
+        if alone {
+            if let Some(change) = done.pop() {
+                change.fail(e);
+            }
+            return true;
+        }
+        tracing::debug!(changes = done.len(), error = %e,
+            "shared order transaction's events refused; each change runs alone");
+        done.into_iter().for_each(Done::hand_back);
+        return false;
+    }
+    drop(changed);
     match tx.commit().await {
         Ok(()) => done.into_iter().for_each(Done::answer),
         // The commit's outcome is unknown to us (the connection failed during it): running the

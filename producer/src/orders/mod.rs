@@ -1,7 +1,7 @@
 //! The order domain: the lifecycle rules and the transactions that change an order together with
 //! the event recording the change.
 //!
-//! Every write here happens in one PostgreSQL transaction with its [`crate::outbox::enqueue`]
+//! Every write here happens in one PostgreSQL transaction with its [`crate::outbox::enqueue_all`]
 //! call, so an order change and its event are committed together or not at all.
 
 mod group_commit;
@@ -215,9 +215,11 @@ impl OrderService {
         }
         // Alone: a transaction of its own, committed if the change succeeds.
         let mut tx = self.pool.begin().await?;
-        let placed = self
-            .place_in(&mut tx, order, idempotency_key, traceparent)
-            .await?;
+        let placed = self.place_in(&mut tx, order, idempotency_key).await?;
+        if placed.created {
+            self.record_events(&mut tx, &[(&placed.order, traceparent)])
+                .await?;
+        }
         tx.commit().await?;
         Ok(placed)
     }
@@ -247,8 +249,8 @@ impl OrderService {
             }
         }
         let mut tx = self.pool.begin().await?;
-        let order = self
-            .transition_in(&mut tx, order_id, action, traceparent)
+        let order = self.transition_in(&mut tx, order_id, action).await?;
+        self.record_events(&mut tx, &[(&order, traceparent)])
             .await?;
         tx.commit().await?;
         Ok(order)

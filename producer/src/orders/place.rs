@@ -20,14 +20,13 @@ pub struct Placed {
 }
 
 impl OrderService {
-    /// Places `order` inside `tx`: the order row, its lines and its `order.placed` event. The
-    /// caller commits.
+    /// Places `order` inside `tx`: the order row and its lines. The caller records the event
+    /// (when `created`) and commits.
     pub(super) async fn place_in(
         &self,
         tx: &mut Transaction<'_, Postgres>,
         order: &ValidOrder,
         idempotency_key: Option<&str>,
-        traceparent: Option<&str>,
     ) -> Result<Placed, OrderError> {
         let fingerprint = idempotency_key.map(|_| order.fingerprint());
         let order_id = Uuid::now_v7();
@@ -104,7 +103,6 @@ impl OrderService {
             created_at,
             updated_at,
         };
-        let _ = self.record_event(tx, &placed, traceparent).await?;
         Ok(Placed {
             order: placed,
             created: true,

@@ -7,7 +7,7 @@ use sqlx::{PgConnection, Postgres, Transaction};
 use uuid::Uuid;
 
 use super::{Order, OrderError, OrderService};
-use crate::outbox::{self, Enqueued, NewEvent};
+use crate::outbox::{self, EnqueueError, NewEvent};
 
 /// An order row with its lines' products and quantities, in line order.
 pub(super) type OrderRow = (
@@ -69,40 +69,54 @@ pub(super) fn parse_status(status: &str) -> Result<OrderStatus, OrderError> {
 }
 
 impl OrderService {
-    /// Appends the event recording that `order` entered its current status, inside `tx`.
+    /// Appends, inside `tx` and in one statement, the event recording that each order entered
+    /// its current status (with the request's traceparent, if any).
     ///
-    /// The business key is the order id: with the event type, it names the fact once, so a
-    /// duplicate means the lifecycle was bypassed and the whole change is refused.
-    pub(super) async fn record_event(
+    /// The business key is the order id: with the event type, it names the fact once, so an
+    /// event already recorded means the lifecycle was bypassed. Then the statement fails, the
+    /// transaction can only be rolled back, and the change is refused.
+    pub(super) async fn record_events(
         &self,
         tx: &mut Transaction<'_, Postgres>,
-        order: &Order,
-        traceparent: Option<&str>,
-    ) -> Result<Enqueued, OrderError> {
-        let event_type = order.status.event_type();
+        changed: &[(&Order, Option<&str>)],
+    ) -> Result<(), OrderError> {
+        let events = changed
+            .iter()
+            .map(|(order, traceparent)| self.event_for(order, *traceparent))
+            .collect::<Result<Vec<_>, _>>()?;
+        match outbox::enqueue_all(tx, &events).await {
+            Ok(_) => {}
+            Err(EnqueueError::AlreadyRecorded) => {
+                return Err(match changed {
+                    [(order, _)] => OrderError::EventAlreadyRecorded {
+                        order_id: order.order_id,
+                        event_type: order.status.event_type(),
+                    },
+                    _ => OrderError::Enqueue(EnqueueError::AlreadyRecorded),
+                })
+            }
+            Err(e) => return Err(e.into()),
+        }
+        if self.notify_relay && !events.is_empty() {
+            outbox::notify_relay(tx).await?;
+        }
+        Ok(())
+    }
+
+    /// The event recording that `order` entered its current status.
+    fn event_for(&self, order: &Order, traceparent: Option<&str>) -> Result<NewEvent, OrderError> {
         let order_id = order.order_id.to_string();
         let payload = serde_json::to_value(order.snapshot())
             .map_err(|e| OrderError::Database(sqlx::Error::Encode(Box::new(e))))?;
-        let event = NewEvent {
+        Ok(NewEvent {
             business_key: order_id.clone(),
-            event_type: event_type.to_owned(),
+            event_type: order.status.event_type().to_owned(),
             aggregate_id: order_id,
             topic: self.topic.to_string(),
             payload,
             headers: traceparent
                 .map(|tp| vec![(TRACEPARENT.to_owned(), tp.to_owned())])
                 .unwrap_or_default(),
-        };
-        let enqueued = outbox::enqueue(tx, &event).await?;
-        if let Enqueued::Duplicate { .. } = enqueued {
-            return Err(OrderError::EventAlreadyRecorded {
-                order_id: order.order_id,
-                event_type,
-            });
-        }
-        if self.notify_relay {
-            outbox::notify_relay(tx).await?;
-        }
-        Ok(enqueued)
+        })
     }
 }

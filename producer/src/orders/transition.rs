@@ -9,13 +9,12 @@ use super::store::{order_from_row, parse_status, OrderRow};
 use super::{Action, IllegalTransition, Order, OrderError, OrderService};
 
 impl OrderService {
-    /// Applies `action` to the order and records its event, inside `tx`. The caller commits.
+    /// Applies `action` to the order inside `tx`. The caller records the event and commits.
     pub(super) async fn transition_in(
         &self,
         tx: &mut Transaction<'_, Postgres>,
         order_id: Uuid,
         action: Action,
-        traceparent: Option<&str>,
     ) -> Result<Order, OrderError> {
         use OrderStatus::{Cancelled, Paid, Placed, Shipped};
         // The statuses this action may leave, as the lifecycle says.
@@ -53,8 +52,6 @@ impl OrderService {
                 status: parse_status(&status)?,
             }));
         };
-        let order = order_from_row(row)?;
-        let _ = self.record_event(tx, &order, traceparent).await?;
-        Ok(order)
+        order_from_row(row)
     }
 }
