@@ -20,8 +20,10 @@ use crate::handler::{Event, Handler, HandlerBatch, HandlerError};
 use crate::parking::{park, release_parked};
 use crate::process_error::is_rejection;
 pub use crate::process_error::ProcessError;
-pub use crate::store::claim_partition;
-use crate::store::{check_owner, record_applied, set_outcomes, start_batch, AppliedEffect};
+use crate::store::{
+    check_owner, plan_with_values, record_applied, set_outcomes, start_batch, AppliedEffect,
+};
+pub use crate::store::{claim_partition, CUSTOM_PLANS_UP_TO};
 
 /// A record as read from Kafka, owned so it can cross to the partition's task.
 #[derive(Debug, Clone)]
@@ -143,6 +145,9 @@ pub struct BatchContext<'a> {
     pub fence: Option<&'a Fence>,
     /// When set, dead letters are also published to the dead-letter topic before commit.
     pub dead_letters: Option<&'a DeadLetterSink>,
+    /// Transactions of at most this many messages plan with their values (see
+    /// [`crate::store::CUSTOM_PLANS_UP_TO`]).
+    pub custom_plans_up_to: usize,
 }
 
 /// Processes `messages` (one partition, in offset order) in one transaction and commits it,
@@ -157,6 +162,7 @@ pub async fn process_batch(
         handler,
         fence: None,
         dead_letters: None,
+        custom_plans_up_to: CUSTOM_PLANS_UP_TO,
     };
     process_batch_with(&ctx, messages).await
 }
@@ -231,6 +237,10 @@ pub async fn process_batches(
 
     let began = std::time::Instant::now();
     let mut tx = ctx.pool.begin().await?;
+    let messages: usize = batches.iter().map(|b| b.messages.len()).sum();
+    if messages <= ctx.custom_plans_up_to {
+        plan_with_values(&mut tx).await?;
+    }
     // One round trip for all batches: the ownership fences, the dedupe constraint (only rows
     // inserted now are new to this group), and the orders' progress and parked events.
     let fences: Vec<&Fence> = members.iter().filter_map(|m| m.fence).collect();

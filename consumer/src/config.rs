@@ -135,6 +135,11 @@ pub struct RunArgs {
     /// transaction of its own.
     #[arg(long, env = "CONSUMER_GROUP_TRANSACTIONS", default_value_t = 2)]
     pub group_transactions: usize,
+    /// Transactions of at most this many messages plan their statements with their parameter
+    /// values (`plan_cache_mode=force_custom_plan`); larger ones use PostgreSQL's cached generic
+    /// plans. 0: always generic.
+    #[arg(long, env = "CONSUMER_CUSTOM_PLANS_UP_TO", default_value_t = crate::store::CUSTOM_PLANS_UP_TO)]
+    pub custom_plans_up_to: usize,
     /// Messages queued for one partition's task before the partition is paused; it resumes once
     /// half of them are done. Bounds memory at about partitions × this × message size; with too
     /// little room a task runs dry while the partition is resumed and fetched again.

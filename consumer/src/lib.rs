@@ -60,13 +60,10 @@ pub async fn run_with_sender(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     args.validate()?;
-    // Every statement of the consumer works on a batch: planned per execution (see
-    // SessionSettings::custom_plans).
     let pool = args
         .db
         .connect_with(SessionSettings {
             statement_timeout: Some(Duration::from_millis(args.statement_timeout_ms)),
-            custom_plans: true,
         })
         .await?;
     let dead_letters = if args.dead_letter_topic.is_empty() {
@@ -166,6 +163,7 @@ pub async fn run_with_sender(
                     metrics: metrics.clone(),
                     transactions: args.group_transactions,
                     max_messages: args.max_batch,
+                    custom_plans_up_to: args.custom_plans_up_to,
                 },
                 stop.clone(),
             ))
@@ -178,6 +176,7 @@ pub async fn run_with_sender(
             progress: progress_tx,
             fatal: fatal.clone(),
             max_batch: args.max_batch,
+            custom_plans_up_to: args.custom_plans_up_to,
             retry_base: Duration::from_millis(args.retry_base_ms),
             retry_max: Duration::from_millis(args.retry_max_ms),
             retry_budget: Duration::from_millis(args.retry_budget_ms),

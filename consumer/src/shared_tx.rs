@@ -33,6 +33,8 @@ pub struct SharedTxSettings {
     pub transactions: usize,
     /// Most messages in one transaction.
     pub max_messages: usize,
+    /// Transactions of at most this many messages plan with their values.
+    pub custom_plans_up_to: usize,
 }
 
 /// A batch's result from a shared transaction; `None`: run it alone.
@@ -118,6 +120,7 @@ async fn apply(settings: &SharedTxSettings, jobs: Vec<Job>) {
         handler: settings.handler.as_ref(),
         fence: None,
         dead_letters: settings.dead_letters.as_deref(),
+        custom_plans_up_to: settings.custom_plans_up_to,
     };
     let batches: Vec<PartitionBatch<'_>> = jobs
         .iter()

@@ -65,6 +65,8 @@ pub struct WorkerShared {
     pub progress: mpsc::Sender<Progress>,
     pub fatal: FatalSignal,
     pub max_batch: usize,
+    /// Transactions of at most this many messages plan with their values.
+    pub custom_plans_up_to: usize,
     pub retry_base: Duration,
     pub retry_max: Duration,
     /// How long a batch may keep failing, with the database answering, before its messages are
@@ -179,6 +181,7 @@ impl PartitionWorker {
             handler: self.shared.handler.as_ref(),
             fence: Some(&self.fence),
             dead_letters: self.shared.dead_letters.as_deref(),
+            custom_plans_up_to: self.shared.custom_plans_up_to,
         };
         let started = Instant::now();
         let shared = match (&self.shared.shared_transactions, isolating) {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use consumer::apply::{
     claim_partition, process_batch, process_batches, BatchContext, Fence, InboundMessage, Outcome,
-    PartitionBatch, ProcessError,
+    PartitionBatch, ProcessError, CUSTOM_PLANS_UP_TO,
 };
 use consumer::inventory::Inventory;
 use consumer::metrics::ConsumerMetrics;
@@ -411,6 +411,7 @@ async fn batches_of_several_partitions_in_one_transaction_keep_dedupe_and_order(
         handler: &handler,
         fence: None,
         dead_letters: None,
+        custom_plans_up_to: CUSTOM_PLANS_UP_TO,
     };
     let reports = process_batches(
         &ctx,
@@ -489,6 +490,7 @@ async fn a_fenced_batch_rolls_back_the_shared_transaction(pool: PgPool) {
         handler: &handler,
         fence: None,
         dead_letters: None,
+        custom_plans_up_to: CUSTOM_PLANS_UP_TO,
     };
     let result = process_batches(
         &ctx,
@@ -518,6 +520,7 @@ fn shared(pool: &PgPool, transactions: usize, metrics: &ConsumerMetrics) -> Shar
             metrics: metrics.clone(),
             transactions,
             max_messages: 500,
+            custom_plans_up_to: CUSTOM_PLANS_UP_TO,
         },
         CancellationToken::new(),
     )

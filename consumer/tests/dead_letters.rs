@@ -4,7 +4,7 @@
 use chrono::Utc;
 use consumer::apply::{
     claim_partition, process_batch, process_batch_with, BatchContext, Fence, InboundMessage,
-    Outcome, ProcessError,
+    Outcome, ProcessError, CUSTOM_PLANS_UP_TO,
 };
 use consumer::inventory::Inventory;
 use consumer::resolve::{list, resolve, Resolution, ResolveError};
@@ -254,6 +254,7 @@ async fn a_consumer_that_lost_its_partition_applies_nothing(pool: PgPool) {
         handler: &handler,
         fence: Some(&zombie),
         dead_letters: None,
+        custom_plans_up_to: CUSTOM_PLANS_UP_TO,
     };
     let result = process_batch_with(&ctx, &[message(a, 1, OrderStatus::Placed, 1, 0)]).await;
     assert!(matches!(result, Err(ProcessError::Fenced)), "{result:?}");

@@ -17,13 +17,6 @@ pub const OUTBOX_CHANNEL: &str = "outbox_pending";
 pub struct SessionSettings {
     /// `statement_timeout`: the longest one statement may run.
     pub statement_timeout: Option<Duration>,
-    /// `plan_cache_mode=force_custom_plan`: every execution of a prepared statement is planned
-    /// with its parameter values. For batch statements (`= ANY` of arrays) over tables that grow:
-    /// PostgreSQL otherwise settles on a generic plan after five executions, and a generic plan
-    /// made while the tables were small (or never analysed) keeps scanning them whole as they
-    /// grow. Seen in the consumer: order_progress read by its group prefix and filtered, the
-    /// reservation tables scanned in full, every batch; planning per batch costs far less.
-    pub custom_plans: bool,
 }
 
 /// Database settings shared by every binary.
@@ -95,9 +88,6 @@ impl DbArgs {
         let mut settings = Vec::new();
         if let Some(t) = session.statement_timeout {
             settings.push(("statement_timeout", t.as_millis().to_string()));
-        }
-        if session.custom_plans {
-            settings.push(("plan_cache_mode", "force_custom_plan".to_owned()));
         }
         if !settings.is_empty() {
             options = options.options(settings);
