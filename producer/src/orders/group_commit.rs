@@ -62,7 +62,7 @@ impl GroupCommitMetrics {
 }
 
 /// A request's answer; `None`: its shared transaction failed, run it alone.
-type Answer<T> = Option<Result<T, OrderError>>;
+pub(super) type Answer<T> = Option<Result<T, OrderError>>;
 
 /// A change waiting for a transaction, with where its answer goes.
 pub(super) enum Job {
@@ -225,14 +225,15 @@ impl GroupCommit {
         GroupCommit { tx }
     }
 
-    /// Writes `job` in a shared transaction and waits for its answer; `None` when it was not
-    /// written (its transaction failed, or the runners are gone): the caller runs it alone.
+    /// Writes the job `make` builds around its reply channel in a shared transaction and waits
+    /// for its answer; `None` when it was not written (its transaction failed, or the runners are
+    /// gone): the caller runs it alone.
     pub(super) async fn submit<T>(
         &self,
-        job: Job,
-        answer: oneshot::Receiver<Answer<T>>,
+        make: impl FnOnce(oneshot::Sender<Answer<T>>) -> Job,
     ) -> Answer<T> {
-        self.tx.send(job).ok()?;
+        let (reply, answer) = oneshot::channel();
+        self.tx.send(make(reply)).ok()?;
         answer.await.ok().flatten()
     }
 }

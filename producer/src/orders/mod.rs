@@ -16,12 +16,12 @@ use chrono::{DateTime, Utc};
 use pipeline_core::order_events::{OrderLine, OrderSnapshot, OrderStatus};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
-use tokio::sync::oneshot;
 use uuid::Uuid;
 
 use crate::outbox::EnqueueError;
 use crate::validation::ValidOrder;
-use group_commit::{GroupCommit, Job};
+use group_commit::{Answer, GroupCommit, Job};
+use tokio::sync::oneshot;
 
 pub use group_commit::{GroupCommitMetrics, GroupCommitSettings};
 pub use place::Placed;
@@ -201,17 +201,14 @@ impl OrderService {
         idempotency_key: Option<&str>,
         traceparent: Option<&str>,
     ) -> Result<Placed, OrderError> {
-        if let Some(group) = &self.group {
-            let (reply, answer) = oneshot::channel();
-            let job = Job::Place {
-                order: order.clone(),
-                idempotency_key: idempotency_key.map(str::to_owned),
-                traceparent: traceparent.map(str::to_owned),
-                reply,
-            };
-            if let Some(result) = group.submit(job, answer).await {
-                return result;
-            }
+        let job = |reply| Job::Place {
+            order: order.clone(),
+            idempotency_key: idempotency_key.map(str::to_owned),
+            traceparent: traceparent.map(str::to_owned),
+            reply,
+        };
+        if let Some(result) = self.grouped(job).await {
+            return result;
         }
         // Alone: a transaction of its own, committed if the change succeeds.
         let mut tx = self.pool.begin().await?;
@@ -222,6 +219,15 @@ impl OrderService {
         }
         tx.commit().await?;
         Ok(placed)
+    }
+
+    /// Hands the change `make` builds to group commit, if on, and waits for its answer. `None`:
+    /// run it alone (group commit is off, or its shared transaction failed).
+    async fn grouped<T>(&self, make: impl FnOnce(oneshot::Sender<Answer<T>>) -> Job) -> Answer<T> {
+        match &self.group {
+            Some(group) => group.submit(make).await,
+            None => None,
+        }
     }
 
     /// Applies `action` to the order and records its event, committed together.
@@ -236,17 +242,14 @@ impl OrderService {
         action: Action,
         traceparent: Option<&str>,
     ) -> Result<Order, OrderError> {
-        if let Some(group) = &self.group {
-            let (reply, answer) = oneshot::channel();
-            let job = Job::Transition {
-                order_id,
-                action,
-                traceparent: traceparent.map(str::to_owned),
-                reply,
-            };
-            if let Some(result) = group.submit(job, answer).await {
-                return result;
-            }
+        let job = |reply| Job::Transition {
+            order_id,
+            action,
+            traceparent: traceparent.map(str::to_owned),
+            reply,
+        };
+        if let Some(result) = self.grouped(job).await {
+            return result;
         }
         let mut tx = self.pool.begin().await?;
         let order = self.transition_in(&mut tx, order_id, action).await?;
