@@ -5,8 +5,8 @@
 //! being written; a runner takes every change waiting (up to `max_ops`), makes them one after the
 //! other in one transaction and appends all their events in one statement
 //! ([`crate::outbox::enqueue_all`]), so the `BEGIN`, the events' statement, the `COMMIT` and the
-//! flush are shared. At most `runners`
-//! transactions run at once; when the service is idle a change waits for nobody.
+//! flush are shared. At most `runners` transactions run at once; when the service is idle a
+//! change waits for nobody.
 //!
 //! Nothing a client sees changes. Each change is answered only after the transaction holding it
 //! committed. A change the lifecycle or the catalogue refuses writes nothing, so it is answered
