@@ -12,13 +12,6 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 /// The LISTEN/NOTIFY channel the relay wakes on.
 pub const OUTBOX_CHANNEL: &str = "outbox_pending";
 
-/// Settings every connection of a pool starts with.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct SessionSettings {
-    /// `statement_timeout`: the longest one statement may run.
-    pub statement_timeout: Option<Duration>,
-}
-
 /// Database settings shared by every binary.
 #[derive(clap::Args, Clone)]
 pub struct DbArgs {
@@ -69,11 +62,14 @@ pub fn redact_url(url: &str) -> String {
 impl DbArgs {
     /// Connects (waiting up to `acquire_timeout` for the server) and migrates when asked to.
     pub async fn connect(&self) -> anyhow::Result<PgPool> {
-        self.connect_with(SessionSettings::default()).await
+        self.connect_with_statement_timeout(None).await
     }
 
-    /// [`DbArgs::connect`], every connection starting with `session`'s settings.
-    pub async fn connect_with(&self, session: SessionSettings) -> anyhow::Result<PgPool> {
+    /// [`DbArgs::connect`], with a `statement_timeout` on every connection when given.
+    pub async fn connect_with_statement_timeout(
+        &self,
+        statement_timeout: Option<std::time::Duration>,
+    ) -> anyhow::Result<PgPool> {
         let mut options: PgConnectOptions = self
             .database_url
             .parse()
@@ -85,12 +81,8 @@ impl DbArgs {
                 options = options.application_name(&program);
             }
         }
-        let mut settings = Vec::new();
-        if let Some(t) = session.statement_timeout {
-            settings.push(("statement_timeout", t.as_millis().to_string()));
-        }
-        if !settings.is_empty() {
-            options = options.options(settings);
+        if let Some(t) = statement_timeout {
+            options = options.options([("statement_timeout", t.as_millis().to_string())]);
         }
         let pool = PgPoolOptions::new()
             .max_connections(self.database_max_connections)

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use pipeline_core::db::{DbArgs, SessionSettings};
+use pipeline_core::db::DbArgs;
 
 fn args() -> DbArgs {
     DbArgs {
@@ -23,9 +23,7 @@ async fn show(pool: &sqlx::PgPool, setting: &str) -> String {
 #[tokio::test]
 async fn sessions_start_with_the_settings_asked_for() {
     let pool = args()
-        .connect_with(SessionSettings {
-            statement_timeout: Some(Duration::from_millis(1500)),
-        })
+        .connect_with_statement_timeout(Some(Duration::from_millis(1500)))
         .await
         .expect("connect");
     assert_eq!(show(&pool, "statement_timeout").await, "1500ms");
