@@ -325,11 +325,13 @@ pub async fn process_batches(
         ..
     } = state;
 
-    effects_batch.flush(&mut tx).await?;
     record_applied(&mut tx, group, &effects, &advanced).await?;
     if let (Some(sink), false) = (ctx.dead_letters, letters.is_empty()) {
         sink.publish(group, &letters).await?;
     }
+    // The effects last: a handler may lock rows other transactions share when it writes them
+    // (the inventory's stock), and those locks are then held only until the commit.
+    effects_batch.flush(&mut tx).await?;
     tx.commit().await?;
     let transaction_duration = began.elapsed();
 

@@ -52,7 +52,8 @@ pub trait HandlerBatch: Send {
         event: &'a Event,
     ) -> BoxFuture<'a, Result<(), HandlerError>>;
 
-    /// Writes every effect decided so far; called once, before commit.
+    /// Writes every effect decided so far; called once, as the transaction's last statement
+    /// before commit, so locks it takes on rows other batches share are held only that long.
     fn flush<'a>(
         &'a mut self,
         conn: &'a mut PgConnection,

@@ -2,8 +2,13 @@
 //! cancelled, and settles it when the order ships. Insufficient stock is a business outcome (the
 //! reservation is rejected), not an error.
 //!
-//! A batch locks the stock rows and reservations its events touch (in key order), keeps them in
-//! memory while deciding each event, and writes them back in one statement per table.
+//! A batch locks the reservations its events touch (in key order) and reads the stock rows without
+//! locking them, keeps both in memory while deciding each event, and locks the stock rows only at
+//! the end, in the statement before the write (see [`InventoryBatch::lock_stock`]): stock rows are
+//! shared by every order, so a lock taken at the start of the transaction made the group's
+//! concurrent transactions run one after the other. When another transaction changed a stock row
+//! in between, the batch's decisions are made again, in the same order, on the locked values, so
+//! the outcome is the one the batch would have had holding the lock from the start.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -53,15 +58,33 @@ struct Reservation {
     new_lines: bool,
 }
 
+/// A decision the batch made, kept so that it can be made again on other stock values.
+#[derive(Debug, Clone)]
+enum Decision {
+    /// Reserve these quantities for the order, or reject the reservation when stock is short.
+    Reserve {
+        order_id: String,
+        wanted: BTreeMap<String, i32>,
+    },
+    /// Move the order's reservation, if `reserved`, to `to`, returning its stock.
+    Close { order_id: String, to: &'static str },
+}
+
 /// One batch's view of the stock and reservations it touches.
 #[derive(Default)]
 struct InventoryBatch {
-    /// Locked stock rows; a product without a row has no stock.
+    /// Stock rows as decided so far; a product without a row has no stock.
     stock: BTreeMap<String, Option<Stock>>,
-    /// Locked reservations; `None`: the order has none.
+    /// Stock rows as read (not locked) before any decision.
+    stock_read: BTreeMap<String, Option<Stock>>,
+    /// Locked reservations as decided so far; `None`: the order has none.
     reservations: BTreeMap<String, Option<Reservation>>,
+    /// Reservations as read (and locked) before any decision.
+    reservations_read: BTreeMap<String, Option<Reservation>>,
     changed_stock: BTreeSet<String>,
     changed_reservations: BTreeSet<String>,
+    /// Every decision made, in order.
+    decisions: Vec<Decision>,
 }
 
 impl HandlerBatch for InventoryBatch {
@@ -97,18 +120,18 @@ impl HandlerBatch for InventoryBatch {
                 ORDER_PLACED => {
                     let wanted = quantities(&order)?;
                     self.load_reservations(conn, vec![order_id.clone()]).await?;
+                    if matches!(self.reservations.get(&order_id), Some(Some(_))) {
+                        return Err(HandlerError::Rejected(format!(
+                            "order {order_id} already has a reservation"
+                        )));
+                    }
                     self.load_stock(conn, wanted.keys().cloned().collect())
                         .await?;
-                    self.reserve(order_id, wanted)
+                    self.decide(Decision::Reserve { order_id, wanted });
+                    Ok(())
                 }
-                ORDER_CANCELLED => {
-                    self.load_reservations(conn, vec![order_id.clone()]).await?;
-                    self.close(conn, &order_id, "released").await
-                }
-                ORDER_SHIPPED => {
-                    self.load_reservations(conn, vec![order_id.clone()]).await?;
-                    self.close(conn, &order_id, "fulfilled").await
-                }
+                ORDER_CANCELLED => self.close(conn, order_id, "released").await,
+                ORDER_SHIPPED => self.close(conn, order_id, "fulfilled").await,
                 ORDER_PAID => Ok(()),
                 other => Err(HandlerError::Rejected(format!(
                     "unknown event type `{other}`"
@@ -121,12 +144,15 @@ impl HandlerBatch for InventoryBatch {
         &'a mut self,
         conn: &'a mut PgConnection,
     ) -> BoxFuture<'a, Result<(), HandlerError>> {
-        Box::pin(async move { self.write(conn).await })
+        Box::pin(async move {
+            self.lock_stock(conn).await?;
+            self.write(conn).await
+        })
     }
 }
 
 impl InventoryBatch {
-    /// Locks and reads the stock rows of `products` not read yet.
+    /// Reads the stock rows of `products` not read yet.
     async fn load_stock(
         &mut self,
         conn: &mut PgConnection,
@@ -135,8 +161,8 @@ impl InventoryBatch {
         self.load(conn, Vec::new(), products).await
     }
 
-    /// Locks and reads the reservations (with lines) of `orders` not read yet, and the stock
-    /// rows of their lines.
+    /// Locks and reads the reservations (with lines) of `orders` not read yet, and reads the
+    /// stock rows of their lines.
     async fn load_reservations(
         &mut self,
         conn: &mut PgConnection,
@@ -145,9 +171,9 @@ impl InventoryBatch {
         self.load(conn, orders, Vec::new()).await
     }
 
-    /// Locks and reads, in one statement, the reservations (with lines) of `orders` and the stock
-    /// rows of `products` and of those reservations' lines, skipping what the batch read
-    /// already. Each table is locked in key order, so concurrent batches cannot deadlock.
+    /// Reads, in one statement, the reservations (with lines) of `orders`, locked in key order,
+    /// and the stock rows of `products` and of those reservations' lines, not locked, skipping
+    /// what the batch read already.
     async fn load(
         &mut self,
         conn: &mut PgConnection,
@@ -177,8 +203,7 @@ impl InventoryBatch {
                  SELECT product_id, available, reserved FROM inventory_stock
                  WHERE product_id = ANY(ARRAY(
                            SELECT unnest($2::text[])
-                           UNION SELECT product_id FROM l WHERE product_id <> ALL($3)))
-                 ORDER BY product_id FOR UPDATE)
+                           UNION SELECT product_id FROM l WHERE product_id <> ALL($3))))
              SELECT true, r.order_id, r.status, r.reason, l.product_id, l.quantity, NULL::int
              FROM r LEFT JOIN l ON l.order_id = r.order_id
              UNION ALL
@@ -220,19 +245,50 @@ impl InventoryBatch {
                 let _ = r.lines.insert(p, q);
             }
         }
+        // What was just read, before any decision touches it.
+        for (k, v) in &self.stock {
+            if !self.stock_read.contains_key(k) {
+                let _ = self.stock_read.insert(k.clone(), *v);
+            }
+        }
+        for (k, v) in &self.reservations {
+            if !self.reservations_read.contains_key(k) {
+                let _ = self.reservations_read.insert(k.clone(), v.clone());
+            }
+        }
         Ok(())
     }
 
-    fn reserve(
+    /// Reads what closing `order_id`'s reservation needs, then decides it.
+    async fn close(
         &mut self,
+        conn: &mut PgConnection,
         order_id: String,
-        wanted: BTreeMap<String, i32>,
+        to: &'static str,
     ) -> Result<(), HandlerError> {
-        if matches!(self.reservations.get(&order_id), Some(Some(_))) {
-            return Err(HandlerError::Rejected(format!(
-                "order {order_id} already has a reservation"
-            )));
+        self.load_reservations(conn, vec![order_id.clone()]).await?;
+        if let Some(Some(r)) = self.reservations.get(&order_id) {
+            if r.status == "reserved" {
+                let products = r.lines.keys().cloned().collect();
+                self.load_stock(conn, products).await?;
+            }
         }
+        self.decide(Decision::Close { order_id, to });
+        Ok(())
+    }
+
+    /// Makes `decision` on the batch's view (everything it needs is read) and remembers it.
+    fn decide(&mut self, decision: Decision) {
+        match &decision {
+            Decision::Reserve { order_id, wanted } => self.reserve(order_id, wanted),
+            Decision::Close { order_id, to } => self.close_reservation(order_id, to),
+        }
+        self.decisions.push(decision);
+    }
+
+    /// Reserves `wanted` for `order_id` when every product has enough available, and otherwise
+    /// records the reservation as rejected with what was short.
+    fn reserve(&mut self, order_id: &str, wanted: &BTreeMap<String, i32>) {
         let short: Vec<String> = wanted
             .iter()
             .filter_map(|(p, q)| {
@@ -247,7 +303,7 @@ impl InventoryBatch {
             })
             .collect();
         let reservation = if short.is_empty() {
-            for (p, q) in &wanted {
+            for (p, q) in wanted {
                 if let Some(Some(s)) = self.stock.get_mut(p) {
                     s.available -= q;
                     s.reserved += q;
@@ -257,7 +313,7 @@ impl InventoryBatch {
             Reservation {
                 status: "reserved",
                 reason: None,
-                lines: wanted,
+                lines: wanted.clone(),
                 new_lines: true,
             }
         } else {
@@ -271,25 +327,17 @@ impl InventoryBatch {
         };
         let _ = self
             .reservations
-            .insert(order_id.clone(), Some(reservation));
-        let _ = self.changed_reservations.insert(order_id);
-        Ok(())
+            .insert(order_id.to_owned(), Some(reservation));
+        let _ = self.changed_reservations.insert(order_id.to_owned());
     }
 
     /// Moves a `reserved` reservation to `to`, returning its stock: to available when released,
     /// out of the warehouse when fulfilled. Anything else (rejected, none) changes nothing.
-    async fn close(
-        &mut self,
-        conn: &mut PgConnection,
-        order_id: &str,
-        to: &'static str,
-    ) -> Result<(), HandlerError> {
+    fn close_reservation(&mut self, order_id: &str, to: &'static str) {
         let lines = match self.reservations.get(order_id) {
             Some(Some(r)) if r.status == "reserved" => r.lines.clone(),
-            _ => return Ok(()),
+            _ => return,
         };
-        self.load_stock(conn, lines.keys().cloned().collect())
-            .await?;
         for (p, q) in &lines {
             if let Some(Some(s)) = self.stock.get_mut(p) {
                 s.reserved -= q;
@@ -303,6 +351,45 @@ impl InventoryBatch {
             r.status = to;
         }
         let _ = self.changed_reservations.insert(order_id.to_owned());
+    }
+
+    /// Locks, in key order, the stock rows the batch's decisions read, and reads them again. A row
+    /// another transaction changed since the batch read it means the decisions were made on old
+    /// values: they are made again, in the same order, from the reservations as read and the
+    /// locked stock. Held until commit, the locks make the written values final.
+    async fn lock_stock(&mut self, conn: &mut PgConnection) -> Result<(), HandlerError> {
+        if self.decisions.is_empty() {
+            return Ok(());
+        }
+        let products: Vec<&str> = self.stock.keys().map(String::as_str).collect();
+        let rows: Vec<(String, i32, i32)> = sqlx::query_as(
+            "SELECT product_id, available, reserved FROM inventory_stock
+             WHERE product_id = ANY($1) ORDER BY product_id FOR UPDATE",
+        )
+        .bind(&products)
+        .fetch_all(&mut *conn)
+        .await?;
+        let mut locked: BTreeMap<String, Option<Stock>> =
+            self.stock.keys().map(|p| (p.clone(), None)).collect();
+        for (p, available, reserved) in rows {
+            let _ = locked.insert(
+                p,
+                Some(Stock {
+                    available,
+                    reserved,
+                }),
+            );
+        }
+        if locked == self.stock_read {
+            return Ok(());
+        }
+        self.stock = locked;
+        self.reservations = self.reservations_read.clone();
+        self.changed_stock.clear();
+        self.changed_reservations.clear();
+        for decision in std::mem::take(&mut self.decisions) {
+            self.decide(decision);
+        }
         Ok(())
     }
 

@@ -8,6 +8,7 @@ use consumer::apply::{
     claim_partition, process_batch, process_batches, BatchContext, Fence, InboundMessage, Outcome,
     PartitionBatch, ProcessError, CUSTOM_PLANS_UP_TO,
 };
+use consumer::handler::{Event, Handler};
 use consumer::inventory::Inventory;
 use consumer::metrics::ConsumerMetrics;
 use consumer::notification::Notifications;
@@ -286,6 +287,96 @@ async fn insufficient_stock_is_a_rejected_reservation_not_an_error(pool: PgPool)
     .expect("batch");
     assert_eq!(report.outcomes, vec![Outcome::Applied]);
     assert_eq!(available(&pool).await, (1, 0));
+}
+
+/// The event a message carries, as a handler gets it.
+fn event_of(msg: &InboundMessage) -> Event {
+    Event {
+        envelope: msg.envelope.clone().expect("envelope"),
+        payload: serde_json::from_slice(msg.payload.as_deref().expect("payload")).expect("json"),
+    }
+}
+
+/// An inventory batch that has read and decided `msgs` in its own open transaction, waiting to
+/// be flushed; meanwhile `other` (a placed event of another order) is applied and committed by a
+/// second batch. The second batch must not wait for the first: stock rows are locked only when
+/// written. Returns the stock the first batch wrote.
+async fn interleave(pool: &PgPool, msgs: &[InboundMessage], other: InboundMessage) -> (i32, i32) {
+    let handler = Inventory::new(GROUP);
+    let events: Vec<Event> = msgs.iter().map(event_of).collect();
+    let mut tx = pool.begin().await.expect("begin");
+    let mut batch = handler.batch();
+    batch.prepare(&mut tx, &events).await.expect("prepare");
+    for e in &events {
+        batch.apply(&mut tx, e).await.expect("apply");
+    }
+    let report = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        process_batch(pool, &handler, &[other]),
+    )
+    .await
+    .expect("the other batch waited for the first one's stock locks")
+    .expect("other batch");
+    assert_eq!(report.outcomes, vec![Outcome::Applied]);
+    batch.flush(&mut tx).await.expect("flush");
+    drop(batch);
+    tx.commit().await.expect("commit");
+    available(pool).await
+}
+
+async fn reservation(pool: &PgPool, order: Uuid) -> (String, Option<String>) {
+    sqlx::query_as("SELECT status, reason FROM inventory_reservation WHERE order_id = $1")
+        .bind(order.to_string())
+        .fetch_one(pool)
+        .await
+        .expect("reservation")
+}
+
+#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+async fn stock_taken_meanwhile_by_another_batch_is_decided_on_again(pool: PgPool) {
+    // 3 in stock, each order wants 2: the batch that read 3 must not reserve once the other
+    // batch has taken 2 of them.
+    stock(&pool, 3).await;
+    let (first, second) = (Uuid::new_v4(), Uuid::new_v4());
+    let stock = interleave(
+        &pool,
+        &[message(first, 1, OrderStatus::Placed, 0)],
+        message(second, 1, OrderStatus::Placed, 0),
+    )
+    .await;
+    assert_eq!(
+        stock,
+        (1, 2),
+        "only the second order's reservation holds stock"
+    );
+    assert_eq!(reservation(&pool, second).await.0, "reserved");
+    let (status, reason) = reservation(&pool, first).await;
+    assert_eq!(status, "rejected");
+    assert!(
+        reason.unwrap_or_default().contains("available 1"),
+        "decided on the locked stock"
+    );
+}
+
+#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+async fn stock_changed_meanwhile_is_kept_when_writing(pool: PgPool) {
+    stock(&pool, 10).await;
+    let (first, cancelled, second) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
+    let stock = interleave(
+        &pool,
+        &[
+            message(first, 1, OrderStatus::Placed, 0),
+            message(cancelled, 1, OrderStatus::Placed, 1),
+            message(cancelled, 2, OrderStatus::Cancelled, 2),
+        ],
+        message(second, 1, OrderStatus::Placed, 0),
+    )
+    .await;
+    // Both live reservations hold 2; the cancelled one gave its 2 back; nothing is lost.
+    assert_eq!(stock, (6, 4));
+    assert_eq!(reservation(&pool, first).await.0, "reserved");
+    assert_eq!(reservation(&pool, second).await.0, "reserved");
+    assert_eq!(reservation(&pool, cancelled).await.0, "released");
 }
 
 /// Fails every notification to one recipient, sends the others.
