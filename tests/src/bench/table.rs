@@ -76,9 +76,15 @@ fn write_report(o: &mut String, r: &Report) -> std::fmt::Result {
         )?;
         writeln!(
             o,
-            "   broker_produce_eps  {:>10}   ({:.2} s)",
+            "   broker_produce_eps  {:>10}   ({:.2} s; median of {} rounds after a warm-up: {})",
             eps(b.produce_eps),
-            b.produce_seconds
+            b.produce_seconds,
+            b.produce_rounds_eps.len(),
+            b.produce_rounds_eps
+                .iter()
+                .map(|r| eps(*r))
+                .collect::<Vec<_>>()
+                .join(", ")
         )?;
         writeln!(o, "{}", cpu(&b.cpu_produce))?;
         writeln!(
