@@ -268,12 +268,7 @@ async fn insufficient_stock_is_a_rejected_reservation_not_an_error(pool: PgPool)
     .await
     .expect("batch");
     assert_eq!(report.outcomes, vec![Outcome::Applied]);
-    let (status, reason): (String, Option<String>) =
-        sqlx::query_as("SELECT status, reason FROM inventory_reservation WHERE order_id = $1")
-            .bind(order.to_string())
-            .fetch_one(&pool)
-            .await
-            .expect("reservation");
+    let (status, reason) = reservation(&pool, order).await;
     assert_eq!(status, "rejected");
     assert!(reason.unwrap_or_default().contains("insufficient stock"));
     assert_eq!(available(&pool).await, (1, 0), "stock untouched");
