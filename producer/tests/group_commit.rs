@@ -268,3 +268,97 @@ async fn a_change_that_must_be_undone_sends_the_others_alone(pool: PgPool) {
     assert_eq!(orders_total, 5);
     assert!(failures(&registry) >= 1, "no shared transaction failed");
 }
+
+#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+async fn transitions_of_a_shared_transaction_are_made_together_in_arrival_order(pool: PgPool) {
+    let (orders, registry) = setup(&pool).await;
+    let held = placed(&orders).await;
+    let (a, b, c) = (
+        placed(&orders).await,
+        placed(&orders).await,
+        placed(&orders).await,
+    );
+    let (before_tx, before_changes) = transactions_and_changes(&registry);
+
+    let lock = lock_order(&pool, held).await;
+    let transition = |id: Uuid, action: Action| {
+        let orders = orders.clone();
+        tokio::spawn(async move { orders.transition(id, action, None).await })
+    };
+    let pay_held = transition(held, Action::Pay);
+    wait_for_lock_waiter(&pool).await;
+    // Queued behind the held transaction: a first change of three orders, then a second one of
+    // each, which must see the first (the same transaction, a later round).
+    let first = [
+        transition(a, Action::Pay),
+        transition(b, Action::Pay),
+        transition(c, Action::Cancel),
+    ];
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let second = [
+        transition(a, Action::Ship),
+        transition(b, Action::Ship),
+        transition(c, Action::Pay),
+    ];
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    lock.commit().await.expect("release lock");
+
+    assert_eq!(
+        pay_held.await.expect("join").expect("pay").status.as_str(),
+        "paid"
+    );
+    let [pay_a, pay_b, cancel_c] = first;
+    assert_eq!(
+        pay_a.await.expect("join").expect("pay a").status.as_str(),
+        "paid"
+    );
+    assert_eq!(
+        pay_b.await.expect("join").expect("pay b").status.as_str(),
+        "paid"
+    );
+    let cancelled = cancel_c.await.expect("join").expect("cancel c");
+    assert_eq!(cancelled.status.as_str(), "cancelled");
+    assert_eq!(
+        cancelled.lines.len(),
+        1,
+        "the answer carries the order's lines"
+    );
+    let [ship_a, ship_b, pay_c] = second;
+    assert_eq!(
+        ship_a.await.expect("join").expect("ship a").status.as_str(),
+        "shipped"
+    );
+    assert_eq!(
+        ship_b.await.expect("join").expect("ship b").status.as_str(),
+        "shipped"
+    );
+    match pay_c.await.expect("join") {
+        Err(OrderError::IllegalTransition(e)) => assert_eq!(e.status.as_str(), "cancelled"),
+        other => panic!("a cancelled order was paid: {other:?}"),
+    }
+
+    for id in [a, b] {
+        assert_eq!(status(&pool, id).await, "shipped");
+        assert_eq!(
+            event_types(&pool, id).await,
+            [
+                ("order.placed".into(), 1),
+                ("order.paid".into(), 2),
+                ("order.shipped".into(), 3)
+            ]
+        );
+    }
+    assert_eq!(status(&pool, c).await, "cancelled");
+    assert_eq!(
+        event_types(&pool, c).await,
+        [("order.placed".into(), 1), ("order.cancelled".into(), 2)]
+    );
+    let (after_tx, after_changes) = transactions_and_changes(&registry);
+    let (transactions, changes) = (after_tx - before_tx, after_changes - before_changes);
+    assert_eq!(changes, 7.0);
+    assert!(
+        transactions <= 2,
+        "{changes} changes in {transactions} transactions"
+    );
+    assert_eq!(failures(&registry), 0);
+}

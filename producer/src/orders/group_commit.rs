@@ -2,10 +2,11 @@
 //!
 //! Each change on its own costs a transaction: `BEGIN`, its statement, its event's statement and
 //! a `COMMIT`, each a round trip, and a WAL flush. Under load, requests arrive while others are
-//! being written; a runner takes every change waiting (up to `max_ops`), makes them one after the
-//! other in one transaction and appends all their events in one statement
-//! ([`crate::outbox::enqueue_all`]), so the `BEGIN`, the events' statement, the `COMMIT` and the
-//! flush are shared. At most `runners` transactions run at once; when the service is idle a
+//! being written; a runner takes every change waiting (up to `max_ops`) and makes them in one
+//! transaction: places one after the other, transitions together (two statements for each round
+//! of distinct orders, see [`OrderService::transition_all_in`]), and all their events in one
+//! statement ([`crate::outbox::enqueue_all`]), so the `BEGIN`, the statements, the `COMMIT` and
+//! the flush are shared. At most `runners` transactions run at once; when the service is idle a
 //! change waits for nobody.
 //!
 //! Nothing a client sees changes. Each change is answered only after the transaction holding it
@@ -264,6 +265,72 @@ async fn run(
     }
 }
 
+/// The steps a shared transaction makes `jobs` (sorted by [`Job::lock_key`]) in: each place on
+/// its own, then the transitions in rounds of distinct orders, one statement pair a round (see
+/// [`OrderService::transition_all_in`]); an order changed twice is in two rounds, in arrival order.
+fn steps(jobs: Vec<Job>) -> Vec<Vec<Job>> {
+    let mut steps: Vec<Vec<Job>> = Vec::new();
+    let mut rounds: Vec<Vec<Job>> = Vec::new();
+    let (mut last, mut round) = (None, 0);
+    for job in jobs {
+        match &job {
+            Job::Place { .. } => steps.push(vec![job]),
+            Job::Transition { order_id, .. } => {
+                round = if last == Some(*order_id) {
+                    round + 1
+                } else {
+                    0
+                };
+                last = Some(*order_id);
+                if rounds.len() <= round {
+                    rounds.push(Vec::new());
+                }
+                rounds[round].push(job);
+            }
+        }
+    }
+    steps.extend(rounds);
+    steps
+}
+
+/// Makes a round of transitions (distinct orders) in two statements. Their jobs come back when
+/// the statements failed, so nothing is known of any of them.
+async fn transition_all(
+    service: &OrderService,
+    tx: &mut Transaction<'static, Postgres>,
+    jobs: Vec<Job>,
+) -> Result<Vec<Done>, Vec<Job>> {
+    let changes: Vec<(Uuid, Action)> = jobs
+        .iter()
+        .filter_map(|job| match job {
+            Job::Transition {
+                order_id, action, ..
+            } => Some((*order_id, *action)),
+            Job::Place { .. } => None,
+        })
+        .collect();
+    if changes.len() != jobs.len() {
+        return Err(jobs);
+    }
+    let results = match service.transition_all_in(tx, &changes).await {
+        Ok(results) => results,
+        Err(e) => {
+            tracing::debug!(error = %e, "transitions of a shared transaction failed");
+            return Err(jobs);
+        }
+    };
+    Ok(jobs
+        .into_iter()
+        .zip(results)
+        .filter_map(|(job, result)| match job {
+            Job::Transition {
+                traceparent, reply, ..
+            } => Some(Done::Transition(reply, result, traceparent)),
+            Job::Place { .. } => None,
+        })
+        .collect())
+}
+
 /// Writes `jobs` in one transaction and answers each. Returns false when several changes were
 /// handed back because the transaction failed.
 async fn write(service: &OrderService, mut jobs: Vec<Job>) -> bool {
@@ -285,25 +352,39 @@ async fn write(service: &OrderService, mut jobs: Vec<Job>) -> bool {
         }
     };
     let mut done = Vec::with_capacity(jobs.len());
-    let mut pending = jobs.into_iter();
-    for job in pending.by_ref() {
-        let change = job.run(service, &mut tx).await;
-        if change.needs_rollback() {
+    let mut pending = steps(jobs).into_iter();
+    while let Some(mut step) = pending.next() {
+        let changes = if step.len() > 1 {
+            match transition_all(service, &mut tx, step).await {
+                Ok(changes) => changes,
+                Err(step) => {
+                    drop(tx);
+                    tracing::debug!(
+                        "shared order transaction's transitions failed; each change runs alone"
+                    );
+                    done.into_iter().for_each(Done::hand_back);
+                    step.into_iter().for_each(Job::hand_back);
+                    pending.flatten().for_each(Job::hand_back);
+                    return false;
+                }
+            }
+        } else {
+            let Some(job) = step.pop() else { continue };
+            vec![job.run(service, &mut tx).await]
+        };
+        if changes.iter().any(Done::needs_rollback) {
             drop(tx);
             if alone {
-                change.answer();
+                changes.into_iter().for_each(Done::answer);
                 return true;
             }
-            tracing::debug!(
-                changes = done.len() + 1 + pending.len(),
-                "shared order transaction rolled back; each change runs alone"
-            );
+            tracing::debug!("shared order transaction rolled back; each change runs alone");
             done.into_iter().for_each(Done::hand_back);
-            change.hand_back();
-            pending.for_each(Job::hand_back);
+            changes.into_iter().for_each(Done::hand_back);
+            pending.flatten().for_each(Job::hand_back);
             return false;
         }
-        done.push(change);
+        done.extend(changes);
     }
     // Every change's event in one statement.
     let changed: Vec<(&Order, Option<&str>)> = done.iter().filter_map(Done::changed).collect();
