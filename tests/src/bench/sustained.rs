@@ -1,7 +1,8 @@
 //! The highest rate the whole pipeline holds: open-loop steps of rising rate, each in a fresh
-//! environment, until one is not held. When not even the first is held, the rate is halved until
-//! one is (down to 250/s), then the rate halfway to the lowest one not held is tried once, so the
-//! report still says where the pipeline stands.
+//! environment, until one is not held; then the rate halfway between the last held and the one
+//! not held is tried once. When not even the first is held, the rate is halved until one is (down
+//! to 250/s), then the rate halfway to the lowest one not held is tried once, so the report still
+//! says where the pipeline stands.
 //!
 //! A step is held when the driver kept its schedule (p99 dispatch delay ≤ 100 ms), at least 99%
 //! of the requests succeeded on time and at most 0.1% failed, and, at the end of the step, the
@@ -107,22 +108,21 @@ pub async fn run(
         } else {
             failed_at = Some(failed_at.map_or(rate, |f: f64| f.min(rate)));
         }
-        next = match (ok, going_down) {
-            (true, false) => ascending.next(),
-            // Found one held on the way down: one step halfway to the rate that was not held,
-            // so the figure is within a quarter of the truth rather than a half.
-            (true, true) | (false, true) if refined => None,
-            (true, true) => {
-                refined = true;
-                failed_at.map(|f| ((held + f) / 2.0).round())
-            }
-            (false, _) if held > 0.0 => None,
+        next = if refined {
+            // The step halfway was the last.
+            None
+        } else if ok && !going_down {
+            ascending.next()
+        } else if held > 0.0 {
+            // Between a rate held and the lowest not held: one step halfway, so the figure is
+            // within a quarter of the gap rather than all of it.
+            refined = true;
+            failed_at.map(|f| ((held + f) / 2.0).round())
+        } else {
             // Not even the first step: halve until one holds, to say where the pipeline is.
-            (false, _) => {
-                going_down = true;
-                let lower = (rate / 2.0).round();
-                (lower >= MIN_PROBE_RATE).then_some(lower)
-            }
+            going_down = true;
+            let lower = (rate / 2.0).round();
+            (lower >= MIN_PROBE_RATE).then_some(lower)
         };
     }
     Ok(SustainedResult {
