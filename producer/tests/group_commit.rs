@@ -10,11 +10,12 @@ mod common;
 use std::time::Duration;
 
 use common::{order_service, outbox_rows, PRODUCTS};
-use producer::orders::{Action, GroupCommitSettings, OrderError, OrderService};
+use producer::orders::{Action, GroupCommitSettings, Order, OrderError, OrderService};
 use producer::outbox::{enqueue, NewEvent};
 use producer::validation::{validate_order, CreateOrderRequest, RequestedLine, ValidOrder};
 use prometheus::Registry;
 use sqlx::{PgPool, Postgres, Transaction};
+use tokio::task::JoinHandle;
 use uuid::Uuid;
 
 const ONE_RUNNER: GroupCommitSettings = GroupCommitSettings {
@@ -269,6 +270,11 @@ async fn a_change_that_must_be_undone_sends_the_others_alone(pool: PgPool) {
     assert!(failures(&registry) >= 1, "no shared transaction failed");
 }
 
+/// The order a transition answered with.
+async fn answered(task: JoinHandle<Result<Order, OrderError>>) -> Order {
+    task.await.expect("join").expect("transition")
+}
+
 #[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
 async fn transitions_of_a_shared_transaction_are_made_together_in_arrival_order(pool: PgPool) {
     let (orders, registry) = setup(&pool).await;
@@ -303,20 +309,11 @@ async fn transitions_of_a_shared_transaction_are_made_together_in_arrival_order(
     tokio::time::sleep(Duration::from_millis(300)).await;
     lock.commit().await.expect("release lock");
 
-    assert_eq!(
-        pay_held.await.expect("join").expect("pay").status.as_str(),
-        "paid"
-    );
+    assert_eq!(answered(pay_held).await.status.as_str(), "paid");
     let [pay_a, pay_b, cancel_c] = first;
-    assert_eq!(
-        pay_a.await.expect("join").expect("pay a").status.as_str(),
-        "paid"
-    );
-    assert_eq!(
-        pay_b.await.expect("join").expect("pay b").status.as_str(),
-        "paid"
-    );
-    let cancelled = cancel_c.await.expect("join").expect("cancel c");
+    assert_eq!(answered(pay_a).await.status.as_str(), "paid");
+    assert_eq!(answered(pay_b).await.status.as_str(), "paid");
+    let cancelled = answered(cancel_c).await;
     assert_eq!(cancelled.status.as_str(), "cancelled");
     assert_eq!(
         cancelled.lines.len(),
@@ -324,14 +321,8 @@ async fn transitions_of_a_shared_transaction_are_made_together_in_arrival_order(
         "the answer carries the order's lines"
     );
     let [ship_a, ship_b, pay_c] = second;
-    assert_eq!(
-        ship_a.await.expect("join").expect("ship a").status.as_str(),
-        "shipped"
-    );
-    assert_eq!(
-        ship_b.await.expect("join").expect("ship b").status.as_str(),
-        "shipped"
-    );
+    assert_eq!(answered(ship_a).await.status.as_str(), "shipped");
+    assert_eq!(answered(ship_b).await.status.as_str(), "shipped");
     match pay_c.await.expect("join") {
         Err(OrderError::IllegalTransition(e)) => assert_eq!(e.status.as_str(), "cancelled"),
         other => panic!("a cancelled order was paid: {other:?}"),
