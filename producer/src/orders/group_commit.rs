@@ -73,12 +73,15 @@ pub(super) enum Job {
         traceparent: Option<String>,
         reply: oneshot::Sender<Answer<Placed>>,
     },
-    Transition {
-        order_id: Uuid,
-        action: Action,
-        traceparent: Option<String>,
-        reply: oneshot::Sender<Answer<Order>>,
-    },
+    Transition(Transition),
+}
+
+/// A pay, cancel or ship waiting for a transaction.
+pub(super) struct Transition {
+    pub(super) order_id: Uuid,
+    pub(super) action: Action,
+    pub(super) traceparent: Option<String>,
+    pub(super) reply: oneshot::Sender<Answer<Order>>,
 }
 
 impl Job {
@@ -89,7 +92,7 @@ impl Job {
             Job::Place {
                 idempotency_key, ..
             } => (0, idempotency_key.clone().unwrap_or_default()),
-            Job::Transition { order_id, .. } => (1, order_id.to_string()),
+            Job::Transition(t) => (1, t.order_id.to_string()),
         }
     }
 
@@ -107,14 +110,9 @@ impl Job {
                     .await;
                 Done::Place(reply, result, traceparent)
             }
-            Job::Transition {
-                order_id,
-                action,
-                traceparent,
-                reply,
-            } => {
-                let result = service.transition_in(tx, order_id, action).await;
-                Done::Transition(reply, result, traceparent)
+            Job::Transition(t) => {
+                let result = service.transition_in(tx, t.order_id, t.action).await;
+                Done::Transition(t.reply, result, t.traceparent)
             }
         }
     }
@@ -123,7 +121,7 @@ impl Job {
     fn hand_back(self) {
         match self {
             Job::Place { reply, .. } => drop(reply.send(None)),
-            Job::Transition { reply, .. } => drop(reply.send(None)),
+            Job::Transition(t) => drop(t.reply.send(None)),
         }
     }
 
@@ -131,7 +129,7 @@ impl Job {
     fn fail(self, error: OrderError) {
         match self {
             Job::Place { reply, .. } => drop(reply.send(Some(Err(error)))),
-            Job::Transition { reply, .. } => drop(reply.send(Some(Err(error)))),
+            Job::Transition(t) => drop(t.reply.send(Some(Err(error)))),
         }
     }
 }
@@ -265,70 +263,76 @@ async fn run(
     }
 }
 
+/// One step of a shared transaction: a change made on its own, or a round of transitions of
+/// distinct orders made together (see [`OrderService::transition_all_in`]).
+enum Step {
+    One(Job),
+    Round(Vec<Transition>),
+}
+
 /// The steps a shared transaction makes `jobs` (sorted by [`Job::lock_key`]) in: each place on
-/// its own, then the transitions in rounds of distinct orders, one statement pair a round (see
-/// [`OrderService::transition_all_in`]); an order changed twice is in two rounds, in arrival order.
-fn steps(jobs: Vec<Job>) -> Vec<Vec<Job>> {
-    let mut steps: Vec<Vec<Job>> = Vec::new();
-    let mut rounds: Vec<Vec<Job>> = Vec::new();
+/// its own, then the transitions in rounds of distinct orders; an order changed twice is in two
+/// rounds, in arrival order. A round of one transition is a step of its own.
+fn steps(jobs: Vec<Job>) -> Vec<Step> {
+    let mut steps: Vec<Step> = Vec::new();
+    let mut rounds: Vec<Vec<Transition>> = Vec::new();
     let (mut last, mut round) = (None, 0);
     for job in jobs {
-        match &job {
-            Job::Place { .. } => steps.push(vec![job]),
-            Job::Transition { order_id, .. } => {
-                round = if last == Some(*order_id) {
+        match job {
+            Job::Place { .. } => steps.push(Step::One(job)),
+            Job::Transition(t) => {
+                round = if last == Some(t.order_id) {
                     round + 1
                 } else {
                     0
                 };
-                last = Some(*order_id);
+                last = Some(t.order_id);
                 if rounds.len() <= round {
                     rounds.push(Vec::new());
                 }
-                rounds[round].push(job);
+                rounds[round].push(t);
             }
         }
     }
-    steps.extend(rounds);
+    for mut round in rounds {
+        if round.len() > 1 {
+            steps.push(Step::Round(round));
+        } else if let Some(t) = round.pop() {
+            steps.push(Step::One(Job::Transition(t)));
+        }
+    }
     steps
 }
 
-/// Makes a round of transitions (distinct orders) in two statements. Their jobs come back when
-/// the statements failed, so nothing is known of any of them.
+impl Step {
+    /// Hands every change of the step back to its request, unwritten.
+    fn hand_back(self) {
+        match self {
+            Step::One(job) => job.hand_back(),
+            Step::Round(round) => round.into_iter().for_each(|t| drop(t.reply.send(None))),
+        }
+    }
+}
+
+/// Makes a round of transitions (distinct orders) in two statements. The round comes back when
+/// the statements failed, so nothing is known of any of its changes.
 async fn transition_all(
     service: &OrderService,
     tx: &mut Transaction<'static, Postgres>,
-    jobs: Vec<Job>,
-) -> Result<Vec<Done>, Vec<Job>> {
-    let changes: Vec<(Uuid, Action)> = jobs
-        .iter()
-        .filter_map(|job| match job {
-            Job::Transition {
-                order_id, action, ..
-            } => Some((*order_id, *action)),
-            Job::Place { .. } => None,
-        })
-        .collect();
-    if changes.len() != jobs.len() {
-        return Err(jobs);
-    }
-    let results = match service.transition_all_in(tx, &changes).await {
-        Ok(results) => results,
+    round: Vec<Transition>,
+) -> Result<Vec<Done>, Vec<Transition>> {
+    let changes: Vec<(Uuid, Action)> = round.iter().map(|t| (t.order_id, t.action)).collect();
+    match service.transition_all_in(tx, &changes).await {
+        Ok(results) => Ok(round
+            .into_iter()
+            .zip(results)
+            .map(|(t, result)| Done::Transition(t.reply, result, t.traceparent))
+            .collect()),
         Err(e) => {
             tracing::debug!(error = %e, "transitions of a shared transaction failed");
-            return Err(jobs);
+            Err(round)
         }
-    };
-    Ok(jobs
-        .into_iter()
-        .zip(results)
-        .filter_map(|(job, result)| match job {
-            Job::Transition {
-                traceparent, reply, ..
-            } => Some(Done::Transition(reply, result, traceparent)),
-            Job::Place { .. } => None,
-        })
-        .collect())
+    }
 }
 
 /// Writes `jobs` in one transaction and answers each. Returns false when several changes were
@@ -353,24 +357,22 @@ async fn write(service: &OrderService, mut jobs: Vec<Job>) -> bool {
     };
     let mut done = Vec::with_capacity(jobs.len());
     let mut pending = steps(jobs).into_iter();
-    while let Some(mut step) = pending.next() {
-        let changes = if step.len() > 1 {
-            match transition_all(service, &mut tx, step).await {
+    for step in pending.by_ref() {
+        let changes = match step {
+            Step::One(job) => vec![job.run(service, &mut tx).await],
+            Step::Round(round) => match transition_all(service, &mut tx, round).await {
                 Ok(changes) => changes,
-                Err(step) => {
+                Err(round) => {
                     drop(tx);
                     tracing::debug!(
                         "shared order transaction's transitions failed; each change runs alone"
                     );
                     done.into_iter().for_each(Done::hand_back);
-                    step.into_iter().for_each(Job::hand_back);
-                    pending.flatten().for_each(Job::hand_back);
+                    Step::Round(round).hand_back();
+                    pending.for_each(Step::hand_back);
                     return false;
                 }
-            }
-        } else {
-            let Some(job) = step.pop() else { continue };
-            vec![job.run(service, &mut tx).await]
+            },
         };
         if changes.iter().any(Done::needs_rollback) {
             drop(tx);
@@ -381,7 +383,7 @@ async fn write(service: &OrderService, mut jobs: Vec<Job>) -> bool {
             tracing::debug!("shared order transaction rolled back; each change runs alone");
             done.into_iter().for_each(Done::hand_back);
             changes.into_iter().for_each(Done::hand_back);
-            pending.flatten().for_each(Job::hand_back);
+            pending.for_each(Step::hand_back);
             return false;
         }
         done.extend(changes);

@@ -20,7 +20,7 @@ use uuid::Uuid;
 
 use crate::outbox::EnqueueError;
 use crate::validation::ValidOrder;
-use group_commit::{Answer, GroupCommit, Job};
+use group_commit::{Answer, GroupCommit, Job, Transition};
 use tokio::sync::oneshot;
 
 pub use group_commit::{GroupCommitMetrics, GroupCommitSettings};
@@ -242,11 +242,13 @@ impl OrderService {
         action: Action,
         traceparent: Option<&str>,
     ) -> Result<Order, OrderError> {
-        let job = |reply| Job::Transition {
-            order_id,
-            action,
-            traceparent: traceparent.map(str::to_owned),
-            reply,
+        let job = |reply| {
+            Job::Transition(Transition {
+                order_id,
+                action,
+                traceparent: traceparent.map(str::to_owned),
+                reply,
+            })
         };
         if let Some(result) = self.grouped(job).await {
             return result;
