@@ -26,6 +26,7 @@ use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use anyhow::Context;
+use pipeline_core::db::Planner;
 use pipeline_core::ops_http;
 use pipeline_core::order_events::demo_product_id;
 use prometheus::Registry;
@@ -61,7 +62,10 @@ pub async fn run_with_sender(
     args.validate()?;
     let pool = args
         .db
-        .connect_with_statement_timeout(Some(Duration::from_millis(args.statement_timeout_ms)))
+        .connect_session(
+            Some(Duration::from_millis(args.statement_timeout_ms)),
+            Planner::KeyLookups,
+        )
         .await?;
     let dead_letters = if args.dead_letter_topic.is_empty() {
         None

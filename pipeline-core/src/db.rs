@@ -12,6 +12,30 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 /// The LISTEN/NOTIFY channel the relay wakes on.
 pub const OUTBOX_CHANNEL: &str = "outbox_pending";
 
+/// How a pool's sessions plan their statements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Planner {
+    /// PostgreSQL's own choices.
+    Default,
+    /// Index scans and nested loops wherever one exists, whatever the tables' statistics say:
+    /// for sessions whose every hot statement looks rows up by key (the order service, the
+    /// consumers). PostgreSQL otherwise plans such a statement on a table that was small when
+    /// it last looked (a new database, or one whose statistics autovacuum has not refreshed) as
+    /// a sequential scan and hash join, and a prepared statement keeps that plan while the
+    /// table grows: seen, the order service's transition UPDATE and the notification
+    /// dispatcher's UPDATE reading their whole tables for a few rows (2 and 5 ms a statement,
+    /// growing). Other statements still run: a plan with no index to use keeps its sequential
+    /// scan.
+    KeyLookups,
+}
+
+/// The session settings of [`Planner::KeyLookups`].
+pub const KEY_LOOKUP_PLANNER: [(&str, &str); 3] = [
+    ("enable_seqscan", "off"),
+    ("enable_hashjoin", "off"),
+    ("enable_mergejoin", "off"),
+];
+
 /// Database settings shared by every binary.
 #[derive(clap::Args, Clone)]
 pub struct DbArgs {
@@ -70,6 +94,17 @@ impl DbArgs {
         &self,
         statement_timeout: Option<std::time::Duration>,
     ) -> anyhow::Result<PgPool> {
+        self.connect_session(statement_timeout, Planner::Default)
+            .await
+    }
+
+    /// [`DbArgs::connect`], with a `statement_timeout` on every connection when given and the
+    /// sessions' planner set to `planner`.
+    pub async fn connect_session(
+        &self,
+        statement_timeout: Option<std::time::Duration>,
+        planner: Planner,
+    ) -> anyhow::Result<PgPool> {
         let mut options: PgConnectOptions = self
             .database_url
             .parse()
@@ -83,6 +118,9 @@ impl DbArgs {
         }
         if let Some(t) = statement_timeout {
             options = options.options([("statement_timeout", t.as_millis().to_string())]);
+        }
+        if planner == Planner::KeyLookups {
+            options = options.options(KEY_LOOKUP_PLANNER);
         }
         let pool = PgPoolOptions::new()
             .max_connections(self.database_max_connections)

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use axum::Router;
-use pipeline_core::db::DbArgs;
+use pipeline_core::db::{DbArgs, Planner};
 use pipeline_core::ops_http;
 use pipeline_core::order_events::ORDER_EVENTS_TOPIC;
 use pipeline_core::telemetry::LogArgs;
@@ -87,7 +87,7 @@ pub async fn serve(
 pub async fn run(args: ServeArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
     tracing::info!(?args, "starting order service");
     let pool = tokio::select! {
-        pool = args.db.connect() => pool?,
+        pool = args.db.connect_session(None, Planner::KeyLookups) => pool?,
         () = shutdown.cancelled() => {
             tracing::info!("stopped while connecting to the database");
             return Ok(());
