@@ -353,3 +353,128 @@ async fn transitions_of_a_shared_transaction_are_made_together_in_arrival_order(
     );
     assert_eq!(failures(&registry), 0);
 }
+
+fn order_of(lines: &[(&str, i64)]) -> ValidOrder {
+    validate_order(CreateOrderRequest {
+        customer_id: "customer-2".into(),
+        email: Some("c2@example.com".into()),
+        lines: lines
+            .iter()
+            .map(|(product_id, quantity)| RequestedLine {
+                product_id: (*product_id).into(),
+                quantity: *quantity,
+            })
+            .collect(),
+    })
+    .expect("valid order")
+}
+
+async fn lines_of(pool: &PgPool, order_id: Uuid) -> Vec<(i32, String, i32)> {
+    sqlx::query_as(
+        "SELECT line_no, product_id, quantity FROM order_line WHERE order_id = $1 ORDER BY line_no",
+    )
+    .bind(order_id)
+    .fetch_all(pool)
+    .await
+    .expect("order lines")
+}
+
+#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+async fn places_of_a_shared_transaction_are_made_together_with_their_own_answers(pool: PgPool) {
+    let (orders, registry) = setup(&pool).await;
+    let held = placed(&orders).await;
+    let taken = orders
+        .place(&order("sku-00004"), Some("taken"), None)
+        .await
+        .expect("place with a key");
+    let (before_tx, before_changes) = transactions_and_changes(&registry);
+
+    let lock = lock_order(&pool, held).await;
+    let pay_held = tokio::spawn({
+        let orders = orders.clone();
+        async move { orders.transition(held, Action::Pay, None).await }
+    });
+    wait_for_lock_waiter(&pool).await;
+    let place = |order: ValidOrder, key: Option<&str>| {
+        let (orders, key) = (orders.clone(), key.map(str::to_owned));
+        tokio::spawn(async move { orders.place(&order, key.as_deref(), None).await })
+    };
+    let two_lines = order_of(&[("sku-00001", 2), ("sku-00002", 3)]);
+    let first = place(two_lines.clone(), Some("k-1"));
+    let no_key = place(order("sku-00003"), None);
+    let reused = place(order("sku-00002"), Some("taken"));
+    let unknown = place(
+        order_of(&[("sku-00001", 1), ("sku-nope", 1), ("sku-zzz", 2)]),
+        Some("k-2"),
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The same keys again, after the first ones: later rounds of the same transaction.
+    let replay = place(two_lines, Some("k-1"));
+    let replay_taken = place(order("sku-00004"), Some("taken"));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    lock.commit().await.expect("release lock");
+
+    assert_eq!(
+        pay_held.await.expect("join").expect("pay").status.as_str(),
+        "paid"
+    );
+    let first = first.await.expect("join").expect("place");
+    assert!(first.created);
+    assert_eq!(
+        lines_of(&pool, first.order.order_id).await,
+        [(1, "sku-00001".into(), 2), (2, "sku-00002".into(), 3)]
+    );
+    assert_eq!(first.order.lines.len(), 2, "the answer carries the lines");
+    let no_key = no_key.await.expect("join").expect("place");
+    assert!(no_key.created);
+    assert_eq!(
+        lines_of(&pool, no_key.order.order_id).await,
+        [(1, "sku-00003".into(), 1)]
+    );
+    match reused.await.expect("join") {
+        Err(OrderError::IdempotencyKeyReused) => {}
+        other => panic!("a taken key placed another order: {other:?}"),
+    }
+    match unknown.await.expect("join") {
+        Err(OrderError::UnknownProducts(products)) => assert_eq!(products, ["sku-nope", "sku-zzz"]),
+        other => panic!("unknown products placed: {other:?}"),
+    }
+    let replay = replay.await.expect("join").expect("replay");
+    assert!(!replay.created);
+    assert_eq!(replay.order.order_id, first.order.order_id);
+    let replay_taken = replay_taken.await.expect("join").expect("replay");
+    assert!(!replay_taken.created);
+    assert_eq!(replay_taken.order.order_id, taken.order.order_id);
+
+    // One event per order written, nothing for the refusals and replays.
+    for id in [first.order.order_id, no_key.order.order_id] {
+        assert_eq!(event_types(&pool, id).await, [("order.placed".into(), 1)]);
+    }
+    let (orders_total, keys): (i64, Vec<String>) = sqlx::query_as(
+        "SELECT count(*), array_agg(idempotency_key ORDER BY idempotency_key)
+                FILTER (WHERE idempotency_key IS NOT NULL)
+         FROM orders",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("orders");
+    assert_eq!(orders_total, 4, "the set-up orders and the two placed");
+    assert_eq!(keys, ["k-1", "taken"]);
+    let outbox_total: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox")
+        .fetch_one(&pool)
+        .await
+        .expect("outbox");
+    assert_eq!(
+        outbox_total, 5,
+        "three placed, one paid, one for each new order"
+    );
+
+    let (after_tx, after_changes) = transactions_and_changes(&registry);
+    let (transactions, changes) = (after_tx - before_tx, after_changes - before_changes);
+    assert_eq!(changes, 7.0);
+    assert!(
+        transactions <= 2,
+        "{changes} changes in {transactions} transactions"
+    );
+    assert_eq!(failures(&registry), 0);
+}

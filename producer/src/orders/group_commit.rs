@@ -3,8 +3,9 @@
 //! Each change on its own costs a transaction: `BEGIN`, its statement, its event's statement and
 //! a `COMMIT`, each a round trip, and a WAL flush. Under load, requests arrive while others are
 //! being written; a runner takes every change waiting (up to `max_ops`) and makes them in one
-//! transaction: places one after the other, transitions together (two statements for each round
-//! of distinct orders, see [`OrderService::transition_all_in`]), and all their events in one
+//! transaction: places together (one statement for each round of distinct idempotency keys, see
+//! [`OrderService::place_all_in`]), transitions together (two statements for each round of
+//! distinct orders, see [`OrderService::transition_all_in`]), and all their events in one
 //! statement ([`crate::outbox::enqueue_all`]), so the `BEGIN`, the statements, the `COMMIT` and
 //! the flush are shared. At most `runners` transactions run at once; when the service is idle a
 //! change waits for nobody.
@@ -67,13 +68,16 @@ pub(super) type Answer<T> = Option<Result<T, OrderError>>;
 
 /// A change waiting for a transaction, with where its answer goes.
 pub(super) enum Job {
-    Place {
-        order: ValidOrder,
-        idempotency_key: Option<String>,
-        traceparent: Option<String>,
-        reply: oneshot::Sender<Answer<Placed>>,
-    },
+    Place(Place),
     Transition(Transition),
+}
+
+/// A place waiting for a transaction.
+pub(super) struct Place {
+    pub(super) order: ValidOrder,
+    pub(super) idempotency_key: Option<String>,
+    pub(super) traceparent: Option<String>,
+    pub(super) reply: oneshot::Sender<Answer<Placed>>,
 }
 
 /// A pay, cancel or ship waiting for a transaction.
@@ -89,9 +93,7 @@ impl Job {
     /// place without a key locks nothing another change could wait for.
     fn lock_key(&self) -> (u8, String) {
         match self {
-            Job::Place {
-                idempotency_key, ..
-            } => (0, idempotency_key.clone().unwrap_or_default()),
+            Job::Place(p) => (0, p.idempotency_key.clone().unwrap_or_default()),
             Job::Transition(t) => (1, t.order_id.to_string()),
         }
     }
@@ -99,16 +101,11 @@ impl Job {
     /// Makes the change inside `tx`, without its event.
     async fn run(self, service: &OrderService, tx: &mut Transaction<'static, Postgres>) -> Done {
         match self {
-            Job::Place {
-                order,
-                idempotency_key,
-                traceparent,
-                reply,
-            } => {
+            Job::Place(p) => {
                 let result = service
-                    .place_in(tx, &order, idempotency_key.as_deref())
+                    .place_in(tx, &p.order, p.idempotency_key.as_deref())
                     .await;
-                Done::Place(reply, result, traceparent)
+                Done::Place(p.reply, result, p.traceparent)
             }
             Job::Transition(t) => {
                 let result = service.transition_in(tx, t.order_id, t.action).await;
@@ -120,7 +117,7 @@ impl Job {
     /// Hands the change back to its request, unwritten.
     fn hand_back(self) {
         match self {
-            Job::Place { reply, .. } => drop(reply.send(None)),
+            Job::Place(p) => drop(p.reply.send(None)),
             Job::Transition(t) => drop(t.reply.send(None)),
         }
     }
@@ -128,7 +125,7 @@ impl Job {
     /// Answers `error` without running the change.
     fn fail(self, error: OrderError) {
         match self {
-            Job::Place { reply, .. } => drop(reply.send(Some(Err(error)))),
+            Job::Place(p) => drop(p.reply.send(Some(Err(error)))),
             Job::Transition(t) => drop(t.reply.send(Some(Err(error)))),
         }
     }
@@ -263,23 +260,37 @@ async fn run(
     }
 }
 
-/// One step of a shared transaction: a change made on its own, or a round of transitions of
-/// distinct orders made together (see [`OrderService::transition_all_in`]).
+/// One step of a shared transaction: a change made on its own, a round of places of distinct
+/// idempotency keys made together (see [`OrderService::place_all_in`]), or a round of
+/// transitions of distinct orders made together (see [`OrderService::transition_all_in`]).
 enum Step {
     One(Job),
-    Round(Vec<Transition>),
+    Places(Vec<Place>),
+    Transitions(Vec<Transition>),
 }
 
-/// The steps a shared transaction makes `jobs` (sorted by [`Job::lock_key`]) in: each place on
-/// its own, then the transitions in rounds of distinct orders; an order changed twice is in two
-/// rounds, in arrival order. A round of one transition is a step of its own.
+/// The steps a shared transaction makes `jobs` (sorted by [`Job::lock_key`]) in: the places in
+/// rounds of distinct idempotency keys (a place without a key conflicts with none), then the
+/// transitions in rounds of distinct orders; a key used twice, or an order changed twice, is in
+/// two rounds, in arrival order. A round of one change is a step of its own.
 fn steps(jobs: Vec<Job>) -> Vec<Step> {
-    let mut steps: Vec<Step> = Vec::new();
+    let mut place_rounds: Vec<Vec<Place>> = Vec::new();
     let mut rounds: Vec<Vec<Transition>> = Vec::new();
+    let (mut last_key, mut place_round) = (None, 0);
     let (mut last, mut round) = (None, 0);
     for job in jobs {
         match job {
-            Job::Place { .. } => steps.push(Step::One(job)),
+            Job::Place(p) => {
+                place_round = match &p.idempotency_key {
+                    Some(key) if last_key.as_ref() == Some(key) => place_round + 1,
+                    _ => 0,
+                };
+                last_key.clone_from(&p.idempotency_key);
+                if place_rounds.len() <= place_round {
+                    place_rounds.push(Vec::new());
+                }
+                place_rounds[place_round].push(p);
+            }
             Job::Transition(t) => {
                 round = if last == Some(t.order_id) {
                     round + 1
@@ -294,9 +305,17 @@ fn steps(jobs: Vec<Job>) -> Vec<Step> {
             }
         }
     }
+    let mut steps: Vec<Step> = Vec::with_capacity(place_rounds.len() + rounds.len());
+    for mut round in place_rounds {
+        if round.len() > 1 {
+            steps.push(Step::Places(round));
+        } else if let Some(p) = round.pop() {
+            steps.push(Step::One(Job::Place(p)));
+        }
+    }
     for mut round in rounds {
         if round.len() > 1 {
-            steps.push(Step::Round(round));
+            steps.push(Step::Transitions(round));
         } else if let Some(t) = round.pop() {
             steps.push(Step::One(Job::Transition(t)));
         }
@@ -305,32 +324,60 @@ fn steps(jobs: Vec<Job>) -> Vec<Step> {
 }
 
 impl Step {
+    /// Makes the step's changes inside `tx`. The step comes back when a shared statement
+    /// failed, so nothing is known of any of its changes.
+    async fn run(
+        self,
+        service: &OrderService,
+        tx: &mut Transaction<'static, Postgres>,
+    ) -> Result<Vec<Done>, Step> {
+        match self {
+            Step::One(job) => Ok(vec![job.run(service, tx).await]),
+            Step::Places(round) => {
+                let places: Vec<(&ValidOrder, Option<&str>)> = round
+                    .iter()
+                    .map(|p| (&p.order, p.idempotency_key.as_deref()))
+                    .collect();
+                let results = service.place_all_in(tx, &places).await;
+                drop(places);
+                match results {
+                    Ok(results) => Ok(round
+                        .into_iter()
+                        .zip(results)
+                        .map(|(p, result)| Done::Place(p.reply, result, p.traceparent))
+                        .collect()),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "places of a shared transaction failed");
+                        Err(Step::Places(round))
+                    }
+                }
+            }
+            Step::Transitions(round) => {
+                let changes: Vec<(Uuid, Action)> =
+                    round.iter().map(|t| (t.order_id, t.action)).collect();
+                match service.transition_all_in(tx, &changes).await {
+                    Ok(results) => Ok(round
+                        .into_iter()
+                        .zip(results)
+                        .map(|(t, result)| Done::Transition(t.reply, result, t.traceparent))
+                        .collect()),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "transitions of a shared transaction failed");
+                        Err(Step::Transitions(round))
+                    }
+                }
+            }
+        }
+    }
+
     /// Hands every change of the step back to its request, unwritten.
     fn hand_back(self) {
         match self {
             Step::One(job) => job.hand_back(),
-            Step::Round(round) => round.into_iter().for_each(|t| drop(t.reply.send(None))),
-        }
-    }
-}
-
-/// Makes a round of transitions (distinct orders) in two statements. The round comes back when
-/// the statements failed, so nothing is known of any of its changes.
-async fn transition_all(
-    service: &OrderService,
-    tx: &mut Transaction<'static, Postgres>,
-    round: Vec<Transition>,
-) -> Result<Vec<Done>, Vec<Transition>> {
-    let changes: Vec<(Uuid, Action)> = round.iter().map(|t| (t.order_id, t.action)).collect();
-    match service.transition_all_in(tx, &changes).await {
-        Ok(results) => Ok(round
-            .into_iter()
-            .zip(results)
-            .map(|(t, result)| Done::Transition(t.reply, result, t.traceparent))
-            .collect()),
-        Err(e) => {
-            tracing::debug!(error = %e, "transitions of a shared transaction failed");
-            Err(round)
+            Step::Places(round) => round.into_iter().for_each(|p| drop(p.reply.send(None))),
+            Step::Transitions(round) => {
+                round.into_iter().for_each(|t| drop(t.reply.send(None)));
+            }
         }
     }
 }
@@ -358,21 +405,18 @@ async fn write(service: &OrderService, mut jobs: Vec<Job>) -> bool {
     let mut done = Vec::with_capacity(jobs.len());
     let mut pending = steps(jobs).into_iter();
     for step in pending.by_ref() {
-        let changes = match step {
-            Step::One(job) => vec![job.run(service, &mut tx).await],
-            Step::Round(round) => match transition_all(service, &mut tx, round).await {
-                Ok(changes) => changes,
-                Err(round) => {
-                    drop(tx);
-                    tracing::debug!(
-                        "shared order transaction's transitions failed; each change runs alone"
-                    );
-                    done.into_iter().for_each(Done::hand_back);
-                    Step::Round(round).hand_back();
-                    pending.for_each(Step::hand_back);
-                    return false;
-                }
-            },
+        let changes = match step.run(service, &mut tx).await {
+            Ok(changes) => changes,
+            Err(step) => {
+                drop(tx);
+                tracing::debug!(
+                    "shared order transaction's statement failed; each change runs alone"
+                );
+                done.into_iter().for_each(Done::hand_back);
+                step.hand_back();
+                pending.for_each(Step::hand_back);
+                return false;
+            }
         };
         if changes.iter().any(Done::needs_rollback) {
             drop(tx);

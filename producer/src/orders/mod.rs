@@ -20,7 +20,7 @@ use uuid::Uuid;
 
 use crate::outbox::EnqueueError;
 use crate::validation::ValidOrder;
-use group_commit::{Answer, GroupCommit, Job, Transition};
+use group_commit::{Answer, GroupCommit, Job, Place, Transition};
 use tokio::sync::oneshot;
 
 pub use group_commit::{GroupCommitMetrics, GroupCommitSettings};
@@ -201,11 +201,13 @@ impl OrderService {
         idempotency_key: Option<&str>,
         traceparent: Option<&str>,
     ) -> Result<Placed, OrderError> {
-        let job = |reply| Job::Place {
-            order: order.clone(),
-            idempotency_key: idempotency_key.map(str::to_owned),
-            traceparent: traceparent.map(str::to_owned),
-            reply,
+        let job = |reply| {
+            Job::Place(Place {
+                order: order.clone(),
+                idempotency_key: idempotency_key.map(str::to_owned),
+                traceparent: traceparent.map(str::to_owned),
+                reply,
+            })
         };
         if let Some(result) = self.grouped(job).await {
             return result;
