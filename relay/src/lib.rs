@@ -9,6 +9,7 @@ pub mod mark;
 pub mod metrics;
 pub mod publish;
 pub mod relay;
+pub mod vacuum;
 
 use std::time::Duration;
 
@@ -45,8 +46,18 @@ pub async fn run(args: RunArgs, shutdown: CancellationToken) -> anyhow::Result<(
         Duration::from_secs(1),
         shutdown.clone(),
     ));
+    let vacuum = (args.queue_vacuum_interval_ms > 0).then(|| {
+        tokio::spawn(vacuum::vacuum_queue(
+            pool.clone(),
+            Duration::from_millis(args.queue_vacuum_interval_ms),
+            shutdown.clone(),
+        ))
+    });
     let result = relay::run(&args, pool, metrics, shutdown.clone()).await;
     shutdown.cancel();
     let _ = backlog.await;
+    if let Some(vacuum) = vacuum {
+        let _ = vacuum.await;
+    }
     result
 }
