@@ -1,0 +1,63 @@
+//! The consumers' per-batch lookups stay key lookups however small the tables were when
+//! PostgreSQL planned them: a prepared statement keeps its generic plan as the tables grow.
+//! Needs `DATABASE_URL` (`#[sqlx::test]` creates a migrated database per test).
+
+use sqlx::PgPool;
+
+/// The generic plan of `statement` (two parameters: a group and an array of orders), made on a
+/// session that plans as the consumer's do.
+async fn generic_plan(pool: &PgPool, statement: &str, args: &str) -> String {
+    let mut conn = pool.acquire().await.expect("connection");
+    for (setting, value) in pipeline_core::db::KEY_LOOKUP_PLANNER {
+        sqlx::raw_sql(&format!("SET {setting} = {value}"))
+            .execute(&mut *conn)
+            .await
+            .expect("SET");
+    }
+    sqlx::raw_sql("SET plan_cache_mode = force_generic_plan")
+        .execute(&mut *conn)
+        .await
+        .expect("SET");
+    sqlx::raw_sql(&format!("PREPARE lookup(text, text[]) AS {statement}"))
+        .execute(&mut *conn)
+        .await
+        .expect("PREPARE");
+    let plan: Vec<String> = sqlx::query_scalar(&format!("EXPLAIN EXECUTE lookup({args})"))
+        .fetch_all(&mut *conn)
+        .await
+        .expect("EXPLAIN");
+    plan.join("\n")
+}
+
+#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+async fn order_progress_of_a_batch_is_read_by_key(pool: PgPool) {
+    // A few rows, as when the first batches plan their statements.
+    sqlx::query(
+        "INSERT INTO order_progress (group_name, order_id, last_sequence)
+         SELECT g, 'order-' || i, 1 FROM generate_series(1, 7) i, unnest('{inventory,other}'::text[]) g",
+    )
+    .execute(&pool)
+    .await
+    .expect("progress rows");
+    let plan = generic_plan(
+        &pool,
+        "SELECT order_id, last_sequence FROM order_progress
+         WHERE group_name = $1 AND order_id = ANY($2) ORDER BY order_id FOR UPDATE",
+        "'inventory', '{order-1,order-2}'",
+    )
+    .await;
+    // Both key columns bound the index scan: no reading of the group's every row.
+    assert!(plan.contains("order_id = ANY"), "{plan}");
+    assert!(plan.contains("group_name = $1"), "{plan}");
+    assert!(!plan.contains("Filter"), "{plan}");
+    assert!(!plan.contains("Seq Scan"), "{plan}");
+
+    let parked = generic_plan(
+        &pool,
+        "SELECT DISTINCT order_id FROM parked_event WHERE group_name = $1 AND order_id = ANY($2)",
+        "'inventory', '{order-1,order-2}'",
+    )
+    .await;
+    assert!(parked.contains("order_id = ANY"), "{parked}");
+    assert!(!parked.contains("Filter"), "{parked}");
+}
