@@ -80,6 +80,26 @@ async fn wait_for_lock_waiter(pool: &PgPool) {
     panic!("no session ever waited for the test's lock");
 }
 
+/// Holds the runner: its next transaction, a pay of `held`, waits on a row lock the test owns, so
+/// every change sent meanwhile queues behind it. Returns the lock (commit it to let the runner
+/// go) and the pay.
+async fn hold_runner(
+    pool: &PgPool,
+    orders: &OrderService,
+    held: Uuid,
+) -> (
+    Transaction<'static, Postgres>,
+    JoinHandle<Result<Order, OrderError>>,
+) {
+    let lock = lock_order(pool, held).await;
+    let pay_held = tokio::spawn({
+        let orders = orders.clone();
+        async move { orders.transition(held, Action::Pay, None).await }
+    });
+    wait_for_lock_waiter(pool).await;
+    (lock, pay_held)
+}
+
 /// (transactions, changes) the service's group commit wrote so far.
 fn transactions_and_changes(registry: &Registry) -> (u64, f64) {
     let family = registry
@@ -122,13 +142,7 @@ async fn waiting_changes_share_a_transaction_and_keep_their_own_answers(pool: Pg
     let to_ship = placed(&orders).await;
     let (before_tx, before_changes) = transactions_and_changes(&registry);
 
-    // The runner's next transaction waits on this lock; everything after it queues.
-    let lock = lock_order(&pool, held).await;
-    let pay_held = tokio::spawn({
-        let orders = orders.clone();
-        async move { orders.transition(held, Action::Pay, None).await }
-    });
-    wait_for_lock_waiter(&pool).await;
+    let (lock, pay_held) = hold_runner(&pool, &orders, held).await;
 
     let places: Vec<_> = (0..5)
         .map(|i| {
@@ -224,12 +238,7 @@ async fn a_change_that_must_be_undone_sends_the_others_alone(pool: PgPool) {
     .expect("enqueue");
     tx.commit().await.expect("commit");
 
-    let lock = lock_order(&pool, held).await;
-    let pay_held = tokio::spawn({
-        let orders = orders.clone();
-        async move { orders.transition(held, Action::Pay, None).await }
-    });
-    wait_for_lock_waiter(&pool).await;
+    let (lock, pay_held) = hold_runner(&pool, &orders, held).await;
     let pay_broken = tokio::spawn({
         let orders = orders.clone();
         async move { orders.transition(broken, Action::Pay, None).await }
@@ -286,13 +295,11 @@ async fn transitions_of_a_shared_transaction_are_made_together_in_arrival_order(
     );
     let (before_tx, before_changes) = transactions_and_changes(&registry);
 
-    let lock = lock_order(&pool, held).await;
+    let (lock, pay_held) = hold_runner(&pool, &orders, held).await;
     let transition = |id: Uuid, action: Action| {
         let orders = orders.clone();
         tokio::spawn(async move { orders.transition(id, action, None).await })
     };
-    let pay_held = transition(held, Action::Pay);
-    wait_for_lock_waiter(&pool).await;
     // Queued behind the held transaction: a first change of three orders, then a second one of
     // each, which must see the first (the same transaction, a later round).
     let first = [
@@ -389,12 +396,7 @@ async fn places_of_a_shared_transaction_are_made_together_with_their_own_answers
         .expect("place with a key");
     let (before_tx, before_changes) = transactions_and_changes(&registry);
 
-    let lock = lock_order(&pool, held).await;
-    let pay_held = tokio::spawn({
-        let orders = orders.clone();
-        async move { orders.transition(held, Action::Pay, None).await }
-    });
-    wait_for_lock_waiter(&pool).await;
+    let (lock, pay_held) = hold_runner(&pool, &orders, held).await;
     let place = |order: ValidOrder, key: Option<&str>| {
         let (orders, key) = (orders.clone(), key.map(str::to_owned));
         tokio::spawn(async move { orders.place(&order, key.as_deref(), None).await })
