@@ -111,6 +111,24 @@ fn transactions_and_changes(registry: &Registry) -> (u64, f64) {
     (histogram.get_sample_count(), histogram.get_sample_sum())
 }
 
+/// Asserts that since `before` (from [`transactions_and_changes`]) group commit wrote `changes`
+/// changes in at most `transactions` transactions, none of them failed.
+fn assert_written_together(
+    registry: &Registry,
+    before: (u64, f64),
+    changes: f64,
+    transactions: u64,
+) {
+    let (after_tx, after_changes) = transactions_and_changes(registry);
+    let (written_in, written) = (after_tx - before.0, after_changes - before.1);
+    assert_eq!(written, changes);
+    assert!(
+        written_in <= transactions,
+        "{written} changes in {written_in} transactions"
+    );
+    assert_eq!(failures(registry), 0);
+}
+
 fn failures(registry: &Registry) -> u64 {
     registry
         .gather()
@@ -351,14 +369,7 @@ async fn transitions_of_a_shared_transaction_are_made_together_in_arrival_order(
         event_types(&pool, c).await,
         [("order.placed".into(), 1), ("order.cancelled".into(), 2)]
     );
-    let (after_tx, after_changes) = transactions_and_changes(&registry);
-    let (transactions, changes) = (after_tx - before_tx, after_changes - before_changes);
-    assert_eq!(changes, 7.0);
-    assert!(
-        transactions <= 2,
-        "{changes} changes in {transactions} transactions"
-    );
-    assert_eq!(failures(&registry), 0);
+    assert_written_together(&registry, (before_tx, before_changes), 7.0, 2);
 }
 
 fn order_of(lines: &[(&str, i64)]) -> ValidOrder {
@@ -471,12 +482,5 @@ async fn places_of_a_shared_transaction_are_made_together_with_their_own_answers
         "three placed, one paid, one for each new order"
     );
 
-    let (after_tx, after_changes) = transactions_and_changes(&registry);
-    let (transactions, changes) = (after_tx - before_tx, after_changes - before_changes);
-    assert_eq!(changes, 7.0);
-    assert!(
-        transactions <= 2,
-        "{changes} changes in {transactions} transactions"
-    );
-    assert_eq!(failures(&registry), 0);
+    assert_written_together(&registry, (before_tx, before_changes), 7.0, 2);
 }
