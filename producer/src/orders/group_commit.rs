@@ -274,53 +274,48 @@ enum Step {
 /// transitions in rounds of distinct orders; a key used twice, or an order changed twice, is in
 /// two rounds, in arrival order. A round of one change is a step of its own.
 fn steps(jobs: Vec<Job>) -> Vec<Step> {
-    let mut place_rounds: Vec<Vec<Place>> = Vec::new();
-    let mut rounds: Vec<Vec<Transition>> = Vec::new();
-    let (mut last_key, mut place_round) = (None, 0);
-    let (mut last, mut round) = (None, 0);
+    let (mut places, mut transitions) = (Vec::new(), Vec::new());
     for job in jobs {
         match job {
-            Job::Place(p) => {
-                place_round = match &p.idempotency_key {
-                    Some(key) if last_key.as_ref() == Some(key) => place_round + 1,
-                    _ => 0,
-                };
-                last_key.clone_from(&p.idempotency_key);
-                if place_rounds.len() <= place_round {
-                    place_rounds.push(Vec::new());
-                }
-                place_rounds[place_round].push(p);
-            }
-            Job::Transition(t) => {
-                round = if last == Some(t.order_id) {
-                    round + 1
-                } else {
-                    0
-                };
-                last = Some(t.order_id);
-                if rounds.len() <= round {
-                    rounds.push(Vec::new());
-                }
-                rounds[round].push(t);
-            }
+            Job::Place(p) => places.push(p),
+            Job::Transition(t) => transitions.push(t),
         }
     }
-    let mut steps: Vec<Step> = Vec::with_capacity(place_rounds.len() + rounds.len());
-    for mut round in place_rounds {
-        if round.len() > 1 {
-            steps.push(Step::Places(round));
-        } else if let Some(p) = round.pop() {
-            steps.push(Step::One(Job::Place(p)));
+    let mut steps = Vec::new();
+    for mut round in rounds(places, |p| p.idempotency_key.clone()) {
+        match round.len() {
+            1 => steps.extend(round.pop().map(|p| Step::One(Job::Place(p)))),
+            _ => steps.push(Step::Places(round)),
         }
     }
-    for mut round in rounds {
-        if round.len() > 1 {
-            steps.push(Step::Transitions(round));
-        } else if let Some(t) = round.pop() {
-            steps.push(Step::One(Job::Transition(t)));
+    for mut round in rounds(transitions, |t| Some(t.order_id)) {
+        match round.len() {
+            1 => steps.extend(round.pop().map(|t| Step::One(Job::Transition(t)))),
+            _ => steps.push(Step::Transitions(round)),
         }
     }
     steps
+}
+
+/// Splits `changes` (sorted, so equal keys are adjacent) into rounds of distinct keys: the n-th
+/// change of a key goes in round n, so a key's changes keep their order. A change without a key
+/// conflicts with none and goes in the first round.
+fn rounds<T, K: PartialEq>(changes: Vec<T>, key: impl Fn(&T) -> Option<K>) -> Vec<Vec<T>> {
+    let mut rounds: Vec<Vec<T>> = Vec::new();
+    let (mut last, mut round) = (None, 0);
+    for change in changes {
+        let k = key(&change);
+        round = match (&k, &last) {
+            (Some(k), Some(last)) if k == last => round + 1,
+            _ => 0,
+        };
+        last = k;
+        if rounds.len() <= round {
+            rounds.push(Vec::new());
+        }
+        rounds[round].push(change);
+    }
+    rounds
 }
 
 impl Step {
