@@ -152,7 +152,7 @@ pub async fn run(settings: &Settings, envs: &EnvRegistry) -> anyhow::Result<Brok
 
 /// The settings `relay/src/publish.rs` gives its producer (with `relay run`'s defaults), but no
 /// client statistics. Copied rather than called, so the ceiling stays a plain client.
-fn relay_producer_config(linger_ms: u64) -> BTreeMap<String, String> {
+pub(super) fn relay_producer_config(linger_ms: u64) -> BTreeMap<String, String> {
     [
         ("acks", "all".to_owned()),
         ("enable.idempotence", "true".to_owned()),

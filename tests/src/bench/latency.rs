@@ -9,6 +9,7 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use super::broker_latency::{self, BrokerLatency};
 use super::config::Settings;
 use super::dbprofile::{DbActivity, DbProfiler};
 use super::driver::{drive, DriveSpec, DriveSummary, SentEvent};
@@ -35,6 +36,9 @@ pub struct LatencyRun {
     /// What the pipeline's database connections were doing while the driver ran.
     pub db_activity: DbActivity,
     pub peak_rss_mb: BTreeMap<String, f64>,
+    /// The broker alone at the same rate, measured just before the pipeline (None if it failed;
+    /// the notes say why).
+    pub broker: Option<BrokerLatency>,
 }
 
 /// Latencies of one group at one rate, in ms.
@@ -74,7 +78,7 @@ pub async fn run(
         let env = envs
             .create(&format!("bench_e2e_{}", rate.round()), settings.partitions)
             .await?;
-        let result = measure(settings, &env, rate, notes).await;
+        let result = measure(settings, envs, &env, rate, notes).await;
         let odd = result
             .as_ref()
             .is_ok_and(|r| r.groups.values().any(|g| g.missing > 0));
@@ -91,10 +95,21 @@ pub async fn run(
 
 async fn measure(
     settings: &Settings,
+    envs: &EnvRegistry,
     env: &TestEnv,
     rate: f64,
     notes: &mut Vec<String>,
 ) -> anyhow::Result<LatencyRun> {
+    let broker = match broker_latency::measure(settings, envs, rate).await {
+        Ok(b) => {
+            notes.extend(envs.release_topic(&b.topic).await);
+            Some(b)
+        }
+        Err(e) => {
+            notes.push(format!("{rate}/s: broker alone not measured: {e:#}"));
+            None
+        }
+    };
     let pipeline = Pipeline::start(env, settings).await?;
     let offset_us = db_clock_offset_us(env).await?;
     let spec = DriveSpec {
@@ -144,6 +159,7 @@ async fn measure(
         cpu,
         db_activity,
         peak_rss_mb,
+        broker,
     })
 }
 

@@ -4,6 +4,7 @@
 //! in its own database, topic and consumer groups.
 
 pub mod broker;
+pub mod broker_latency;
 pub mod config;
 pub mod consumer_drain;
 pub mod database;

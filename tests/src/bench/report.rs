@@ -184,9 +184,18 @@ impl Report {
         }
         match self.latency.iter().find(|l| (l.rate - 1000.0).abs() < 0.5) {
             Some(run) => {
+                let broker = run.broker.as_ref().map_or(String::new(), |b| {
+                    format!(
+                        "; the broker alone at 1000/s, no database: read p50/p99 {}/{} ms, ack p50 {}/{} ms (first/last fifth of the run)",
+                        b.read_p50_ms,
+                        b.read_p99_ms,
+                        b.ack_p50_by_part_ms.first().copied().unwrap_or_default(),
+                        b.ack_p50_by_part_ms.last().copied().unwrap_or_default()
+                    )
+                });
                 for (group, lat) in &run.groups {
                     let why = Some(format!(
-                        "stages p50/p99 ms: service {}/{}, relay {}/{}, outbox→applied {}/{}; {}",
+                        "stages p50/p99 ms: service {}/{}, relay {}/{}, outbox→applied {}/{}; {}{broker}",
                         lat.service_p50_ms,
                         lat.service_p99_ms,
                         lat.relay_p50_ms,

@@ -238,6 +238,10 @@ fn write_report(o: &mut String, r: &Report) -> std::fmt::Result {
             writeln!(o, "   {:>6} requests: {} ok, {} failed, response p50/p99 {:.1}/{:.1} ms, schedule lag p99 {:.1} ms", "", run.requests.ok, run.requests.failed(), run.requests.response_p50_ms, run.requests.response_p99_ms, run.requests.schedule_lag_p99_ms)?;
             writeln!(o, "{}", cpu(&run.cpu))?;
             writeln!(o, "{}", db(&run.db_activity))?;
+            if let Some(b) = &run.broker {
+                writeln!(o, "   {:>6} broker alone, same rate (relay's producer settings, {} plain readers, no database): read p50/p99/p99.9 {:.1}/{:.1}/{:.1} ms, ack p50/p99 {:.1}/{:.1} ms, ack p50 by fifth of the run {}", "", b.readers, b.read_p50_ms, b.read_p99_ms, b.read_p999_ms, b.ack_p50_ms, b.ack_p99_ms, fifths(&b.ack_p50_by_part_ms))?;
+                writeln!(o, "{}", cpu(&b.cpu))?;
+            }
         }
     }
     if let Some(sus) = &r.sustained {
@@ -312,4 +316,12 @@ fn write_report(o: &mut String, r: &Report) -> std::fmt::Result {
         }
     }
     Ok(())
+}
+
+/// Values in ms joined with arrows, in order.
+fn fifths(ms: &[f64]) -> String {
+    ms.iter()
+        .map(|v| format!("{v:.1}"))
+        .collect::<Vec<_>>()
+        .join(" → ")
 }
