@@ -156,11 +156,15 @@ impl Report {
             self.relay.as_ref().map(|r| r.relay_drain_eps),
             relay_cpu.clone(),
         ));
+        let relay_cost = match (&self.relay, &self.broker) {
+            (Some(r), Some(b)) => cpu_cost_bound(r, b, self.host.cores),
+            _ => String::new(),
+        };
         t.push(at_least(
             "relay_vs_broker",
             0.7,
             self.relay.as_ref().and_then(|r| r.relay_vs_broker),
-            relay_cpu,
+            relay_cpu.map(|c| format!("{c}{relay_cost}")),
         ));
         for g in &self.consumer {
             let why = Some(format!(
@@ -258,6 +262,21 @@ impl Report {
 
 /// CPU of the phase's processes, whether the machine was saturated, and what the database
 /// connections were busy with.
+/// The relay's drain against the plain producer in CPU time per event (every watched process:
+/// PostgreSQL, relay, broker), and the highest relay_vs_broker `cores` fully busy at the
+/// relay's cost per event would give.
+fn cpu_cost_bound(relay: &RelayResult, broker: &BrokerResult, cores: usize) -> String {
+    let per_event_us = |percent: f64, eps: f64| percent / 100.0 * 1e6 / eps.max(1.0);
+    let relay_us = per_event_us(relay.cpu.total(), relay.relay_drain_eps);
+    let plain_us = per_event_us(broker.cpu_produce.total(), broker.produce_eps);
+    let all_cores_eps = cores as f64 * 1e6 / relay_us.max(0.001);
+    format!(
+        "; CPU per event, all watched processes: relay drain {relay_us:.1} µs, plain producer {plain_us:.1} µs; at the relay's cost {cores} fully busy cores would drain {:.0} ev/s, relay_vs_broker {:.2}",
+        all_cores_eps,
+        all_cores_eps / broker.produce_eps.max(1.0)
+    )
+}
+
 fn cpu_line(phase: &str, cpu: &CpuUse, db: &DbActivity) -> String {
     let busy = cpu.total() + cpu.other_percent.unwrap_or(0.0);
     let saturated = if busy >= 0.9 * (cores() * 100) as f64 {
