@@ -175,17 +175,8 @@ pub async fn measure(
     for (_, _, us) in measured_acks {
         ack.record((*us).max(1) as u64)?;
     }
-    let part = measured_acks.len().div_ceil(PARTS).max(1);
-    let ack_p50_by_part_ms = measured_acks
-        .chunks(part)
-        .map(|chunk| {
-            let mut h = micros_histogram();
-            for (_, _, us) in chunk {
-                let _ = h.record((*us).max(1) as u64);
-            }
-            quantile_ms(&h, 0.5)
-        })
-        .collect();
+    let ack_us: Vec<i64> = measured_acks.iter().map(|a| a.2).collect();
+    let ack_p50_by_part_ms = p50_by_part_ms(&ack_us, PARTS);
     Ok(BrokerLatency {
         topic,
         rate,
@@ -259,4 +250,37 @@ fn read_all(
         }
     }
     Ok(seen)
+}
+
+/// The p50 in ms of each of `parts` consecutive, equal parts of `us` (the last may be shorter).
+fn p50_by_part_ms(us: &[i64], parts: usize) -> Vec<f64> {
+    let part = us.len().div_ceil(parts.max(1)).max(1);
+    us.chunks(part)
+        .map(|chunk| {
+            let mut h = micros_histogram();
+            for &v in chunk {
+                let _ = h.record(v.max(1) as u64);
+            }
+            quantile_ms(&h, 0.5)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_median_of_each_part_in_order() {
+        // Ten answers slowing down: 1..=10 ms, in five parts of two.
+        let us: Vec<i64> = (1..=10).map(|ms| ms * 1000).collect();
+        let close = |got: Vec<f64>, want: &[f64]| {
+            // HdrHistogram keeps 3 significant digits.
+            got.len() == want.len() && got.iter().zip(want).all(|(g, w)| (g - w).abs() < 0.01)
+        };
+        assert!(close(p50_by_part_ms(&us, 5), &[1.0, 3.0, 5.0, 7.0, 9.0]));
+        // Fewer values than parts: one part each.
+        assert!(close(p50_by_part_ms(&us[..2], 5), &[1.0, 2.0]));
+        assert!(p50_by_part_ms(&[], 5).is_empty());
+    }
 }

@@ -266,15 +266,24 @@ impl Report {
 /// PostgreSQL, relay, broker), and the highest relay_vs_broker `cores` fully busy at the
 /// relay's cost per event would give.
 fn cpu_cost_bound(relay: &RelayResult, broker: &BrokerResult, cores: usize) -> String {
-    let per_event_us = |percent: f64, eps: f64| percent / 100.0 * 1e6 / eps.max(1.0);
-    let relay_us = per_event_us(relay.cpu.total(), relay.relay_drain_eps);
-    let plain_us = per_event_us(broker.cpu_produce.total(), broker.produce_eps);
-    let all_cores_eps = cores as f64 * 1e6 / relay_us.max(0.001);
+    let relay_us = cpu_us_per_event(relay.cpu.total(), relay.relay_drain_eps);
+    let plain_us = cpu_us_per_event(broker.cpu_produce.total(), broker.produce_eps);
+    let all_cores_eps = eps_on_cores(cores, relay_us);
     format!(
         "; CPU per event, all watched processes: relay drain {relay_us:.1} µs, plain producer {plain_us:.1} µs; at the relay's cost {cores} fully busy cores would drain {:.0} ev/s, relay_vs_broker {:.2}",
         all_cores_eps,
         all_cores_eps / broker.produce_eps.max(1.0)
     )
+}
+
+/// CPU µs spent per event by processes using `percent` (100 = one core) at `eps` events/s.
+fn cpu_us_per_event(percent: f64, eps: f64) -> f64 {
+    percent / 100.0 * 1e6 / eps.max(1.0)
+}
+
+/// Events/s that `cores` fully busy cores carry at `us_per_event` CPU µs each.
+fn eps_on_cores(cores: usize, us_per_event: f64) -> f64 {
+    cores as f64 * 1e6 / us_per_event.max(0.001)
 }
 
 fn cpu_line(phase: &str, cpu: &CpuUse, db: &DbActivity) -> String {
@@ -359,4 +368,20 @@ fn load_average() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .map(|s| s.trim().to_owned())
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_cost_per_event_and_the_rate_busy_cores_would_carry() {
+        // 1.5 cores for 100,000 events/s is 15 µs an event; two cores carry 133,333 of those.
+        let us = cpu_us_per_event(150.0, 100_000.0);
+        assert!((us - 15.0).abs() < 1e-9);
+        assert!((eps_on_cores(2, us) - 133_333.3).abs() < 1.0);
+        // Nothing measured yet does not divide by zero.
+        assert!(cpu_us_per_event(10.0, 0.0).is_finite());
+        assert!(eps_on_cores(2, 0.0).is_finite());
+    }
 }
