@@ -58,19 +58,7 @@ pub const PRODUCE_ROUNDS: usize = 3;
 /// Produces `settings.broker_messages` events on a fresh topic, [`PRODUCE_ROUNDS`] times, and
 /// consumes them once.
 pub async fn run(settings: &Settings, envs: &EnvRegistry) -> anyhow::Result<BrokerResult> {
-    let kafka = KafkaArgs {
-        kafka_brokers: brokers(),
-        kafka_options: Vec::new(),
-    };
-    let topic = format!(
-        "bench-broker-{}",
-        &Uuid::new_v4().simple().to_string()[..10]
-    );
-    kafka
-        .ensure_topics(std::slice::from_ref(&topic), settings.partitions)
-        .await
-        .context("creating the broker phase's topic")?;
-    envs.track_topic(&topic);
+    let (kafka, topic) = fresh_topic(settings, envs, "bench-broker").await?;
 
     let orders = settings.broker_messages.div_ceil(EVENTS_PER_ORDER as u64);
     let ids: Vec<Uuid> = (0..orders).map(|_| Uuid::new_v4()).collect();
@@ -148,6 +136,26 @@ pub async fn run(settings: &Settings, envs: &EnvRegistry) -> anyhow::Result<Brok
         cpu_produce,
         cpu_consume,
     })
+}
+
+/// Plain clients' connection settings and a new topic named `<prefix>-<random>` with the run's
+/// partitions, dropped at clean-up.
+pub(super) async fn fresh_topic(
+    settings: &Settings,
+    envs: &EnvRegistry,
+    prefix: &str,
+) -> anyhow::Result<(KafkaArgs, String)> {
+    let kafka = KafkaArgs {
+        kafka_brokers: brokers(),
+        kafka_options: Vec::new(),
+    };
+    let topic = format!("{prefix}-{}", &Uuid::new_v4().simple().to_string()[..10]);
+    kafka
+        .ensure_topics(std::slice::from_ref(&topic), settings.partitions)
+        .await
+        .with_context(|| format!("creating topic {topic}"))?;
+    envs.track_topic(&topic);
+    Ok((kafka, topic))
 }
 
 /// The settings `relay/src/publish.rs` gives its producer (with `relay run`'s defaults), but no

@@ -19,9 +19,9 @@ use serde::Serialize;
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
-use super::broker::relay_producer_config;
+use super::broker::{fresh_topic, relay_producer_config};
 use super::config::Settings;
-use super::envs::{brokers, EnvRegistry};
+use super::envs::EnvRegistry;
 use super::histogram::{micros_histogram, quantile_ms};
 use super::orders::EventMessage;
 use super::procstat::{shared_processes, CpuMeter, CpuUse};
@@ -73,19 +73,7 @@ pub async fn measure(
     envs: &EnvRegistry,
     rate: f64,
 ) -> anyhow::Result<BrokerLatency> {
-    let kafka = KafkaArgs {
-        kafka_brokers: brokers(),
-        kafka_options: Vec::new(),
-    };
-    let topic = format!(
-        "bench-broker-lat-{}",
-        &Uuid::new_v4().simple().to_string()[..10]
-    );
-    kafka
-        .ensure_topics(std::slice::from_ref(&topic), settings.partitions)
-        .await
-        .context("creating the broker latency topic")?;
-    envs.track_topic(&topic);
+    let (kafka, topic) = fresh_topic(settings, envs, "bench-broker-lat").await?;
 
     let warmup = (settings.warmup.as_secs_f64() * rate).round() as u64;
     let measured = (settings.rate_duration.as_secs_f64() * rate).round() as u64;
