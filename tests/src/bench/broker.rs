@@ -233,19 +233,13 @@ fn consume_all(
     expected: u64,
 ) -> anyhow::Result<f64> {
     let started = Instant::now();
-    let consumer: BaseConsumer = kafka
-        .client_config()
-        .set("group.id", format!("{topic}-reader"))
-        .set("enable.auto.commit", "false")
-        .set("enable.auto.offset.store", "false")
-        .set("fetch.wait.max.ms", "20")
-        .create()
-        .context("creating the plain consumer")?;
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..partitions {
-        tpl.add_partition_offset(topic, p, Offset::Beginning)?;
-    }
-    consumer.assign(&tpl)?;
+    let consumer = plain_reader(
+        kafka,
+        topic,
+        &format!("{topic}-reader"),
+        partitions,
+        &[("fetch.wait.max.ms", "20".to_owned())],
+    )?;
     let deadline = started + Duration::from_secs(600);
     let (mut read, mut bytes) = (0u64, 0usize);
     while read < expected {
@@ -263,6 +257,32 @@ fn consume_all(
     }
     anyhow::ensure!(bytes > 0, "messages without payload");
     Ok(started.elapsed().as_secs_f64())
+}
+
+/// A plain consumer of group `group` with `settings`, no auto commit, assigned every partition of
+/// `topic` from its beginning.
+pub(super) fn plain_reader(
+    kafka: &KafkaArgs,
+    topic: &str,
+    group: &str,
+    partitions: i32,
+    settings: &[(&str, String)],
+) -> anyhow::Result<BaseConsumer> {
+    let mut config = kafka.client_config();
+    config
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false");
+    for (k, v) in settings {
+        config.set(*k, v);
+    }
+    let consumer: BaseConsumer = config.create().context("creating a plain consumer")?;
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition_offset(topic, p, Offset::Beginning)?;
+    }
+    consumer.assign(&tpl)?;
+    Ok(consumer)
 }
 
 /// Three decimal places.

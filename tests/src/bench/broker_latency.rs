@@ -11,15 +11,13 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use chrono::Utc;
 use pipeline_core::kafka::KafkaArgs;
-use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Header, Headers, Message};
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::{Offset, TopicPartitionList};
 use serde::Serialize;
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
-use super::broker::{fresh_topic, relay_producer_config};
+use super::broker::{fresh_topic, plain_reader, relay_producer_config};
 use super::config::Settings;
 use super::envs::EnvRegistry;
 use super::histogram::{micros_histogram, quantile_ms};
@@ -191,23 +189,19 @@ fn read_all(
     expected: u64,
     stop: &AtomicBool,
 ) -> anyhow::Result<Vec<(i64, i64)>> {
-    let consumer: BaseConsumer = kafka
-        .client_config()
-        .set("group.id", group)
-        .set("enable.auto.commit", "false")
-        .set("enable.auto.offset.store", "false")
-        .set("queued.max.messages.kbytes", "4096")
-        .set(
-            "fetch.wait.max.ms",
-            consumer_fetch_wait_max_ms().to_string(),
-        )
-        .create()
-        .context("creating a plain consumer")?;
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..partitions {
-        tpl.add_partition_offset(topic, p, Offset::Beginning)?;
-    }
-    consumer.assign(&tpl)?;
+    let consumer = plain_reader(
+        kafka,
+        topic,
+        group,
+        partitions,
+        &[
+            ("queued.max.messages.kbytes", "4096".to_owned()),
+            (
+                "fetch.wait.max.ms",
+                consumer_fetch_wait_max_ms().to_string(),
+            ),
+        ],
+    )?;
     let mut seen = Vec::with_capacity(usize::try_from(expected)?);
     let mut last_read = Instant::now();
     while (seen.len() as u64) < expected {
