@@ -1,8 +1,8 @@
 //! The relay's Prometheus metrics, registered on a registry passed in.
 
 use prometheus::{
-    exponential_buckets, Gauge, GaugeVec, Histogram, HistogramOpts, IntCounterVec, IntGauge, Opts,
-    Registry,
+    exponential_buckets, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounterVec,
+    IntGauge, Opts, Registry,
 };
 use rdkafka::statistics::Statistics;
 
@@ -13,6 +13,7 @@ pub struct RelayMetrics {
     pub publish_errors: IntCounterVec,
     pub batch_size: Histogram,
     pub batch_duration: Histogram,
+    pub stage_duration: HistogramVec,
     pub publish_delay: Histogram,
     pub last_success: Gauge,
     pub active: IntGauge,
@@ -21,6 +22,7 @@ pub struct RelayMetrics {
     pub producer_queue: IntGauge,
     pub producer_queue_max: IntGauge,
     pub broker_rtt: GaugeVec,
+    pub producer_renewals: IntCounterVec,
 }
 
 impl RelayMetrics {
@@ -50,6 +52,15 @@ impl RelayMetrics {
                     "Time to claim, publish and mark one batch",
                 )
                 .buckets(exponential_buckets(0.001, 2.0, 16)?),
+            )?,
+            stage_duration: HistogramVec::new(
+                HistogramOpts::new(
+                    "relay_batch_stage_seconds",
+                    "Time of each stage of a relay batch: claim (read from the outbox), produce \
+                     (handed to the producer until every delivery report), mark (outcome written)",
+                )
+                .buckets(exponential_buckets(0.0005, 2.0, 16)?),
+                &["stage"],
             )?,
             publish_delay: Histogram::with_opts(
                 HistogramOpts::new(
@@ -89,11 +100,19 @@ impl RelayMetrics {
                 ),
                 &["broker"],
             )?,
+            producer_renewals: IntCounterVec::new(
+                Opts::new(
+                    "relay_producer_renewals_total",
+                    "Kafka producers replaced after librdkafka reported a fatal error, by error code",
+                ),
+                &["code"],
+            )?,
         };
         registry.register(Box::new(m.published.clone()))?;
         registry.register(Box::new(m.publish_errors.clone()))?;
         registry.register(Box::new(m.batch_size.clone()))?;
         registry.register(Box::new(m.batch_duration.clone()))?;
+        registry.register(Box::new(m.stage_duration.clone()))?;
         registry.register(Box::new(m.publish_delay.clone()))?;
         registry.register(Box::new(m.last_success.clone()))?;
         registry.register(Box::new(m.active.clone()))?;
@@ -102,7 +121,11 @@ impl RelayMetrics {
         registry.register(Box::new(m.producer_queue.clone()))?;
         registry.register(Box::new(m.producer_queue_max.clone()))?;
         registry.register(Box::new(m.broker_rtt.clone()))?;
+        registry.register(Box::new(m.producer_renewals.clone()))?;
         // Every bounded label value exists from the start, at zero.
+        for stage in ["claim", "produce", "mark"] {
+            let _ = m.stage_duration.with_label_values(&[stage]);
+        }
         for outcome in ["published", "retry", "failed"] {
             let _ = m.published.with_label_values(&[outcome]);
         }
@@ -115,6 +138,7 @@ impl RelayMetrics {
             "queue_full",
             "broker",
             "canceled",
+            "producer_fatal",
             "other",
             "database",
         ] {

@@ -8,7 +8,7 @@ use futures::future::join_all;
 use pipeline_core::envelope::Envelope;
 use pipeline_core::kafka::KafkaArgs;
 use rdkafka::error::KafkaError;
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::statistics::Statistics;
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::ClientContext;
@@ -88,6 +88,62 @@ pub fn create_producer(
         .context("creating Kafka producer")
 }
 
+/// The relay's producer for the life of the process.
+///
+/// It is made once, before the relay takes the lock, and kept across activations: a new
+/// idempotent producer waits for its producer id (librdkafka asks on a 500 ms timer after
+/// creation), so a standby that takes over with a warm producer publishes at once. After a fatal
+/// error (librdkafka gives up on idempotence: a sequence desynchronisation, a producer id it can
+/// no longer use) the instance refuses every message for good; [`ProducerHandle::renew_if_fatal`]
+/// replaces it, and the events of the failed attempts are retried by the new one.
+pub struct ProducerHandle {
+    kafka: KafkaArgs,
+    settings: ProducerSettings,
+    metrics: RelayMetrics,
+    producer: RelayProducer,
+}
+
+impl ProducerHandle {
+    pub fn create(
+        kafka: &KafkaArgs,
+        settings: &ProducerSettings,
+        metrics: RelayMetrics,
+    ) -> anyhow::Result<Self> {
+        let producer = create_producer(kafka, settings, metrics.clone())?;
+        Ok(ProducerHandle {
+            kafka: kafka.clone(),
+            settings: settings.clone(),
+            metrics,
+            producer,
+        })
+    }
+
+    /// The current producer.
+    pub fn producer(&self) -> &RelayProducer {
+        &self.producer
+    }
+
+    /// The fatal error librdkafka raised on the current producer, if any.
+    pub fn fatal_error(&self) -> Option<(RDKafkaErrorCode, String)> {
+        self.producer.client().fatal_error()
+    }
+
+    /// Replaces the producer when it has a fatal error; returns that error. Call it with no
+    /// batch in flight, so that no aggregate has events with both instances at once.
+    pub fn renew_if_fatal(&mut self) -> anyhow::Result<Option<(RDKafkaErrorCode, String)>> {
+        let Some((code, reason)) = self.fatal_error() else {
+            return Ok(None);
+        };
+        tracing::error!(?code, %reason, "Kafka producer hit a fatal error; replacing it");
+        self.producer = create_producer(&self.kafka, &self.settings, self.metrics.clone())?;
+        self.metrics
+            .producer_renewals
+            .with_label_values(&[&format!("{code:?}")])
+            .inc();
+        Ok(Some((code, reason)))
+    }
+}
+
 /// One event that could not be delivered.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeliveryFailure {
@@ -165,6 +221,8 @@ pub async fn publish_batch(producer: &RelayProducer, events: &[OutboxEvent]) -> 
             .map(|(event, fut)| async move { (event, fut.await) }),
     )
     .await;
+    // A fatal error fails every message of the instance, whatever code each report carries.
+    let fatal = producer.client().fatal_error().is_some();
     for (event, report) in reports {
         match report {
             Ok(Ok(delivery)) => outcome.published.push(Published {
@@ -172,7 +230,13 @@ pub async fn publish_batch(producer: &RelayProducer, events: &[OutboxEvent]) -> 
                 partition: delivery.partition,
                 offset: delivery.offset,
             }),
-            Ok(Err((error, _))) => outcome.failed.push(failure(event, &error)),
+            Ok(Err((error, _))) => {
+                let mut f = failure(event, &error);
+                if fatal {
+                    f.reason = "producer_fatal";
+                }
+                outcome.failed.push(f);
+            }
             Err(_) => outcome.failed.push(DeliveryFailure {
                 id: event.id,
                 attempts_before: event.attempts,
@@ -216,6 +280,8 @@ pub fn classify(error: &KafkaError) -> (bool, &'static str) {
         TopicAuthorizationFailed | ClusterAuthorizationFailed => (true, "not_authorized"),
         MessageTimedOut | RequestTimedOut => (false, "timeout"),
         QueueFull => (false, "queue_full"),
+        // The producer instance is unusable; the relay replaces it and the event is retried.
+        Fatal => (false, "producer_fatal"),
         _ => (false, "broker"),
     }
 }

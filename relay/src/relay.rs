@@ -20,7 +20,7 @@ use crate::config::RunArgs;
 use crate::leader::Leadership;
 use crate::mark::{mark_published, record_failures, FailedAttempt};
 use crate::metrics::RelayMetrics;
-use crate::publish::{create_producer, publish_batch, RelayProducer};
+use crate::publish::{publish_batch, ProducerHandle, RelayProducer};
 
 /// Counts of one relay step.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -57,9 +57,19 @@ pub async fn publish_claimed(
     if events.is_empty() {
         return Ok(BatchOutcome::default());
     }
+    let stage = |name: &str, since: Instant| {
+        metrics
+            .stage_duration
+            .with_label_values(&[name])
+            .observe(since.elapsed().as_secs_f64());
+    };
+    stage("claim", started);
+    let producing = Instant::now();
     let delivery = publish_batch(producer, events).await;
     let acked_at = Utc::now();
+    stage("produce", producing);
     pipeline_core::crash_point::crash_point(pipeline_core::crash_point::RELAY_AFTER_DELIVERY);
+    let marking = Instant::now();
     mark_published(pool, &delivery.published).await?;
     let failures: Vec<FailedAttempt> = delivery
         .failed
@@ -75,6 +85,7 @@ pub async fn publish_claimed(
         })
         .collect();
     record_failures(pool, &failures).await?;
+    stage("mark", marking);
 
     for f in &delivery.failed {
         metrics.publish_errors.with_label_values(&[f.reason]).inc();
@@ -113,7 +124,8 @@ pub async fn publish_claimed(
     })
 }
 
-/// Runs the relay until `shutdown`: stands by until it holds the lock, then publishes.
+/// Runs the relay until `shutdown`: stands by until it holds the lock, then publishes. The
+/// producer is made first and kept across activations, so a standby that takes over is warm.
 pub async fn run(
     args: &RunArgs,
     pool: PgPool,
@@ -121,6 +133,9 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let retry = args.retry_policy();
+    let mut producer =
+        ProducerHandle::create(&args.kafka, &args.producer_settings(), metrics.clone())?;
+    let mut result = Ok(());
     while !shutdown.is_cancelled() {
         let Some(mut leadership) = Leadership::acquire(
             &args.db.database_url,
@@ -134,11 +149,10 @@ pub async fn run(
         };
         tracing::info!("relay is active");
         metrics.active.set(1);
-        let producer = create_producer(&args.kafka, &args.producer_settings(), metrics.clone())?;
-        let result = run_active(
+        result = run_active(
             args,
             &pool,
-            &producer,
+            &mut producer,
             &retry,
             &metrics,
             &mut leadership,
@@ -146,18 +160,20 @@ pub async fn run(
         )
         .await;
         metrics.active.set(0);
-        // Whatever is still queued was already waited for by its batch; flush anyway.
-        let _ = producer.flush(Duration::from_secs(5));
-        result?;
+        if result.is_err() {
+            break;
+        }
     }
+    // Whatever is still queued was already waited for by its batch; flush anyway.
+    let _ = producer.producer().flush(Duration::from_secs(5));
     tracing::info!("relay stopped");
-    Ok(())
+    result
 }
 
 async fn run_active(
     args: &RunArgs,
     pool: &PgPool,
-    producer: &RelayProducer,
+    producer: &mut ProducerHandle,
     retry: &RetryPolicy,
     metrics: &RelayMetrics,
     leadership: &mut Leadership,
@@ -191,6 +207,11 @@ async fn run_active(
             }
             last_lock_check = Instant::now();
         }
+        if producer.fatal_error().is_some() {
+            // The batches out with the broken producer fail and record their backoff first.
+            settle(&mut in_flight, &mut busy).await;
+            producer.renew_if_fatal()?;
+        }
         let mut failed: Option<sqlx::Error> = None;
         if in_flight.len() < depth {
             let started = Instant::now();
@@ -203,7 +224,7 @@ async fn run_active(
                     // Its own task: it is produced and marked while this loop claims the next.
                     let (p, k, r, m) = (
                         pool.clone(),
-                        producer.clone(),
+                        producer.producer().clone(),
                         retry.clone(),
                         metrics.clone(),
                     );

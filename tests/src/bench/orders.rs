@@ -12,7 +12,7 @@ use pipeline_core::envelope::Envelope;
 use pipeline_core::order_events::{demo_product_id, OrderLine, OrderSnapshot, OrderStatus};
 use rdkafka::message::{Headers, OwnedHeaders};
 use serde::Serialize;
-use sqlx::PgPool;
+use sqlx::PgConnection;
 use uuid::Uuid;
 
 /// Events per order.
@@ -183,9 +183,9 @@ ORDER BY e.g / $4, e.seq, e.g";
 
 /// Writes `orders` orders' events into the outbox as pending, with their sequence rows, and
 /// refreshes the planner's statistics (as autovacuum would soon after such a burst). Returns the
-/// number of events.
+/// number of events. Given an open transaction, the backlog appears at once when it commits.
 pub async fn preload_outbox(
-    pool: &PgPool,
+    conn: &mut PgConnection,
     topic: &str,
     orders: u64,
     products: u32,
@@ -196,19 +196,21 @@ pub async fn preload_outbox(
         .bind(i64::from(products))
         .bind(topic)
         .bind(i64::try_from(WINDOW)?)
-        .execute(pool)
+        .execute(&mut *conn)
         .await?
         .rows_affected();
     sqlx::query(
         "INSERT INTO outbox_sequence (aggregate_id, last_sequence)
          SELECT aggregate_id, max(sequence) FROM outbox GROUP BY aggregate_id",
     )
-    .execute(pool)
+    .execute(&mut *conn)
     .await?;
     sqlx::query("ANALYZE outbox, outbox_unpublished")
-        .execute(pool)
+        .execute(&mut *conn)
         .await?;
-    sqlx::query("ANALYZE outbox_sequence").execute(pool).await?;
+    sqlx::query("ANALYZE outbox_sequence")
+        .execute(&mut *conn)
+        .await?;
     Ok(inserted)
 }
 

@@ -4,8 +4,6 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use anyhow::Context;
-
 use super::config::Settings;
 use super::procstat::{peak_rss_mb, shared_processes, Watched};
 use crate::{scrape_sum, wait_until, Service, TestEnv};
@@ -199,16 +197,6 @@ pub fn peak_rss(services: &[(&str, &Service)]) -> BTreeMap<String, f64> {
             ))
         })
         .collect()
-}
-
-/// Events not yet published: the pending rows, read through the pending index.
-pub async fn outbox_pending(env: &TestEnv) -> anyhow::Result<i64> {
-    sqlx::query_scalar(
-        "/* bench */ SELECT count(*) FROM outbox_unpublished WHERE state = 'pending'",
-    )
-    .fetch_one(&env.pool)
-    .await
-    .context("counting pending outbox events")
 }
 
 /// A group's lag, read without blocking the runtime's other tasks.
