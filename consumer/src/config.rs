@@ -135,6 +135,15 @@ pub struct RunArgs {
     /// transaction of its own.
     #[arg(long, env = "CONSUMER_GROUP_TRANSACTIONS", default_value_t = 2)]
     pub group_transactions: usize,
+    /// How long, in milliseconds, partition batches wait for the group's transaction being
+    /// written to finish before another starts beside it; batches arriving meanwhile share the
+    /// next one. 0: a free runner starts a transaction at once.
+    #[arg(
+        long,
+        env = "CONSUMER_GROUP_TRANSACTION_PATIENCE_MS",
+        default_value_t = 1
+    )]
+    pub group_transaction_patience_ms: u64,
     /// Transactions of at most this many messages plan their statements with their parameter
     /// values (`plan_cache_mode=force_custom_plan`); larger ones use PostgreSQL's cached generic
     /// plans. 0: always generic.

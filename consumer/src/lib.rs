@@ -163,6 +163,7 @@ pub async fn run_with_sender(
                     dead_letters: dead_letters.clone(),
                     metrics: metrics.clone(),
                     transactions: args.group_transactions,
+                    patience: std::time::Duration::from_millis(args.group_transaction_patience_ms),
                     max_messages: args.max_batch,
                     custom_plans_up_to: args.custom_plans_up_to,
                 },

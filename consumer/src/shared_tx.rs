@@ -11,6 +11,9 @@
 //! of its own (where retries, isolation and dead-lettering work as for any batch).
 
 use std::sync::Arc;
+use std::time::Duration;
+
+use pipeline_core::overlap::Overlap;
 
 use sqlx::PgPool;
 use tokio::sync::{mpsc, oneshot, Mutex};
@@ -31,6 +34,9 @@ pub struct SharedTxSettings {
     pub metrics: ConsumerMetrics,
     /// Transactions run at once.
     pub transactions: usize,
+    /// How long batches wait for the transactions running to finish before another starts beside
+    /// them (see [`Overlap`]); zero starts it at once.
+    pub patience: Duration,
     /// Most messages in one transaction.
     pub max_messages: usize,
     /// Transactions of at most this many messages plan with their values.
@@ -62,10 +68,12 @@ impl SharedTransactions {
     pub fn start(settings: SharedTxSettings, stop: CancellationToken) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let queue = Arc::new(Mutex::new(Queue { rx, held: None }));
+        let overlap = Arc::new(Overlap::new(settings.patience));
         let settings = Arc::new(settings);
         for _ in 0..settings.transactions.max(1) {
-            let (queue, settings, stop) = (queue.clone(), settings.clone(), stop.clone());
-            tokio::spawn(async move { run(&queue, &settings, &stop).await });
+            let (queue, overlap) = (queue.clone(), overlap.clone());
+            let (settings, stop) = (settings.clone(), stop.clone());
+            tokio::spawn(async move { run(&queue, &overlap, &settings, &stop).await });
         }
         SharedTransactions { tx }
     }
@@ -85,9 +93,14 @@ impl SharedTransactions {
     }
 }
 
-async fn run(queue: &Mutex<Queue>, settings: &SharedTxSettings, stop: &CancellationToken) {
+async fn run(
+    queue: &Mutex<Queue>,
+    overlap: &Overlap,
+    settings: &SharedTxSettings,
+    stop: &CancellationToken,
+) {
     loop {
-        let jobs = {
+        let (jobs, _running) = {
             let mut q = queue.lock().await;
             let first = match q.held.take() {
                 Some(job) => job,
@@ -97,6 +110,8 @@ async fn run(queue: &Mutex<Queue>, settings: &SharedTxSettings, stop: &Cancellat
                     job = q.rx.recv() => match job { Some(job) => job, None => return },
                 },
             };
+            // Batches arriving while another transaction is written join the next one.
+            overlap.wait_turn().await;
             let mut size = first.messages.len();
             let mut jobs = vec![first];
             while size < settings.max_messages {
@@ -108,7 +123,7 @@ async fn run(queue: &Mutex<Queue>, settings: &SharedTxSettings, stop: &Cancellat
                 size += job.messages.len();
                 jobs.push(job);
             }
-            jobs
+            (jobs, overlap.start())
         };
         apply(settings, jobs).await;
     }

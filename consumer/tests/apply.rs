@@ -605,6 +605,7 @@ fn shared(pool: &PgPool, transactions: usize, metrics: &ConsumerMetrics) -> Shar
             dead_letters: None,
             metrics: metrics.clone(),
             transactions,
+            patience: std::time::Duration::ZERO,
             max_messages: 500,
             custom_plans_up_to: CUSTOM_PLANS_UP_TO,
         },

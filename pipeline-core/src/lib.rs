@@ -6,4 +6,5 @@ pub mod envelope;
 pub mod kafka;
 pub mod ops_http;
 pub mod order_events;
+pub mod overlap;
 pub mod telemetry;

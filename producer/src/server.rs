@@ -40,6 +40,11 @@ pub struct ServeArgs {
     #[arg(long, env = "ORDER_GROUP_COMMIT_MAX", default_value_t = 64,
           value_parser = clap::value_parser!(u16).range(1..))]
     pub group_commit_max: u16,
+    /// How long, in milliseconds, changes wait for the shared transaction being written to finish
+    /// before another starts beside it; what arrives meanwhile shares the next one. 0: a free
+    /// runner starts a transaction at once.
+    #[arg(long, env = "ORDER_GROUP_COMMIT_PATIENCE_MS", default_value_t = 1)]
+    pub group_commit_patience_ms: u64,
     /// Seconds in-flight requests may take to finish after SIGTERM/SIGINT.
     #[arg(long, env = "SHUTDOWN_GRACE_SECONDS", default_value_t = 10)]
     pub shutdown_grace_seconds: u64,
@@ -99,6 +104,7 @@ pub async fn run(args: ServeArgs, shutdown: CancellationToken) -> anyhow::Result
         let settings = GroupCommitSettings {
             runners: args.group_commit,
             max_ops: usize::from(args.group_commit_max),
+            patience: Duration::from_millis(args.group_commit_patience_ms),
         };
         let metrics = GroupCommitMetrics::register(&registry).context("registering metrics")?;
         orders = orders.with_group_commit(settings, metrics);

@@ -21,6 +21,7 @@ use uuid::Uuid;
 const ONE_RUNNER: GroupCommitSettings = GroupCommitSettings {
     runners: 1,
     max_ops: 64,
+    patience: Duration::ZERO,
 };
 
 fn order(product_id: &str) -> ValidOrder {

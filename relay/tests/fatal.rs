@@ -101,6 +101,8 @@ async fn after_a_fatal_producer_error_the_relay_renews_its_producer_and_publishe
     }
     let total = (orders.len() * 4) as i64;
 
+    // `--lock-key=N`: a negative key given as a separate argument would read as a flag.
+    let lock_key = format!("--lock-key={}", rand::random::<i32>());
     let cli = Cli::try_parse_from([
         "relay",
         "run",
@@ -114,8 +116,7 @@ async fn after_a_fatal_producer_error_the_relay_renews_its_producer_and_publishe
         "50",
         "--retry-max-ms",
         "200",
-        "--lock-key",
-        &rand::random::<i32>().to_string(),
+        &lock_key,
     ])
     .expect("arguments");
     let Command::Run(args) = cli.command else {

@@ -19,6 +19,10 @@
 //! of the rows they lock (idempotency key or order id, arrival order among equals), so two
 //! shared transactions can not deadlock on each other.
 
+use std::sync::Arc;
+use std::time::Duration;
+
+use pipeline_core::overlap::Overlap;
 use prometheus::{Histogram, HistogramOpts, IntCounter, Registry};
 use sqlx::{Postgres, Transaction};
 use tokio::sync::{mpsc, oneshot, Mutex};
@@ -34,6 +38,9 @@ pub struct GroupCommitSettings {
     pub runners: usize,
     /// Most changes in one transaction.
     pub max_ops: usize,
+    /// How long a runner with changes waits for the transactions already running to finish
+    /// before it starts another beside them (see [`Overlap`]); zero starts it at once.
+    pub patience: Duration,
 }
 
 /// Prometheus series of group commit, registered on a registry the caller owns.
@@ -212,11 +219,13 @@ impl GroupCommit {
         metrics: GroupCommitMetrics,
     ) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
-        let queue = std::sync::Arc::new(Mutex::new(Queue { rx }));
+        let queue = Arc::new(Mutex::new(Queue { rx }));
+        let overlap = Arc::new(Overlap::new(settings.patience));
         for _ in 0..settings.runners.max(1) {
-            let (queue, service, metrics) = (queue.clone(), service.clone(), metrics.clone());
+            let (queue, overlap) = (queue.clone(), overlap.clone());
+            let (service, metrics) = (service.clone(), metrics.clone());
             let max_ops = settings.max_ops.max(1);
-            tokio::spawn(async move { run(&queue, &service, max_ops, &metrics).await });
+            tokio::spawn(async move { run(&queue, &overlap, &service, max_ops, &metrics).await });
         }
         GroupCommit { tx }
     }
@@ -236,22 +245,25 @@ impl GroupCommit {
 
 async fn run(
     queue: &Mutex<Queue>,
+    overlap: &Overlap,
     service: &OrderService,
     max_ops: usize,
     metrics: &GroupCommitMetrics,
 ) {
     loop {
-        let jobs = {
+        let (jobs, _running) = {
             let mut q = queue.lock().await;
             let Some(first) = q.rx.recv().await else {
                 return;
             };
+            // Changes arriving while another transaction is written join the next one.
+            overlap.wait_turn().await;
             let mut jobs = vec![first];
             while jobs.len() < max_ops {
                 let Ok(job) = q.rx.try_recv() else { break };
                 jobs.push(job);
             }
-            jobs
+            (jobs, overlap.start())
         };
         metrics.ops.observe(jobs.len() as f64);
         if !write(service, jobs).await {

@@ -50,10 +50,12 @@ pub fn init_test_log() {
     }
 }
 
-/// The binary's default group commit: four shared transactions at once, up to 64 changes each.
+/// The binary's default group commit: four shared transactions at once, up to 64 changes each,
+/// a further one started after waiting up to 1 ms for those running.
 pub const GROUP_COMMIT: GroupCommitSettings = GroupCommitSettings {
     runners: 4,
     max_ops: 64,
+    patience: Duration::from_millis(1),
 };
 
 /// An order service writing through `pool` with `group` commit (None: a transaction per change),

@@ -162,7 +162,7 @@ impl Report {
         };
         t.push(at_least(
             "relay_vs_broker",
-            0.7,
+            RELAY_VS_BROKER_TARGET,
             self.relay.as_ref().and_then(|r| r.relay_vs_broker),
             relay_cpu.map(|c| format!("{c}{relay_cost}")),
         ));
@@ -260,20 +260,41 @@ impl Report {
     }
 }
 
-/// CPU of the phase's processes, whether the machine was saturated, and what the database
-/// connections were busy with.
+/// relay_drain_eps / broker_produce_eps the relay should reach.
+const RELAY_VS_BROKER_TARGET: f64 = 0.7;
+
 /// The relay's drain against the plain producer in CPU time per event (every watched process:
-/// PostgreSQL, relay, broker), and the highest relay_vs_broker `cores` fully busy at the
-/// relay's cost per event would give.
+/// PostgreSQL, relay, broker), the highest relay_vs_broker `cores` fully busy at the relay's
+/// cost per event would give, and each process's cost per event against the most the whole
+/// drain may spend per event for the target on those cores.
 fn cpu_cost_bound(relay: &RelayResult, broker: &BrokerResult, cores: usize) -> String {
     let relay_us = cpu_us_per_event(relay.cpu.total(), relay.relay_drain_eps);
     let plain_us = cpu_us_per_event(broker.cpu_produce.total(), broker.produce_eps);
     let all_cores_eps = eps_on_cores(cores, relay_us);
+    let budget_us = us_budget_per_event(cores, RELAY_VS_BROKER_TARGET * broker.produce_eps);
+    let mut by_process: Vec<(&String, f64)> = relay
+        .cpu
+        .percent
+        .iter()
+        .map(|(name, &pct)| (name, cpu_us_per_event(pct, relay.relay_drain_eps)))
+        .filter(|(_, us)| *us >= 0.05)
+        .collect();
+    by_process.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let by_process: Vec<String> = by_process
+        .iter()
+        .map(|(name, us)| format!("{name} {us:.1}"))
+        .collect();
     format!(
-        "; CPU per event, all watched processes: relay drain {relay_us:.1} µs, plain producer {plain_us:.1} µs; at the relay's cost {cores} fully busy cores would drain {:.0} ev/s, relay_vs_broker {:.2}",
+        "; CPU per event, all watched processes: relay drain {relay_us:.1} µs, plain producer {plain_us:.1} µs; at the relay's cost {cores} fully busy cores would drain {:.0} ev/s, relay_vs_broker {:.2}; for {RELAY_VS_BROKER_TARGET} the drain may spend at most {budget_us:.1} µs per event on {cores} cores, and it spent (µs per event) {}",
         all_cores_eps,
-        all_cores_eps / broker.produce_eps.max(1.0)
+        all_cores_eps / broker.produce_eps.max(1.0),
+        by_process.join(", ")
     )
+}
+
+/// CPU µs per event that `cores` fully busy cores can spend to carry `eps` events/s.
+fn us_budget_per_event(cores: usize, eps: f64) -> f64 {
+    cores as f64 * 1e6 / eps.max(1.0)
 }
 
 /// CPU µs spent per event by processes using `percent` (100 = one core) at `eps` events/s.
@@ -286,6 +307,8 @@ fn eps_on_cores(cores: usize, us_per_event: f64) -> f64 {
     cores as f64 * 1e6 / us_per_event.max(0.001)
 }
 
+/// CPU of the phase's processes, whether the machine was saturated, and what the database
+/// connections were busy with.
 fn cpu_line(phase: &str, cpu: &CpuUse, db: &DbActivity) -> String {
     let busy = cpu.total() + cpu.other_percent.unwrap_or(0.0);
     let saturated = if busy >= 0.9 * (cores() * 100) as f64 {
@@ -383,5 +406,15 @@ mod tests {
         // Nothing measured yet does not divide by zero.
         assert!(cpu_us_per_event(10.0, 0.0).is_finite());
         assert!(eps_on_cores(2, 0.0).is_finite());
+    }
+
+    #[test]
+    fn cpu_budget_per_event_for_a_target_rate() {
+        // 0.7 of a 300,000 ev/s ceiling on two cores leaves 9.5 µs an event, all processes.
+        let budget = us_budget_per_event(2, 0.7 * 300_000.0);
+        assert!((budget - 9.524).abs() < 1e-3, "{budget}");
+        // Spending exactly the budget carries exactly the rate.
+        assert!((eps_on_cores(2, budget) - 210_000.0).abs() < 1e-6);
+        assert!(us_budget_per_event(2, 0.0).is_finite());
     }
 }
