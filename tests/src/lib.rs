@@ -396,10 +396,19 @@ where
 /// Fetches a Prometheus text page and sums the samples of `metric` whose labels contain all of
 /// `labels` (each `name="value"`).
 pub async fn scrape_sum(addr: &str, metric: &str, labels: &[&str]) -> anyhow::Result<f64> {
-    let body = reqwest::get(format!("http://{addr}/metrics"))
+    Ok(metric_sum(&scrape(addr).await?, metric, labels))
+}
+
+/// The text of the `/metrics` page at `addr`.
+pub async fn scrape(addr: &str) -> anyhow::Result<String> {
+    Ok(reqwest::get(format!("http://{addr}/metrics"))
         .await?
         .text()
-        .await?;
+        .await?)
+}
+
+/// Sum of the series of `metric` in a scraped `body` whose labels contain all of `labels`.
+pub fn metric_sum(body: &str, metric: &str, labels: &[&str]) -> f64 {
     let mut total = 0.0;
     for line in body.lines() {
         if line.starts_with('#') {
@@ -413,7 +422,7 @@ pub async fn scrape_sum(addr: &str, metric: &str, labels: &[&str]) -> anyhow::Re
             total += value.parse::<f64>().unwrap_or(0.0);
         }
     }
-    Ok(total)
+    total
 }
 
 pub mod bench;

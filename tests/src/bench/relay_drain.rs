@@ -14,7 +14,7 @@ use super::envs::EnvRegistry;
 use super::orders::{preload_outbox, EVENTS_PER_ORDER};
 use super::procstat::{round1, shared_processes, CpuMeter, CpuUse, Watched};
 use super::services::{self, peak_rss};
-use crate::{scrape_sum, TestEnv};
+use crate::{metric_sum, scrape, scrape_sum, TestEnv};
 
 /// How fast the relay emptied the outbox.
 #[derive(Debug, Clone, Serialize)]
@@ -100,17 +100,13 @@ pub async fn run(
     backlog.commit().await?;
     let deadline = committed + settings.drain_timeout;
     loop {
-        let published = scrape_sum(
-            &metrics,
-            "outbox_published_total",
-            &["outcome=\"published\""],
-        )
-        .await?;
+        // One scrape a round: the relay renders its metrics while it drains.
+        let page = scrape(&metrics).await?;
+        let published = metric_sum(&page, "outbox_published_total", &["outcome=\"published\""]);
         if published >= events as f64 {
             break;
         }
-        let failed =
-            scrape_sum(&metrics, "outbox_published_total", &["outcome=\"failed\""]).await?;
+        let failed = metric_sum(&page, "outbox_published_total", &["outcome=\"failed\""]);
         if failed > 0.0 {
             bail!(
                 "{failed} events failed for good (log: {})",
