@@ -84,6 +84,21 @@ pub fn redact_url(url: &str) -> String {
 }
 
 impl DbArgs {
+    /// The URL's connection options, named after this program (unless the URL names one) so
+    /// operators see in pg_stat_activity which program a session belongs to.
+    pub fn connect_options(&self) -> anyhow::Result<PgConnectOptions> {
+        let mut options: PgConnectOptions = self
+            .database_url
+            .parse()
+            .with_context(|| format!("invalid DATABASE_URL {}", redact_url(&self.database_url)))?;
+        if options.get_application_name().is_none() {
+            if let Some(program) = program_name() {
+                options = options.application_name(&program);
+            }
+        }
+        Ok(options)
+    }
+
     /// Connects (waiting up to `acquire_timeout` for the server) and migrates when asked to.
     pub async fn connect(&self) -> anyhow::Result<PgPool> {
         self.connect_with_statement_timeout(None).await
@@ -105,17 +120,7 @@ impl DbArgs {
         statement_timeout: Option<std::time::Duration>,
         planner: Planner,
     ) -> anyhow::Result<PgPool> {
-        let mut options: PgConnectOptions = self
-            .database_url
-            .parse()
-            .with_context(|| format!("invalid DATABASE_URL {}", redact_url(&self.database_url)))?;
-        // Operators (and pg_stat_activity) see which program a connection belongs to, unless the
-        // URL names it already.
-        if options.get_application_name().is_none() {
-            if let Some(program) = program_name() {
-                options = options.application_name(&program);
-            }
-        }
+        let mut options = self.connect_options()?;
         if let Some(t) = statement_timeout {
             options = options.options([("statement_timeout", t.as_millis().to_string())]);
         }

@@ -9,6 +9,7 @@ use pipeline_core::kafka::KafkaArgs;
 use pipeline_core::telemetry::LogArgs;
 
 use crate::backoff::RetryPolicy;
+use crate::lease::LeaseSettings;
 use crate::publish::ProducerSettings;
 
 /// Publishes outbox events to Kafka.
@@ -69,12 +70,18 @@ pub struct RunArgs {
     /// Also wake on PostgreSQL NOTIFY (sent by services that enable it).
     #[arg(long, env = "RELAY_LISTEN", default_value_t = true, action = clap::ArgAction::Set)]
     pub listen: bool,
-    /// Advisory lock key that elects the one active relay.
+    /// Key of the lease row that elects the one active relay among relays sharing it.
     #[arg(long, env = "RELAY_LOCK_KEY", default_value_t = 0x6f75_7462_6f78)]
     pub lock_key: i64,
     /// How often a standby relay tries to take over, in milliseconds.
     #[arg(long, env = "RELAY_STANDBY_RETRY_MS", default_value_t = 500)]
     pub standby_retry_ms: u64,
+    /// How long the active relay's lease lasts without renewal, in milliseconds (renewed every
+    /// third of it). A relay that dies is replaced within --standby-retry-ms; one that is frozen
+    /// or cut off from PostgreSQL within this plus --standby-retry-ms (6.5 s by default).
+    #[arg(long, env = "RELAY_LEASE_TTL_MS", default_value_t = 6_000,
+          value_parser = clap::value_parser!(u64).range(1_500..=600_000))]
+    pub lease_ttl_ms: u64,
     /// librdkafka `message.timeout.ms`: how long one delivery may take before it counts as failed.
     #[arg(long, env = "RELAY_DELIVERY_TIMEOUT_MS", default_value_t = 30_000)]
     pub delivery_timeout_ms: u64,
@@ -117,6 +124,14 @@ impl RunArgs {
         }
     }
 
+    pub fn lease_settings(&self) -> LeaseSettings {
+        LeaseSettings {
+            key: self.lock_key,
+            ttl: Duration::from_millis(self.lease_ttl_ms),
+            retry_every: Duration::from_millis(self.standby_retry_ms),
+        }
+    }
+
     pub fn producer_settings(&self) -> ProducerSettings {
         ProducerSettings {
             delivery_timeout: Duration::from_millis(self.delivery_timeout_ms),
@@ -130,6 +145,10 @@ impl RunArgs {
     pub fn validate(&self) -> anyhow::Result<()> {
         anyhow::ensure!(self.batch_size > 0, "--batch-size must be positive");
         anyhow::ensure!(self.max_attempts > 0, "--max-attempts must be positive");
+        anyhow::ensure!(
+            self.standby_retry_ms > 0 && self.standby_retry_ms <= self.lease_ttl_ms,
+            "--standby-retry-ms must be positive and at most --lease-ttl-ms"
+        );
         anyhow::ensure!(
             self.delivery_timeout_ms >= 1000,
             "--delivery-timeout-ms below 1000 leaves librdkafka no room to retry"

@@ -4,7 +4,7 @@
 pub mod backoff;
 pub mod claim;
 pub mod config;
-pub mod leader;
+pub mod lease;
 pub mod mark;
 pub mod metrics;
 pub mod publish;
@@ -42,6 +42,7 @@ pub async fn run(args: RunArgs, shutdown: CancellationToken) -> anyhow::Result<(
     tracing::info!(%addr, "relay metrics listening on {addr}");
     let backlog = tokio::spawn(relay::watch_backlog(
         pool.clone(),
+        args.lock_key,
         metrics.clone(),
         Duration::from_secs(1),
         shutdown.clone(),

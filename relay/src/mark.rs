@@ -5,6 +5,19 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 
+use crate::lease::Fence;
+
+/// Why a batch's outcome was not recorded.
+#[derive(Debug, thiserror::Error)]
+pub enum MarkError {
+    /// The lease's epoch is no longer the relay's (it expired, or another relay took it over):
+    /// nothing was written, and the events stay queued for the lease's holder.
+    #[error("relay lease epoch {0} is lost: this relay's writes are refused")]
+    LeaseLost(i64),
+    #[error(transparent)]
+    Database(#[from] sqlx::Error),
+}
+
 /// An event Kafka acknowledged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Published {
@@ -26,37 +39,52 @@ pub struct FailedAttempt {
 
 /// Marks the whole batch published in one statement: the events leave the relay's queue and their
 /// partition and offset are recorded. The outbox rows themselves are not rewritten. An event no
-/// longer queued (already marked) is left as it is.
-pub async fn mark_published(pool: &PgPool, published: &[Published]) -> Result<u64, sqlx::Error> {
+/// longer queued (already marked) is left as it is. The statement share-locks the lease row at
+/// `fence`'s epoch and writes nothing when that epoch is gone ([`MarkError::LeaseLost`]).
+pub async fn mark_published(
+    pool: &PgPool,
+    fence: Fence,
+    published: &[Published],
+) -> Result<u64, MarkError> {
     if published.is_empty() {
         return Ok(0);
     }
     let ids: Vec<i64> = published.iter().map(|p| p.id).collect();
     let partitions: Vec<i32> = published.iter().map(|p| p.partition).collect();
     let offsets: Vec<i64> = published.iter().map(|p| p.offset).collect();
-    let result = sqlx::query(
-        "WITH d AS (SELECT * FROM unnest($1::bigint[], $2::int[], $3::bigint[])
+    let (held, marked): (bool, i64) = sqlx::query_as(
+        "WITH lease AS (SELECT epoch FROM relay_lease WHERE lease_key = $4 AND epoch = $5 FOR SHARE),
+              d AS (SELECT * FROM unnest($1::bigint[], $2::int[], $3::bigint[])
                         AS d(id, kafka_partition, kafka_offset)),
-              sent AS (DELETE FROM outbox_unpublished u USING d WHERE u.id = d.id
-                       RETURNING u.id, u.attempts)
-         INSERT INTO outbox_delivery (id, kafka_partition, kafka_offset, attempts, published_at)
-         SELECT sent.id, d.kafka_partition, d.kafka_offset, sent.attempts + 1, now()
-         FROM sent JOIN d ON d.id = sent.id",
+              sent AS (DELETE FROM outbox_unpublished u USING d
+                       WHERE u.id = d.id AND EXISTS (SELECT 1 FROM lease)
+                       RETURNING u.id, u.attempts),
+              ins AS (INSERT INTO outbox_delivery (id, kafka_partition, kafka_offset, attempts, published_at)
+                      SELECT sent.id, d.kafka_partition, d.kafka_offset, sent.attempts + 1, now()
+                      FROM sent JOIN d ON d.id = sent.id
+                      RETURNING 1)
+         SELECT EXISTS (SELECT 1 FROM lease), (SELECT count(*) FROM ins)",
     )
     .bind(&ids)
     .bind(&partitions)
     .bind(&offsets)
-    .execute(pool)
+    .bind(fence.key)
+    .bind(fence.epoch)
+    .fetch_one(pool)
     .await?;
-    Ok(result.rows_affected())
+    if !held {
+        return Err(MarkError::LeaseLost(fence.epoch));
+    }
+    Ok(marked as u64)
 }
 
 /// Records failed attempts: attempts counted, last error and next attempt time set, and the row
-/// marked `failed` when no attempt is left.
+/// marked `failed` when no attempt is left. Fenced like [`mark_published`].
 pub async fn record_failures(
     pool: &PgPool,
+    fence: Fence,
     failures: &[FailedAttempt],
-) -> Result<u64, sqlx::Error> {
+) -> Result<u64, MarkError> {
     if failures.is_empty() {
         return Ok(0);
     }
@@ -67,21 +95,29 @@ pub async fn record_failures(
         .map(|f| i64::try_from(f.retry_in.as_millis()).unwrap_or(i64::MAX))
         .collect();
     let give_up: Vec<bool> = failures.iter().map(|f| f.give_up).collect();
-    let result = sqlx::query(
-        "UPDATE outbox_unpublished o
-         SET attempts = o.attempts + 1, last_attempt_at = now(),
-             last_error = d.error,
-             next_attempt_at = now() + d.delay_ms * interval '1 millisecond',
-             state = CASE WHEN d.give_up THEN 'failed' ELSE o.state END
-         FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::bool[])
-              AS d(id, error, delay_ms, give_up)
-         WHERE o.id = d.id AND o.state = 'pending'",
+    let (held, recorded): (bool, i64) = sqlx::query_as(
+        "WITH lease AS (SELECT epoch FROM relay_lease WHERE lease_key = $5 AND epoch = $6 FOR SHARE),
+              upd AS (UPDATE outbox_unpublished o
+                      SET attempts = o.attempts + 1, last_attempt_at = now(),
+                          last_error = d.error,
+                          next_attempt_at = now() + d.delay_ms * interval '1 millisecond',
+                          state = CASE WHEN d.give_up THEN 'failed' ELSE o.state END
+                      FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::bool[])
+                           AS d(id, error, delay_ms, give_up)
+                      WHERE o.id = d.id AND o.state = 'pending' AND EXISTS (SELECT 1 FROM lease)
+                      RETURNING 1)
+         SELECT EXISTS (SELECT 1 FROM lease), (SELECT count(*) FROM upd)",
     )
     .bind(&ids)
     .bind(&errors)
     .bind(&delays_ms)
     .bind(&give_up)
-    .execute(pool)
+    .bind(fence.key)
+    .bind(fence.epoch)
+    .fetch_one(pool)
     .await?;
-    Ok(result.rows_affected())
+    if !held {
+        return Err(MarkError::LeaseLost(fence.epoch));
+    }
+    Ok(recorded as u64)
 }

@@ -1,10 +1,12 @@
 //! The relay's Prometheus metrics, registered on a registry passed in.
 
 use prometheus::{
-    exponential_buckets, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounterVec,
+    exponential_buckets, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
     IntGauge, Opts, Registry,
 };
 use rdkafka::statistics::Statistics;
+
+use crate::lease::{Acquired, TakeoverReason};
 
 /// Metrics of the relay and of the outbox it drains.
 #[derive(Clone)]
@@ -23,6 +25,12 @@ pub struct RelayMetrics {
     pub producer_queue_max: IntGauge,
     pub broker_rtt: GaugeVec,
     pub producer_renewals: IntCounterVec,
+    pub takeovers: IntCounterVec,
+    pub takeover_gap: Histogram,
+    pub lease_epoch: IntGauge,
+    pub lease_lost: IntCounterVec,
+    pub lease_vacant: Gauge,
+    pub fenced: IntCounter,
 }
 
 impl RelayMetrics {
@@ -107,8 +115,59 @@ impl RelayMetrics {
                 ),
                 &["code"],
             )?,
+            takeovers: IntCounterVec::new(
+                Opts::new(
+                    "relay_lease_takeovers_total",
+                    "Times this relay took the relay lease, by how: vacant (nobody held it), \
+                     holder_gone (the holder's session ended) or expired (the holder stopped \
+                     renewing: frozen or cut off)",
+                ),
+                &["reason"],
+            )?,
+            takeover_gap: Histogram::with_opts(
+                HistogramOpts::new(
+                    "relay_takeover_gap_seconds",
+                    "At each takeover by this relay, time since the previous holder last renewed \
+                     the lease (database clock): at least as long as the time without an active relay",
+                )
+                .buckets(exponential_buckets(0.1, 2.0, 12)?),
+            )?,
+            lease_epoch: IntGauge::new(
+                "relay_lease_epoch",
+                "Epoch of the lease this relay last took; every takeover raises it",
+            )?,
+            lease_lost: IntCounterVec::new(
+                Opts::new(
+                    "relay_lease_lost_total",
+                    "Times this relay lost the lease while active, by reason: expired (not \
+                     renewed in time) or fenced (another relay had taken it over)",
+                ),
+                &["reason"],
+            )?,
+            lease_vacant: Gauge::new(
+                "relay_lease_vacant_seconds",
+                "How long the relay lease has had no live holder (expired or released, not yet \
+                 taken), by the database clock; 0 while a relay holds it",
+            )?,
+            fenced: IntCounter::new(
+                "relay_fenced_total",
+                "Times this relay found itself fenced: a lease renewal or a batch's outcome \
+                 refused because another relay had taken the lease over",
+            )?,
         };
         registry.register(Box::new(m.published.clone()))?;
+        registry.register(Box::new(m.takeovers.clone()))?;
+        registry.register(Box::new(m.takeover_gap.clone()))?;
+        registry.register(Box::new(m.lease_epoch.clone()))?;
+        registry.register(Box::new(m.lease_lost.clone()))?;
+        registry.register(Box::new(m.lease_vacant.clone()))?;
+        registry.register(Box::new(m.fenced.clone()))?;
+        for reason in TakeoverReason::ALL {
+            let _ = m.takeovers.with_label_values(&[reason.label()]);
+        }
+        for reason in ["expired", "fenced"] {
+            let _ = m.lease_lost.with_label_values(&[reason]);
+        }
         registry.register(Box::new(m.publish_errors.clone()))?;
         registry.register(Box::new(m.batch_size.clone()))?;
         registry.register(Box::new(m.batch_duration.clone()))?;
@@ -145,6 +204,17 @@ impl RelayMetrics {
             let _ = m.publish_errors.with_label_values(&[reason]);
         }
         Ok(m)
+    }
+
+    /// Records a lease this relay took.
+    pub fn record_takeover(&self, epoch: i64, acquired: &Acquired) {
+        self.lease_epoch.set(epoch);
+        self.takeovers
+            .with_label_values(&[acquired.reason.label()])
+            .inc();
+        if let Some(gap) = acquired.since_previous_renewal {
+            self.takeover_gap.observe(gap.max(0.0));
+        }
     }
 
     /// Copies librdkafka's periodic statistics into the client gauges. Broker series are rebuilt

@@ -17,8 +17,8 @@ use tokio_util::sync::CancellationToken;
 use crate::backoff::RetryPolicy;
 use crate::claim::{claim_batch, claim_batch_excluding, OutboxEvent};
 use crate::config::RunArgs;
-use crate::leader::Leadership;
-use crate::mark::{mark_published, record_failures, FailedAttempt};
+use crate::lease::{Elector, Lease};
+use crate::mark::{mark_published, record_failures, FailedAttempt, MarkError};
 use crate::metrics::RelayMetrics;
 use crate::publish::{publish_batch, ProducerHandle, RelayProducer};
 
@@ -31,31 +31,40 @@ pub struct BatchOutcome {
     pub held: usize,
 }
 
-/// One step of the relay: claim up to `batch_size` events, publish them, record the results.
+/// One step of the relay under `lease`: claim up to `batch_size` events, publish them, record
+/// the results.
 pub async fn relay_batch(
     pool: &PgPool,
     producer: &RelayProducer,
+    lease: &Lease,
     batch_size: i64,
     retry: &RetryPolicy,
     metrics: &RelayMetrics,
-) -> Result<BatchOutcome, sqlx::Error> {
+) -> Result<BatchOutcome, MarkError> {
     let started = Instant::now();
     let events = claim_batch(pool, batch_size).await?;
-    publish_claimed(pool, producer, &events, started, retry, metrics).await
+    publish_claimed(pool, producer, lease, &events, started, retry, metrics).await
 }
 
 /// Publishes claimed `events`, waits for every delivery report and records the outcome: the
-/// published leave the queue, failed attempts get their backoff.
+/// published leave the queue, failed attempts get their backoff. Nothing is produced once the
+/// lease may have expired, and nothing is recorded once another relay took it over
+/// ([`MarkError::LeaseLost`]): the events stay queued for the lease's new holder.
 pub async fn publish_claimed(
     pool: &PgPool,
     producer: &RelayProducer,
+    lease: &Lease,
     events: &[OutboxEvent],
     started: Instant,
     retry: &RetryPolicy,
     metrics: &RelayMetrics,
-) -> Result<BatchOutcome, sqlx::Error> {
+) -> Result<BatchOutcome, MarkError> {
     if events.is_empty() {
         return Ok(BatchOutcome::default());
+    }
+    let fence = lease.fence();
+    if !lease.is_live() {
+        return Err(MarkError::LeaseLost(fence.epoch));
     }
     let stage = |name: &str, since: Instant| {
         metrics
@@ -70,7 +79,7 @@ pub async fn publish_claimed(
     stage("produce", producing);
     pipeline_core::crash_point::crash_point(pipeline_core::crash_point::RELAY_AFTER_DELIVERY);
     let marking = Instant::now();
-    mark_published(pool, &delivery.published).await?;
+    mark_published(pool, fence, &delivery.published).await?;
     let failures: Vec<FailedAttempt> = delivery
         .failed
         .iter()
@@ -84,7 +93,7 @@ pub async fn publish_claimed(
             }
         })
         .collect();
-    record_failures(pool, &failures).await?;
+    record_failures(pool, fence, &failures).await?;
     stage("mark", marking);
 
     for f in &delivery.failed {
@@ -124,8 +133,9 @@ pub async fn publish_claimed(
     })
 }
 
-/// Runs the relay until `shutdown`: stands by until it holds the lock, then publishes. The
-/// producer is made first and kept across activations, so a standby that takes over is warm.
+/// Runs the relay until `shutdown`: stands by until it holds the lease, then publishes while it
+/// keeps it. The producer is made first and kept across activations, so a standby that takes
+/// over is warm.
 pub async fn run(
     args: &RunArgs,
     pool: PgPool,
@@ -135,31 +145,35 @@ pub async fn run(
     let retry = args.retry_policy();
     let mut producer =
         ProducerHandle::create(&args.kafka, &args.producer_settings(), metrics.clone())?;
+    let mut elector = Elector::new(args.lease_settings(), args.db.connect_options()?);
     let mut result = Ok(());
     while !shutdown.is_cancelled() {
-        let Some(mut leadership) = Leadership::acquire(
-            &args.db.database_url,
-            args.lock_key,
-            Duration::from_millis(args.standby_retry_ms),
-            &shutdown,
-        )
-        .await
-        else {
+        let Some((lease, acquired)) = elector.acquire(&shutdown).await else {
             break;
         };
-        tracing::info!("relay is active");
+        tracing::info!(
+            epoch = lease.fence().epoch,
+            how = acquired.reason.label(),
+            since_previous_renewal_s = acquired.since_previous_renewal,
+            "relay is active"
+        );
+        metrics.record_takeover(lease.fence().epoch, &acquired);
         metrics.active.set(1);
-        result = run_active(
-            args,
-            &pool,
-            &mut producer,
-            &retry,
-            &metrics,
-            &mut leadership,
-            &shutdown,
-        )
-        .await;
+        // The lease is renewed beside the loop, and released only once the loop has recorded
+        // what its batches did (a release first would refuse those writes).
+        let stop_renewing = CancellationToken::new();
+        let (outcome, ()) = tokio::join!(
+            async {
+                let outcome =
+                    run_active(args, &pool, &mut producer, &retry, &metrics, &lease, &shutdown)
+                        .await;
+                stop_renewing.cancel();
+                outcome
+            },
+            elector.keep(&lease, &metrics, &stop_renewing),
+        );
         metrics.active.set(0);
+        result = outcome;
         if result.is_err() {
             break;
         }
@@ -176,7 +190,7 @@ async fn run_active(
     producer: &mut ProducerHandle,
     retry: &RetryPolicy,
     metrics: &RelayMetrics,
-    leadership: &mut Leadership,
+    lease: &Lease,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<()> {
     let mut listener = if args.listen {
@@ -190,52 +204,62 @@ async fn run_active(
     };
     let poll = Duration::from_millis(args.poll_interval_ms);
     let depth = usize::try_from(args.pipeline_depth).unwrap_or(1).max(1);
-    let mut last_lock_check = Instant::now();
     let mut error_streak: u32 = 0;
     // Batches on their way to Kafka, and the aggregates they hold: the next claim leaves those
     // out, so an aggregate is in one batch at a time and its events keep their order.
     let mut in_flight = FuturesUnordered::new();
     let mut busy: HashSet<String> = HashSet::new();
+    let lost = lease.lost();
     let result = loop {
         if shutdown.is_cancelled() {
             break Ok(());
         }
-        if last_lock_check.elapsed() >= Duration::from_secs(1) {
-            if !leadership.still_held().await {
-                tracing::warn!("lost the relay lock; standing by");
-                break Ok(());
-            }
-            last_lock_check = Instant::now();
+        if !lease.is_live() {
+            // Batches still out are left to finish on their own: whatever they try to record is
+            // refused, and their events stay queued for the lease's next holder. Waiting for
+            // them could take as long as the path to PostgreSQL stays cut.
+            tracing::warn!(
+                epoch = lease.fence().epoch,
+                abandoned_batches = in_flight.len(),
+                "relay lease lost; standing by"
+            );
+            lease.give_up();
+            return Ok(());
         }
         if producer.fatal_error().is_some() {
             // The batches out with the broken producer fail and record their backoff first.
-            settle(&mut in_flight, &mut busy).await;
+            settle(&mut in_flight, &mut busy, metrics).await;
             producer.renew_if_fatal()?;
         }
-        let mut failed: Option<sqlx::Error> = None;
+        let mut failed: Option<MarkError> = None;
         if in_flight.len() < depth {
             let started = Instant::now();
             let exclude: Vec<&str> = busy.iter().map(String::as_str).collect();
-            match claim_batch_excluding(pool, args.batch_size, &exclude).await {
+            let claimed = tokio::select! {
+                claimed = claim_batch_excluding(pool, args.batch_size, &exclude) => claimed,
+                _ = lost.cancelled() => continue,
+            };
+            match claimed {
                 Ok(events) if !events.is_empty() => {
                     let aggregates: HashSet<String> =
                         events.iter().map(|e| e.aggregate_id.clone()).collect();
                     busy.extend(aggregates.iter().cloned());
                     // Its own task: it is produced and marked while this loop claims the next.
-                    let (p, k, r, m) = (
+                    let (p, k, l, r, m) = (
                         pool.clone(),
                         producer.producer().clone(),
+                        lease.clone(),
                         retry.clone(),
                         metrics.clone(),
                     );
                     let batch = tokio::spawn(async move {
-                        publish_claimed(&p, &k, &events, started, &r, &m).await
+                        publish_claimed(&p, &k, &l, &events, started, &r, &m).await
                     });
                     in_flight.push(async move {
                         let outcome = batch.await.unwrap_or_else(|e| {
-                            Err(sqlx::Error::Protocol(format!(
+                            Err(MarkError::Database(sqlx::Error::Protocol(format!(
                                 "relay batch task failed: {e}"
-                            )))
+                            ))))
                         });
                         (aggregates, outcome)
                     });
@@ -246,20 +270,32 @@ async fn run_active(
                 Ok(_) if in_flight.is_empty() => {
                     error_streak = 0;
                     record_success(metrics);
-                    wait_for_work(listener.as_mut(), poll, shutdown).await;
+                    tokio::select! {
+                        () = wait_for_work(listener.as_mut(), poll, shutdown) => {}
+                        _ = lost.cancelled() => {}
+                    }
                     continue;
                 }
                 Ok(_) => {}
-                Err(e) => failed = Some(e),
+                Err(e) => failed = Some(e.into()),
             }
         }
         if failed.is_none() {
-            if let Some((aggregates, outcome)) = in_flight.next().await {
+            let next = tokio::select! {
+                next = in_flight.next() => next,
+                _ = lost.cancelled() => continue,
+            };
+            if let Some((aggregates, outcome)) = next {
                 release(&mut busy, &aggregates);
                 match outcome {
                     Ok(_) => {
                         error_streak = 0;
                         record_success(metrics);
+                    }
+                    Err(MarkError::LeaseLost(epoch)) => {
+                        metrics.fenced.inc();
+                        tracing::warn!(epoch, "a batch's outcome was refused: the relay lease was taken over");
+                        lease.give_up();
                     }
                     Err(e) => failed = Some(e),
                 }
@@ -267,7 +303,7 @@ async fn run_active(
         }
         if let Some(e) = failed {
             // Let the batches already out record their outcome before pausing.
-            settle(&mut in_flight, &mut busy).await;
+            settle(&mut in_flight, &mut busy, metrics).await;
             error_streak = error_streak.saturating_add(1);
             let pause = retry.delay(error_streak.min(10) as i32);
             tracing::error!(error = %e, pause_ms = pause.as_millis() as u64, "relay step failed; retrying");
@@ -277,25 +313,30 @@ async fn run_active(
                 .inc();
             tokio::select! {
                 _ = shutdown.cancelled() => {}
+                _ = lost.cancelled() => {}
                 _ = tokio::time::sleep(pause) => {}
             }
         }
     };
-    // Stopping, or the lock is lost: the batches already out still record what Kafka did.
-    settle(&mut in_flight, &mut busy).await;
+    // Stopping: the batches already out still record what Kafka did.
+    settle(&mut in_flight, &mut busy, metrics).await;
     result
 }
 
-type InFlight = (HashSet<String>, Result<BatchOutcome, sqlx::Error>);
+type InFlight = (HashSet<String>, Result<BatchOutcome, MarkError>);
 
 /// Waits for every batch in flight and records each outcome.
 async fn settle<F: Future<Output = InFlight>>(
     in_flight: &mut FuturesUnordered<F>,
     busy: &mut HashSet<String>,
+    metrics: &RelayMetrics,
 ) {
     while let Some((aggregates, outcome)) = in_flight.next().await {
         release(busy, &aggregates);
         if let Err(e) = outcome {
+            if matches!(e, MarkError::LeaseLost(_)) {
+                metrics.fenced.inc();
+            }
             tracing::error!(error = %e, "recording a batch's outcome failed; its events stay queued");
         }
     }
@@ -341,24 +382,32 @@ async fn wait_for_work(
 }
 
 /// Refreshes the backlog gauges from the database clock every `every`, until `shutdown`.
+/// Also reads how long the relay lease `lease_key` has had no holder.
 pub async fn watch_backlog(
     pool: PgPool,
+    lease_key: i64,
     metrics: RelayMetrics,
     every: Duration,
     shutdown: CancellationToken,
 ) {
     loop {
-        let row: Result<(i64, f64), _> = sqlx::query_as(
+        let row: Result<(i64, f64, f64), _> = sqlx::query_as(
             "SELECT count(*),
-                    COALESCE(EXTRACT(EPOCH FROM clock_timestamp() - min(created_at)), 0)::float8
+                    COALESCE(EXTRACT(EPOCH FROM clock_timestamp() - min(created_at)), 0)::float8,
+                    (SELECT COALESCE(max(EXTRACT(EPOCH FROM clock_timestamp() - expires_at)), 0)::float8
+                     FROM relay_lease
+                     WHERE lease_key = $1 AND expires_at < clock_timestamp()
+                       AND expires_at > '-infinity')
              FROM outbox_unpublished",
         )
+        .bind(lease_key)
         .fetch_one(&pool)
         .await;
         match row {
-            Ok((count, age)) => {
+            Ok((count, age, vacant)) => {
                 metrics.unpublished.set(count);
                 metrics.oldest_unpublished_age.set(age.max(0.0));
+                metrics.lease_vacant.set(vacant.max(0.0));
             }
             Err(e) => tracing::warn!(error = %e, "cannot read outbox backlog"),
         }

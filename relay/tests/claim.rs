@@ -1,6 +1,8 @@
 //! Claim and mark against a real PostgreSQL (`#[sqlx::test]` creates a migrated database per test
 //! from `DATABASE_URL`, e.g. postgres://postgres@127.0.0.1:5432/postgres).
 
+mod common;
+
 use std::time::Duration;
 
 use relay::claim::{claim_batch, claim_batch_excluding};
@@ -43,6 +45,7 @@ fn ids(events: &[relay::claim::OutboxEvent]) -> Vec<i64> {
 
 #[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
 async fn an_event_committed_late_is_claimed_not_skipped(pool: PgPool) {
+    let (_elector, lease) = common::hold_lease(&pool).await;
     // Transaction A takes an id first but commits after B.
     let mut slow = pool.begin().await.expect("begin");
     let late = append_in(&mut slow, "order-a", "order.placed").await;
@@ -53,6 +56,7 @@ async fn an_event_committed_late_is_claimed_not_skipped(pool: PgPool) {
     assert_eq!(ids(&first), vec![early], "only committed rows are visible");
     mark_published(
         &pool,
+        lease.fence(),
         &[Published {
             id: early,
             partition: 0,
@@ -73,6 +77,7 @@ async fn an_event_committed_late_is_claimed_not_skipped(pool: PgPool) {
 
 #[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
 async fn an_order_waits_behind_its_failed_or_retrying_event_while_others_flow(pool: PgPool) {
+    let (_elector, lease) = common::hold_lease(&pool).await;
     let a1 = append(&pool, "order-a", "order.placed").await;
     let a2 = append(&pool, "order-a", "order.paid").await;
     let b1 = append(&pool, "order-b", "order.placed").await;
@@ -86,6 +91,7 @@ async fn an_order_waits_behind_its_failed_or_retrying_event_while_others_flow(po
     // a1's attempt failed and waits for its retry: a2 must not go ahead of it; b1 flows.
     record_failures(
         &pool,
+        lease.fence(),
         &[FailedAttempt {
             id: a1,
             error: "broker down".into(),
@@ -114,6 +120,7 @@ async fn an_order_waits_behind_its_failed_or_retrying_event_while_others_flow(po
     // Out of attempts: failed, and it still holds a2.
     record_failures(
         &pool,
+        lease.fence(),
         &[FailedAttempt {
             id: a1,
             error: "message too large".into(),
@@ -135,9 +142,11 @@ async fn an_order_waits_behind_its_failed_or_retrying_event_while_others_flow(po
 
 #[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
 async fn marking_records_partition_and_offset_once(pool: PgPool) {
+    let (_elector, lease) = common::hold_lease(&pool).await;
     let a = append(&pool, "order-a", "order.placed").await;
     let marked = mark_published(
         &pool,
+        lease.fence(),
         &[Published {
             id: a,
             partition: 3,
@@ -149,6 +158,7 @@ async fn marking_records_partition_and_offset_once(pool: PgPool) {
     assert_eq!(marked, 1);
     let again = mark_published(
         &pool,
+        lease.fence(),
         &[Published {
             id: a,
             partition: 4,
@@ -285,6 +295,7 @@ async fn any_writer_s_insert_joins_the_queue_in_its_own_transaction(pool: PgPool
 
 #[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
 async fn an_aggregate_with_a_batch_in_flight_is_left_out_until_it_settles(pool: PgPool) {
+    let (_elector, lease) = common::hold_lease(&pool).await;
     // order-a's first event is on its way to Kafka in an earlier batch; its second event, and
     // nothing of order-a, may go out in the next batch, whatever the first one's fate.
     let a1 = append(&pool, "order-a", "order.placed").await;
@@ -302,6 +313,7 @@ async fn an_aggregate_with_a_batch_in_flight_is_left_out_until_it_settles(pool: 
     // order-a's batch failed: a1 waits for its retry, and a2 stays behind it.
     record_failures(
         &pool,
+        lease.fence(),
         &[FailedAttempt {
             id: a1,
             error: "broker unavailable".into(),

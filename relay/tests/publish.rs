@@ -1,6 +1,8 @@
 //! The relay step against a real PostgreSQL (`#[sqlx::test]`, `DATABASE_URL`) and a real
 //! Kafka-protocol broker (`KAFKA_BROKERS`, default 127.0.0.1:9092).
 
+mod common;
+
 use std::time::{Duration, Instant};
 
 use pipeline_core::envelope::Envelope;
@@ -95,6 +97,7 @@ async fn row(
 
 #[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
 async fn a_message_too_large_fails_with_its_reason_and_holds_its_order_only(pool: PgPool) {
+    let (_elector, lease) = common::hold_lease(&pool).await;
     let topic = topic().await;
     let metrics = RelayMetrics::register(&Registry::new()).expect("metrics");
     let producer = create_producer(
@@ -123,7 +126,7 @@ async fn a_message_too_large_fails_with_its_reason_and_holds_its_order_only(pool
     .await;
 
     for _ in 0..20 {
-        relay_batch(&pool, &producer, 100, &policy(), &metrics)
+        relay_batch(&pool, &producer, &lease, 100, &policy(), &metrics)
             .await
             .expect("step");
         if row(&pool, x1).await.0 == "failed" {
@@ -191,6 +194,7 @@ async fn a_message_too_large_fails_with_its_reason_and_holds_its_order_only(pool
 
 #[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
 async fn broker_down_records_backoff_and_the_event_goes_out_once_a_broker_answers(pool: PgPool) {
+    let (_elector, lease) = common::hold_lease(&pool).await;
     let topic = topic().await;
     let metrics = RelayMetrics::register(&Registry::new()).expect("metrics");
     let e1 = enqueue(
@@ -214,7 +218,7 @@ async fn broker_down_records_backoff_and_the_event_goes_out_once_a_broker_answer
         max: Duration::from_secs(10),
         ..policy()
     };
-    let outcome = relay_batch(&pool, &down, 100, &retry, &metrics)
+    let outcome = relay_batch(&pool, &down, &lease, 100, &retry, &metrics)
         .await
         .expect("step");
     assert_eq!((outcome.claimed, outcome.failed), (1, 1));
@@ -232,7 +236,7 @@ async fn broker_down_records_backoff_and_the_event_goes_out_once_a_broker_answer
             .await
             .expect("next attempt");
     assert!(waiting, "next attempt scheduled in the future");
-    let early = relay_batch(&pool, &down, 100, &retry, &metrics)
+    let early = relay_batch(&pool, &down, &lease, 100, &retry, &metrics)
         .await
         .expect("step");
     assert_eq!(early.claimed, 0, "not retried before its next attempt time");
@@ -249,7 +253,7 @@ async fn broker_down_records_backoff_and_the_event_goes_out_once_a_broker_answer
             Instant::now() < deadline,
             "not published after the broker came back"
         );
-        relay_batch(&pool, &up, 100, &retry, &metrics)
+        relay_batch(&pool, &up, &lease, 100, &retry, &metrics)
             .await
             .expect("step");
         tokio::time::sleep(Duration::from_millis(50)).await;

@@ -2,6 +2,8 @@
 //! vacuum gives their pages back, so a claim does not read them. Needs `DATABASE_URL` (see
 //! `claim.rs`).
 
+mod common;
+
 use relay::claim::claim_batch;
 use relay::mark::{mark_published, Published};
 use relay::vacuum::vacuum_once;
@@ -37,6 +39,7 @@ async fn queue_pages(pool: &PgPool) -> i64 {
 
 #[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
 async fn vacuum_gives_back_the_pages_of_published_events(pool: PgPool) {
+    let (_elector, lease) = common::hold_lease(&pool).await;
     enqueue_orders(&pool, "first", 3000).await;
     let claimed = claim_batch(&pool, 5000).await.expect("claim");
     assert_eq!(claimed.len(), 3000);
@@ -49,7 +52,9 @@ async fn vacuum_gives_back_the_pages_of_published_events(pool: PgPool) {
             offset: i as i64,
         })
         .collect();
-    assert_eq!(mark_published(&pool, &published).await.expect("mark"), 3000);
+    assert_eq!(mark_published(
+        &pool,
+        lease.fence(), &published).await.expect("mark"), 3000);
     let pending: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_unpublished")
         .fetch_one(&pool)
         .await

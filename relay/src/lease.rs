@@ -1,0 +1,408 @@
+//! One active relay at a time: a lease row in PostgreSQL with an epoch and an expiry.
+//!
+//! The active relay renews the lease from a session of its own (its *presence* session) every
+//! third of the lease's time to live. A standby takes the lease over, raising the epoch:
+//! - at once, when the holder's presence session has ended (the holder died or was killed: the
+//!   server ends the session with the process);
+//! - once the lease has expired, when the holder stopped renewing but its session lingers (the
+//!   holder is frozen, or cut off from the database by the network).
+//!
+//! So a takeover takes at most the time to live plus the standby's retry interval.
+//!
+//! Every write about events names the epoch and takes a share lock on the lease row in the same
+//! statement (see [`crate::mark`]). A takeover updates that row, so it waits for a write already
+//! under way and every later write of the old epoch finds no row and is refused: a relay that
+//! lost the lease can mark, fail, requeue or reorder nothing, whatever it does when it wakes.
+//! It also stops by itself: it stops producing once its own clock says the lease may have
+//! expired (measured from before its last successful renewal was sent, so never later than the
+//! database's expiry), and its next renewal is refused.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sqlx::postgres::PgConnectOptions;
+use sqlx::{ConnectOptions, Connection, PgConnection};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::metrics::RelayMetrics;
+
+/// How the lease is held and taken over.
+#[derive(Debug, Clone)]
+pub struct LeaseSettings {
+    /// The lease row's key: relays sharing a key elect one active relay among them.
+    pub key: i64,
+    /// How long a lease lasts without renewal: the longest a standby waits for a frozen or cut-off
+    /// holder.
+    pub ttl: Duration,
+    /// How often a standby tries to take the lease.
+    pub retry_every: Duration,
+}
+
+impl LeaseSettings {
+    /// How often the holder renews: three renewals fit in one time to live.
+    pub fn renew_every(&self) -> Duration {
+        self.ttl / 3
+    }
+
+    /// The longest one lease statement (or connecting for one) may take before it counts as
+    /// failed: a renewal that hangs must not keep the holder from noticing its lease ran out.
+    pub fn op_timeout(&self) -> Duration {
+        (self.ttl / 3).min(Duration::from_secs(5))
+    }
+
+    /// The longest a standby waits before it holds the lease of a frozen or cut-off holder.
+    pub fn takeover_bound(&self) -> Duration {
+        self.ttl + self.retry_every
+    }
+}
+
+/// The epoch a write is made under: the statement is refused unless the lease row still has it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fence {
+    pub key: i64,
+    pub epoch: i64,
+}
+
+/// A held lease, shared by the relay loop and its batches.
+#[derive(Debug, Clone)]
+pub struct Lease {
+    fence: Fence,
+    deadline: Arc<Mutex<Instant>>,
+    lost: CancellationToken,
+}
+
+impl Lease {
+    fn new(fence: Fence, deadline: Instant) -> Lease {
+        Lease {
+            fence,
+            deadline: Arc::new(Mutex::new(deadline)),
+            lost: CancellationToken::new(),
+        }
+    }
+
+    /// The epoch every write of this lease names.
+    pub fn fence(&self) -> Fence {
+        self.fence
+    }
+
+    /// Whether this relay may still act: the lease was not found lost and cannot have expired
+    /// by the local clock.
+    pub fn is_live(&self) -> bool {
+        !self.lost.is_cancelled() && Instant::now() < self.deadline()
+    }
+
+    /// Cancelled once the lease is lost (expired, taken over, or refused).
+    pub fn lost(&self) -> &CancellationToken {
+        &self.lost
+    }
+
+    /// Marks the lease lost: the relay stops producing and stands by.
+    pub fn give_up(&self) {
+        self.lost.cancel();
+    }
+
+    fn deadline(&self) -> Instant {
+        *self
+            .deadline
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn extend_to(&self, deadline: Instant) {
+        *self
+            .deadline
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = deadline;
+    }
+}
+
+/// How a lease was obtained.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TakeoverReason {
+    /// Nobody held it before (a new database, or the last holder released it on shutdown).
+    Vacant,
+    /// The holder's presence session had ended: it died.
+    HolderGone,
+    /// The holder stopped renewing while its session lingered: frozen or cut off.
+    Expired,
+}
+
+impl TakeoverReason {
+    pub fn label(self) -> &'static str {
+        match self {
+            TakeoverReason::Vacant => "vacant",
+            TakeoverReason::HolderGone => "holder_gone",
+            TakeoverReason::Expired => "expired",
+        }
+    }
+
+    pub const ALL: [TakeoverReason; 3] = [
+        TakeoverReason::Vacant,
+        TakeoverReason::HolderGone,
+        TakeoverReason::Expired,
+    ];
+}
+
+/// What a successful acquisition learned.
+#[derive(Debug, Clone, Copy)]
+pub struct Acquired {
+    pub reason: TakeoverReason,
+    /// Seconds since the previous holder last renewed, by the database clock: an upper bound on
+    /// the time without an active relay. `None` for a lease nobody held.
+    pub since_previous_renewal: Option<f64>,
+}
+
+/// This relay's side of the election: its identity and its presence session.
+pub struct Elector {
+    settings: LeaseSettings,
+    options: PgConnectOptions,
+    holder: Uuid,
+    conn: Option<PgConnection>,
+}
+
+impl Elector {
+    /// An elector connecting with `options`; every session gets a `lock_timeout` and a
+    /// `statement_timeout`, so a statement stuck behind a lock gives up on the server too.
+    pub fn new(settings: LeaseSettings, options: PgConnectOptions) -> Elector {
+        let ms = settings.op_timeout().as_millis().to_string();
+        let options = options.options([
+            ("lock_timeout", ms.as_str()),
+            ("statement_timeout", ms.as_str()),
+            ("idle_in_transaction_session_timeout", ms.as_str()),
+        ]);
+        Elector {
+            settings,
+            options,
+            holder: Uuid::new_v4(),
+            conn: None,
+        }
+    }
+
+    pub fn settings(&self) -> &LeaseSettings {
+        &self.settings
+    }
+
+    /// Waits until this relay holds the lease, trying every `retry_every`; `None` on shutdown.
+    pub async fn acquire(&mut self, shutdown: &CancellationToken) -> Option<(Lease, Acquired)> {
+        let mut logged_standby = false;
+        loop {
+            match self.try_acquire().await {
+                Ok(Some(held)) => return Some(held),
+                Ok(None) if !logged_standby => {
+                    tracing::info!(key = self.settings.key, "another relay holds the lease; standing by");
+                    logged_standby = true;
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot reach PostgreSQL for the relay lease");
+                    self.conn = None;
+                }
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => return None,
+                _ = tokio::time::sleep(self.settings.retry_every) => {}
+            }
+        }
+    }
+
+    /// One attempt: takes the lease when it is vacant, expired, or its holder's session is gone.
+    pub async fn try_acquire(&mut self) -> Result<Option<(Lease, Acquired)>, LeaseError> {
+        let (key, ttl_ms, holder) = (self.settings.key, ttl_ms(&self.settings), self.holder);
+        let sent = Instant::now();
+        let row: Option<(i64, bool, bool, Option<f64>)> = self
+            .with_conn(move |conn| {
+                Box::pin(async move {
+                    sqlx::query("INSERT INTO relay_lease (lease_key) VALUES ($1) ON CONFLICT DO NOTHING")
+                        .bind(key)
+                        .execute(&mut *conn)
+                        .await?;
+                    sqlx::query_as(ACQUIRE_SQL)
+                        .bind(key)
+                        .bind(holder)
+                        .bind(ttl_ms)
+                        .fetch_optional(&mut *conn)
+                        .await
+                })
+            })
+            .await?;
+        Ok(row.map(|(epoch, vacant, expired, since)| {
+            let reason = if vacant {
+                TakeoverReason::Vacant
+            } else if expired {
+                TakeoverReason::Expired
+            } else {
+                TakeoverReason::HolderGone
+            };
+            let fence = Fence { key, epoch };
+            (
+                Lease::new(fence, sent + self.settings.ttl),
+                Acquired {
+                    reason,
+                    since_previous_renewal: since,
+                },
+            )
+        }))
+    }
+
+    /// Renews `lease` until it is lost or `shutdown`; on shutdown the lease is released so a
+    /// standby takes over at once. Cancels [`Lease::lost`] when it ends for any other reason.
+    pub async fn keep(&mut self, lease: &Lease, metrics: &RelayMetrics, shutdown: &CancellationToken) {
+        let renew_every = self.settings.renew_every();
+        loop {
+            let next = (Instant::now() + renew_every).min(lease.deadline());
+            tokio::select! {
+                _ = shutdown.cancelled() => {
+                    self.release(lease).await;
+                    return;
+                }
+                _ = lease.lost().cancelled() => return,
+                _ = tokio::time::sleep_until(next) => {}
+            }
+            if !lease.is_live() {
+                tracing::warn!(epoch = lease.fence().epoch, "relay lease expired before it could be renewed; standing by");
+                metrics.lease_lost.with_label_values(&["expired"]).inc();
+                lease.give_up();
+                return;
+            }
+            let sent = Instant::now();
+            match self.renew(lease.fence()).await {
+                Ok(true) => lease.extend_to(sent + self.settings.ttl),
+                Ok(false) => {
+                    tracing::warn!(epoch = lease.fence().epoch, "relay lease was taken over; this relay is fenced and stands by");
+                    metrics.fenced.inc();
+                    metrics.lease_lost.with_label_values(&["fenced"]).inc();
+                    lease.give_up();
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "renewing the relay lease failed; retrying");
+                    self.conn = None;
+                }
+            }
+        }
+    }
+
+    /// Pushes the lease's expiry forward; `false` when the lease is no longer ours.
+    async fn renew(&mut self, fence: Fence) -> Result<bool, LeaseError> {
+        let (ttl_ms, holder) = (ttl_ms(&self.settings), self.holder);
+        let renewed = self
+            .with_conn(move |conn| {
+                Box::pin(async move {
+                    sqlx::query(RENEW_SQL)
+                        .bind(fence.key)
+                        .bind(fence.epoch)
+                        .bind(holder)
+                        .bind(ttl_ms)
+                        .execute(&mut *conn)
+                        .await
+                })
+            })
+            .await?;
+        Ok(renewed.rows_affected() == 1)
+    }
+
+    /// Ends the lease now (on shutdown), so a standby need not wait for it to expire.
+    async fn release(&mut self, lease: &Lease) {
+        let fence = lease.fence();
+        let released = self
+            .with_conn(move |conn| {
+                Box::pin(async move {
+                    sqlx::query(
+                        "UPDATE relay_lease SET expires_at = clock_timestamp(), holder = NULL, holder_pid = NULL
+                         WHERE lease_key = $1 AND epoch = $2",
+                    )
+                    .bind(fence.key)
+                    .bind(fence.epoch)
+                    .execute(&mut *conn)
+                    .await
+                })
+            })
+            .await;
+        lease.give_up();
+        if let Err(e) = released {
+            tracing::warn!(error = %e, "could not release the relay lease; a standby takes over once it expires");
+        }
+    }
+
+    /// Runs `op` on the presence session, connecting first when there is none; the whole of it
+    /// bounded by [`LeaseSettings::op_timeout`]. A failed or timed-out session is dropped.
+    async fn with_conn<T>(
+        &mut self,
+        op: impl for<'c> FnOnce(
+            &'c mut PgConnection,
+        ) -> futures::future::BoxFuture<'c, Result<T, sqlx::Error>>,
+    ) -> Result<T, LeaseError> {
+        let timeout = self.settings.op_timeout();
+        let options = self.options.clone();
+        let conn = &mut self.conn;
+        let result = tokio::time::timeout(timeout, async move {
+            if conn.is_none() {
+                *conn = Some(options.connect().await?);
+            }
+            let c = conn.as_mut().ok_or(sqlx::Error::PoolClosed)?;
+            op(c).await
+        })
+        .await;
+        match result {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) => {
+                self.drop_conn();
+                Err(LeaseError::Database(e))
+            }
+            Err(_) => {
+                self.drop_conn();
+                Err(LeaseError::Timeout(timeout))
+            }
+        }
+    }
+
+    fn drop_conn(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            // Closing politely could hang on a dead path: let it go in the background.
+            tokio::spawn(async move {
+                let _ = tokio::time::timeout(Duration::from_secs(1), conn.close()).await;
+            });
+        }
+    }
+}
+
+/// Why a lease statement did not answer.
+#[derive(Debug, thiserror::Error)]
+pub enum LeaseError {
+    #[error("relay lease statement failed: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("relay lease statement got no answer within {0:?}")]
+    Timeout(Duration),
+}
+
+fn ttl_ms(settings: &LeaseSettings) -> i64 {
+    i64::try_from(settings.ttl.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// Takes the lease `$1` for holder `$2` for `$3` ms when it is vacant, expired, or its holder's
+/// presence session has ended; returns the new epoch, whether it was vacant, whether it had
+/// expired, and seconds since the previous holder's last renewal.
+pub const ACQUIRE_SQL: &str = "WITH old AS (
+     SELECT lease_key, holder, holder_pid, renewed_at, expires_at
+     FROM relay_lease WHERE lease_key = $1 FOR UPDATE)
+ UPDATE relay_lease l
+ SET epoch = l.epoch + 1, holder = $2, holder_pid = pg_backend_pid(),
+     acquired_at = clock_timestamp(), renewed_at = clock_timestamp(),
+     expires_at = clock_timestamp() + $3 * interval '1 millisecond'
+ FROM old
+ WHERE l.lease_key = old.lease_key
+   AND (old.holder IS NULL
+        OR old.expires_at < clock_timestamp()
+        OR NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = old.holder_pid))
+ RETURNING l.epoch, old.holder IS NULL,
+           old.holder IS NOT NULL AND old.expires_at < clock_timestamp(),
+           EXTRACT(EPOCH FROM clock_timestamp() - old.renewed_at)::float8";
+
+/// Renews lease `$1` at epoch `$2` for holder `$3` by `$4` ms, unless it expired meanwhile (a
+/// standby may be taking it over; the relay then stands by and acquires a new epoch).
+pub const RENEW_SQL: &str = "UPDATE relay_lease
+ SET expires_at = clock_timestamp() + $4 * interval '1 millisecond',
+     renewed_at = clock_timestamp(), holder_pid = pg_backend_pid()
+ WHERE lease_key = $1 AND epoch = $2 AND holder = $3 AND expires_at > clock_timestamp()";

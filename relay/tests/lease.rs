@@ -1,0 +1,177 @@
+//! The relay lease against a real PostgreSQL (`#[sqlx::test]`, `DATABASE_URL`): a frozen holder
+//! is replaced once its lease expires and not before, a dead one at once, a released one at
+//! once, and whatever the old holder writes after a takeover is refused.
+
+mod common;
+
+use std::time::Duration;
+
+use prometheus::Registry;
+use relay::lease::TakeoverReason;
+use relay::mark::{mark_published, record_failures, FailedAttempt, MarkError, Published};
+use relay::metrics::RelayMetrics;
+use sqlx::PgPool;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+async fn enqueue(pool: &PgPool, order: &str) -> i64 {
+    let event = producer::outbox::NewEvent {
+        business_key: order.to_owned(),
+        event_type: "order.placed".to_owned(),
+        aggregate_id: order.to_owned(),
+        topic: "orders".to_owned(),
+        payload: serde_json::json!({"order": order}),
+        headers: vec![],
+    };
+    let mut tx = pool.begin().await.expect("begin");
+    let enqueued = producer::outbox::enqueue(&mut tx, &event)
+        .await
+        .expect("enqueue");
+    tx.commit().await.expect("commit");
+    sqlx::query_scalar("SELECT id FROM outbox WHERE event_id = $1")
+        .bind(enqueued.event_id())
+        .fetch_one(pool)
+        .await
+        .expect("id")
+}
+
+/// (queued, attempts) of an outbox event.
+async fn queue_row(pool: &PgPool, id: i64) -> Option<i32> {
+    sqlx::query_scalar("SELECT attempts FROM outbox_unpublished WHERE id = $1")
+        .bind(id)
+        .fetch_optional(pool)
+        .await
+        .expect("queue row")
+}
+
+fn published(id: i64) -> Published {
+    Published {
+        id,
+        partition: 0,
+        offset: 7,
+    }
+}
+
+#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+async fn a_frozen_holder_is_replaced_once_its_lease_expires_and_is_fenced(pool: PgPool) {
+    let ttl = Duration::from_millis(2_000);
+    let settings = common::lease_settings(ttl);
+    // The old holder takes the lease, then stops renewing (frozen): its session stays open.
+    let mut old = common::elector(&pool, settings.clone());
+    let taken_at = Instant::now();
+    let (old_lease, _) = old.try_acquire().await.expect("acquire").expect("vacant");
+    let event = enqueue(&pool, "order-a").await;
+
+    let mut standby = common::elector(&pool, settings.clone());
+    assert!(
+        standby.try_acquire().await.expect("try").is_none(),
+        "a live lease is not taken over"
+    );
+    let (new_lease, acquired) = standby
+        .acquire(&CancellationToken::new())
+        .await
+        .expect("acquired");
+    let waited = taken_at.elapsed();
+    assert_eq!(acquired.reason, TakeoverReason::Expired);
+    assert!(
+        waited >= ttl - Duration::from_millis(100),
+        "taken over after {waited:?}, before the lease of {ttl:?} ran out"
+    );
+    assert!(
+        waited <= settings.takeover_bound() + Duration::from_millis(500),
+        "taken over after {waited:?}; the bound is {:?}",
+        settings.takeover_bound()
+    );
+    assert!(new_lease.fence().epoch > old_lease.fence().epoch);
+    assert!(!old_lease.is_live(), "the old holder's own clock says its lease ran out");
+
+    // The old holder wakes up and tries to record what it did: refused, nothing written.
+    let refused = record_failures(
+        &pool,
+        old_lease.fence(),
+        &[FailedAttempt {
+            id: event,
+            error: "zombie".to_owned(),
+            retry_in: Duration::from_secs(60),
+            give_up: true,
+        }],
+    )
+    .await;
+    assert!(matches!(refused, Err(MarkError::LeaseLost(_))), "{refused:?}");
+    let refused = mark_published(&pool, old_lease.fence(), &[published(event)]).await;
+    assert!(matches!(refused, Err(MarkError::LeaseLost(_))), "{refused:?}");
+    assert_eq!(
+        queue_row(&pool, event).await,
+        Some(0),
+        "the event is still queued, untouched"
+    );
+
+    // Its renewal is refused too: it counts itself fenced and stands by.
+    let metrics = RelayMetrics::register(&Registry::new()).expect("metrics");
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        old.keep(&old_lease, &metrics, &CancellationToken::new()),
+    )
+    .await
+    .expect("the old holder gives up at once");
+    assert!(old_lease.lost().is_cancelled());
+
+    // The new holder's writes go through.
+    assert_eq!(
+        mark_published(&pool, new_lease.fence(), &[published(event)])
+            .await
+            .expect("mark"),
+        1
+    );
+    assert_eq!(queue_row(&pool, event).await, None);
+}
+
+#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+async fn a_holder_whose_session_ends_is_replaced_at_once(pool: PgPool) {
+    let settings = common::lease_settings(Duration::from_secs(120));
+    let mut old = common::elector(&pool, settings.clone());
+    let (old_lease, _) = old.try_acquire().await.expect("acquire").expect("vacant");
+    drop(old); // the process died: its presence session ends with it
+
+    let started = Instant::now();
+    let mut standby = common::elector(&pool, settings);
+    let (new_lease, acquired) = tokio::time::timeout(
+        Duration::from_secs(10),
+        standby.acquire(&CancellationToken::new()),
+    )
+    .await
+    .expect("taken over long before the 120 s lease expires")
+    .expect("acquired");
+    assert_eq!(acquired.reason, TakeoverReason::HolderGone);
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(new_lease.fence().epoch, old_lease.fence().epoch + 1);
+}
+
+#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+async fn a_lease_released_on_shutdown_is_taken_at_once_and_renewals_keep_it(pool: PgPool) {
+    let settings = common::lease_settings(Duration::from_millis(1_500));
+    let mut holder = common::elector(&pool, settings.clone());
+    let (lease, _) = holder.try_acquire().await.expect("acquire").expect("vacant");
+    let metrics = RelayMetrics::register(&Registry::new()).expect("metrics");
+    let stop = CancellationToken::new();
+    let keeper = {
+        let (lease, metrics, stop) = (lease.clone(), metrics.clone(), stop.clone());
+        tokio::spawn(async move {
+            holder.keep(&lease, &metrics, &stop).await;
+        })
+    };
+    // Renewed, it outlives its time to live several times over.
+    tokio::time::sleep(Duration::from_millis(4_000)).await;
+    let mut standby = common::elector(&pool, settings);
+    assert!(standby.try_acquire().await.expect("try").is_none());
+    assert!(lease.is_live());
+
+    stop.cancel();
+    keeper.await.expect("keeper");
+    let (_, acquired) = standby
+        .try_acquire()
+        .await
+        .expect("try")
+        .expect("released lease taken at once");
+    assert_eq!(acquired.reason, TakeoverReason::Vacant);
+}
