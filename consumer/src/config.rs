@@ -200,6 +200,25 @@ pub struct RunArgs {
     /// statement of a batch, so a revoke never waits on a stuck statement.
     #[arg(long, env = "CONSUMER_STATEMENT_TIMEOUT_MS", default_value_t = 5_000)]
     pub statement_timeout_ms: u64,
+    /// PostgreSQL idle_in_transaction_session_timeout of the consumer's connections, in
+    /// milliseconds: a batch transaction whose process froze or lost its path to the database
+    /// is ended by the server after this, releasing its locks (the partition's ownership row
+    /// among them) for the partition's next owner.
+    #[arg(
+        long,
+        env = "CONSUMER_IDLE_IN_TRANSACTION_TIMEOUT_MS",
+        default_value_t = 5_000
+    )]
+    pub idle_in_transaction_timeout_ms: u64,
+    /// How long the database may be out of reach before this member leaves its groups so that
+    /// members that reach it take its partitions, in milliseconds; it joins again once the
+    /// database answers. 0: the session timeout.
+    #[arg(
+        long,
+        env = "CONSUMER_LEAVE_AFTER_DATABASE_UNREACHABLE_MS",
+        default_value_t = 0
+    )]
+    pub leave_after_database_unreachable_ms: u64,
     /// First retry delay of a batch after a transient failure, in milliseconds.
     #[arg(long, env = "CONSUMER_RETRY_BASE_MS", default_value_t = 100)]
     pub retry_base_ms: u64,
@@ -219,6 +238,12 @@ impl RunArgs {
             commit_interval: Duration::from_millis(self.commit_interval_ms),
             revoke_timeout: Duration::from_millis(self.revoke_timeout_ms),
             max_queued: self.max_queued,
+            leave_after_database_unreachable: Duration::from_millis(
+                match self.leave_after_database_unreachable_ms {
+                    0 => self.session_timeout_ms,
+                    ms => ms,
+                },
+            ),
         }
     }
 

@@ -10,6 +10,7 @@ use pipeline_core::kafka::KafkaArgs;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use tokio_util::sync::CancellationToken;
 
+use crate::reachability::Reachability;
 use crate::rebalance::{apply_backpressure, dispatch, GroupContext};
 use crate::worker::{Progress, WorkerShared};
 
@@ -27,6 +28,8 @@ pub struct GroupSettings {
     pub revoke_timeout: Duration,
     /// Messages queued for one partition's task before the partition is paused.
     pub max_queued: usize,
+    /// How long the database may be out of reach before the member leaves the group.
+    pub leave_after_database_unreachable: Duration,
 }
 
 /// Runs one group's poll loop on the current (dedicated) thread until `shutdown`.
@@ -35,6 +38,7 @@ pub fn run_group(
     settings: &GroupSettings,
     shared: WorkerShared,
     progress_rx: mpsc::Receiver<Progress>,
+    reachability: &Reachability,
     runtime: tokio::runtime::Handle,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
@@ -92,7 +96,25 @@ pub fn run_group(
     let mut last_recommit = Instant::now();
     let mut last_commit = Instant::now();
     let mut fatal = None;
+    let mut left_unreachable = false;
     while !shutdown.is_cancelled() {
+        // Cut off from the database, this member would keep its partitions and apply nothing:
+        // it leaves, so members that reach the database take them over, and joins again later.
+        let unreachable = reachability.unreachable_for();
+        if !left_unreachable && unreachable > settings.leave_after_database_unreachable {
+            tracing::warn!(%group, unreachable_ms = unreachable.as_millis() as u64,
+                "database out of reach: leaving the group so other members take the partitions");
+            ctx.abandon_tasks(&ctx.all_keys());
+            consumer.unsubscribe();
+            ctx.count_database_departure();
+            left_unreachable = true;
+        } else if left_unreachable && unreachable < Duration::from_secs(2) {
+            tracing::info!(%group, "database answers again: joining the group");
+            consumer
+                .subscribe(&topics)
+                .with_context(|| format!("subscribing group {group}"))?;
+            left_unreachable = false;
+        }
         match consumer.poll(Duration::from_millis(50)) {
             None => {}
             Some(Ok(msg)) => {

@@ -15,6 +15,7 @@ pub mod metrics;
 pub mod notification;
 pub mod parking;
 pub mod process_error;
+pub mod reachability;
 pub mod rebalance;
 pub mod report;
 pub mod resolve;
@@ -40,6 +41,9 @@ use crate::notification::{LoggingSender, NotificationSender};
 use crate::shared_tx::{SharedTransactions, SharedTxSettings};
 use crate::worker::{FatalSignal, WorkerShared};
 
+/// How often the database probe runs (see [`reachability`]).
+const PROBE_EVERY: Duration = Duration::from_secs(1);
+
 /// The handler of a group kind; `name` is the dedupe scope and Kafka group id.
 pub fn handler_for(kind: GroupKind, name: String) -> Arc<dyn Handler> {
     match kind {
@@ -60,13 +64,17 @@ pub async fn run_with_sender(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     args.validate()?;
-    let pool = args
+    let options = args
         .db
-        .connect_session(
+        .session_options(
             Some(Duration::from_millis(args.statement_timeout_ms)),
             Planner::KeyLookups,
-        )
-        .await?;
+        )?
+        .options([(
+            "idle_in_transaction_session_timeout",
+            args.idle_in_transaction_timeout_ms.to_string(),
+        )]);
+    let pool = args.db.connect_pool(options.clone()).await?;
     let dead_letters = if args.dead_letter_topic.is_empty() {
         None
     } else {
@@ -98,6 +106,7 @@ pub async fn run_with_sender(
     .await?;
     tracing::info!(%addr, "consumer metrics listening on {addr}");
 
+    let mut background = Vec::new();
     let fatal = FatalSignal::default();
     let stop = CancellationToken::new();
     {
@@ -147,9 +156,16 @@ pub async fn run_with_sender(
         None
     };
 
+    let reachability = reachability::Reachability::default();
+    background.push(tokio::spawn(reachability::probe(
+        options,
+        PROBE_EVERY,
+        reachability.clone(),
+        metrics.clone(),
+        stop.clone(),
+    )));
     let settings = args.group_settings();
     let mut threads = Vec::new();
-    let mut background = Vec::new();
     for kind in args.groups.iter().copied() {
         let name = format!("{}{}", args.group_prefix, kind.name());
         let handler = handler_for(kind, name.clone());
@@ -192,15 +208,26 @@ pub async fn run_with_sender(
                 stop.clone(),
             )));
         }
-        let (kafka, settings, stop, runtime) = (
+        let (kafka, settings, reachability, stop, runtime) = (
             args.kafka.clone(),
             settings.clone(),
+            reachability.clone(),
             stop.clone(),
             tokio::runtime::Handle::current(),
         );
         let thread = std::thread::Builder::new()
             .name(format!("poll-{name}"))
-            .spawn(move || group::run_group(&kafka, &settings, shared, progress_rx, runtime, stop))
+            .spawn(move || {
+                group::run_group(
+                    &kafka,
+                    &settings,
+                    shared,
+                    progress_rx,
+                    &reachability,
+                    runtime,
+                    stop,
+                )
+            })
             .context("starting poll thread")?;
         threads.push((name, thread));
     }

@@ -1,7 +1,8 @@
 //! The consumer's Prometheus metrics, registered on a registry passed in.
 
 use prometheus::{
-    exponential_buckets, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry,
+    exponential_buckets, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry,
 };
 
 /// Values of the `outcome` label of `consumer_messages_total`.
@@ -31,6 +32,8 @@ pub struct ConsumerMetrics {
     pub rebalances: IntCounterVec,
     pub assigned_partitions: IntGaugeVec,
     pub batch_retries: IntCounterVec,
+    pub database_reachable: IntGauge,
+    pub database_departures: IntCounterVec,
 }
 
 impl ConsumerMetrics {
@@ -127,6 +130,18 @@ impl ConsumerMetrics {
                 ),
                 &["group"],
             )?,
+            database_reachable: IntGauge::new(
+                "consumer_database_reachable",
+                "1 while this process's database probe is answered, 0 while it is not",
+            )?,
+            database_departures: IntCounterVec::new(
+                Opts::new(
+                    "consumer_database_departures_total",
+                    "Times this member left its group because its database was out of reach \
+                     longer than the limit, so members that reach it take its partitions",
+                ),
+                &["group"],
+            )?,
         };
         registry.register(Box::new(m.messages.clone()))?;
         registry.register(Box::new(m.out_of_sequence.clone()))?;
@@ -141,6 +156,8 @@ impl ConsumerMetrics {
         registry.register(Box::new(m.rebalances.clone()))?;
         registry.register(Box::new(m.assigned_partitions.clone()))?;
         registry.register(Box::new(m.batch_retries.clone()))?;
+        registry.register(Box::new(m.database_reachable.clone()))?;
+        registry.register(Box::new(m.database_departures.clone()))?;
         Ok(m)
     }
 
@@ -158,5 +175,6 @@ impl ConsumerMetrics {
         let _ = self.batch_retries.with_label_values(&[group]);
         let _ = self.shared_transaction_failures.with_label_values(&[group]);
         let _ = self.assigned_partitions.with_label_values(&[group]);
+        let _ = self.database_departures.with_label_values(&[group]);
     }
 }

@@ -234,6 +234,30 @@ impl GroupContext {
         }
     }
 
+    /// Stops the tasks of `keys` without waiting for them: used when the database is out of
+    /// reach and their batches may hang until it comes back. Whatever those batches try later
+    /// is refused by the ownership check (the partitions' next owner replaced the token).
+    pub(crate) fn abandon_tasks(&self, keys: &[PartitionKey]) {
+        let abandoned: Vec<PartitionTask> = {
+            let mut tasks = lock(&self.tasks);
+            keys.iter().filter_map(|k| tasks.remove(k)).collect()
+        };
+        for t in &abandoned {
+            t.stop.cancel();
+        }
+        if !abandoned.is_empty() {
+            tracing::warn!(group = %self.group, partitions = abandoned.len(), "partition tasks abandoned");
+        }
+    }
+
+    pub(crate) fn count_database_departure(&self) {
+        self.shared
+            .metrics
+            .database_departures
+            .with_label_values(&[&self.group])
+            .inc();
+    }
+
     pub(crate) fn all_keys(&self) -> Vec<PartitionKey> {
         lock(&self.tasks).keys().cloned().collect()
     }

@@ -120,6 +120,16 @@ impl DbArgs {
         statement_timeout: Option<std::time::Duration>,
         planner: Planner,
     ) -> anyhow::Result<PgPool> {
+        self.connect_pool(self.session_options(statement_timeout, planner)?)
+            .await
+    }
+
+    /// The connection options of [`DbArgs::connect_session`], for callers that add settings.
+    pub fn session_options(
+        &self,
+        statement_timeout: Option<std::time::Duration>,
+        planner: Planner,
+    ) -> anyhow::Result<PgConnectOptions> {
         let mut options = self.connect_options()?;
         if let Some(t) = statement_timeout {
             options = options.options([("statement_timeout", t.as_millis().to_string())]);
@@ -127,6 +137,12 @@ impl DbArgs {
         if planner == Planner::KeyLookups {
             options = options.options(KEY_LOOKUP_PLANNER);
         }
+        Ok(options)
+    }
+
+    /// A pool of sessions made with `options` (waiting up to 10 s for the server), migrated
+    /// when asked to.
+    pub async fn connect_pool(&self, options: PgConnectOptions) -> anyhow::Result<PgPool> {
         let pool = PgPoolOptions::new()
             .max_connections(self.database_max_connections)
             .acquire_timeout(Duration::from_secs(10))

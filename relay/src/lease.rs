@@ -191,7 +191,10 @@ impl Elector {
             match self.try_acquire().await {
                 Ok(Some(held)) => return Some(held),
                 Ok(None) if !logged_standby => {
-                    tracing::info!(key = self.settings.key, "another relay holds the lease; standing by");
+                    tracing::info!(
+                        key = self.settings.key,
+                        "another relay holds the lease; standing by"
+                    );
                     logged_standby = true;
                 }
                 Ok(None) => {}
@@ -214,10 +217,12 @@ impl Elector {
         let row: Option<(i64, bool, bool, Option<f64>)> = self
             .with_conn(move |conn| {
                 Box::pin(async move {
-                    sqlx::query("INSERT INTO relay_lease (lease_key) VALUES ($1) ON CONFLICT DO NOTHING")
-                        .bind(key)
-                        .execute(&mut *conn)
-                        .await?;
+                    sqlx::query(
+                        "INSERT INTO relay_lease (lease_key) VALUES ($1) ON CONFLICT DO NOTHING",
+                    )
+                    .bind(key)
+                    .execute(&mut *conn)
+                    .await?;
                     sqlx::query_as(ACQUIRE_SQL)
                         .bind(key)
                         .bind(holder)
@@ -248,7 +253,12 @@ impl Elector {
 
     /// Renews `lease` until it is lost or `shutdown`; on shutdown the lease is released so a
     /// standby takes over at once. Cancels [`Lease::lost`] when it ends for any other reason.
-    pub async fn keep(&mut self, lease: &Lease, metrics: &RelayMetrics, shutdown: &CancellationToken) {
+    pub async fn keep(
+        &mut self,
+        lease: &Lease,
+        metrics: &RelayMetrics,
+        shutdown: &CancellationToken,
+    ) {
         let renew_every = self.settings.renew_every();
         loop {
             let next = (Instant::now() + renew_every).min(lease.deadline());
@@ -261,7 +271,10 @@ impl Elector {
                 _ = tokio::time::sleep_until(next) => {}
             }
             if !lease.is_live() {
-                tracing::warn!(epoch = lease.fence().epoch, "relay lease expired before it could be renewed; standing by");
+                tracing::warn!(
+                    epoch = lease.fence().epoch,
+                    "relay lease expired before it could be renewed; standing by"
+                );
                 metrics.lease_lost.with_label_values(&["expired"]).inc();
                 lease.give_up();
                 return;
@@ -270,7 +283,10 @@ impl Elector {
             match self.renew(lease.fence()).await {
                 Ok(true) => lease.extend_to(sent + self.settings.ttl),
                 Ok(false) => {
-                    tracing::warn!(epoch = lease.fence().epoch, "relay lease was taken over; this relay is fenced and stands by");
+                    tracing::warn!(
+                        epoch = lease.fence().epoch,
+                        "relay lease was taken over; this relay is fenced and stands by"
+                    );
                     metrics.fenced.inc();
                     metrics.lease_lost.with_label_values(&["fenced"]).inc();
                     lease.give_up();

@@ -1,8 +1,8 @@
 //! The relay's Prometheus metrics, registered on a registry passed in.
 
 use prometheus::{
-    exponential_buckets, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
-    IntGauge, Opts, Registry,
+    exponential_buckets, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter,
+    IntCounterVec, IntGauge, Opts, Registry,
 };
 use rdkafka::statistics::Statistics;
 

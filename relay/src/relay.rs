@@ -79,7 +79,9 @@ pub async fn publish_claimed(
     stage("produce", producing);
     pipeline_core::crash_point::crash_point(pipeline_core::crash_point::RELAY_AFTER_DELIVERY);
     let marking = Instant::now();
-    mark_published(pool, fence, &delivery.published).await?;
+    mark_published(pool, fence, &delivery.published)
+        .await
+        .inspect_err(|e| count_fenced(e, metrics))?;
     let failures: Vec<FailedAttempt> = delivery
         .failed
         .iter()
@@ -93,7 +95,9 @@ pub async fn publish_claimed(
             }
         })
         .collect();
-    record_failures(pool, fence, &failures).await?;
+    record_failures(pool, fence, &failures)
+        .await
+        .inspect_err(|e| count_fenced(e, metrics))?;
     stage("mark", marking);
 
     for f in &delivery.failed {
@@ -164,9 +168,16 @@ pub async fn run(
         let stop_renewing = CancellationToken::new();
         let (outcome, ()) = tokio::join!(
             async {
-                let outcome =
-                    run_active(args, &pool, &mut producer, &retry, &metrics, &lease, &shutdown)
-                        .await;
+                let outcome = run_active(
+                    args,
+                    &pool,
+                    &mut producer,
+                    &retry,
+                    &metrics,
+                    &lease,
+                    &shutdown,
+                )
+                .await;
                 stop_renewing.cancel();
                 outcome
             },
@@ -228,7 +239,7 @@ async fn run_active(
         }
         if producer.fatal_error().is_some() {
             // The batches out with the broken producer fail and record their backoff first.
-            settle(&mut in_flight, &mut busy, metrics).await;
+            settle(&mut in_flight, &mut busy).await;
             producer.renew_if_fatal()?;
         }
         let mut failed: Option<MarkError> = None;
@@ -292,18 +303,14 @@ async fn run_active(
                         error_streak = 0;
                         record_success(metrics);
                     }
-                    Err(MarkError::LeaseLost(epoch)) => {
-                        metrics.fenced.inc();
-                        tracing::warn!(epoch, "a batch's outcome was refused: the relay lease was taken over");
-                        lease.give_up();
-                    }
+                    Err(MarkError::LeaseLost(_)) => lease.give_up(),
                     Err(e) => failed = Some(e),
                 }
             }
         }
         if let Some(e) = failed {
             // Let the batches already out record their outcome before pausing.
-            settle(&mut in_flight, &mut busy, metrics).await;
+            settle(&mut in_flight, &mut busy).await;
             error_streak = error_streak.saturating_add(1);
             let pause = retry.delay(error_streak.min(10) as i32);
             tracing::error!(error = %e, pause_ms = pause.as_millis() as u64, "relay step failed; retrying");
@@ -319,7 +326,7 @@ async fn run_active(
         }
     };
     // Stopping: the batches already out still record what Kafka did.
-    settle(&mut in_flight, &mut busy, metrics).await;
+    settle(&mut in_flight, &mut busy).await;
     result
 }
 
@@ -329,14 +336,10 @@ type InFlight = (HashSet<String>, Result<BatchOutcome, MarkError>);
 async fn settle<F: Future<Output = InFlight>>(
     in_flight: &mut FuturesUnordered<F>,
     busy: &mut HashSet<String>,
-    metrics: &RelayMetrics,
 ) {
     while let Some((aggregates, outcome)) = in_flight.next().await {
         release(busy, &aggregates);
         if let Err(e) = outcome {
-            if matches!(e, MarkError::LeaseLost(_)) {
-                metrics.fenced.inc();
-            }
             tracing::error!(error = %e, "recording a batch's outcome failed; its events stay queued");
         }
     }
@@ -345,6 +348,17 @@ async fn settle<F: Future<Output = InFlight>>(
 fn release(busy: &mut HashSet<String>, aggregates: &HashSet<String>) {
     for a in aggregates {
         let _ = busy.remove(a);
+    }
+}
+
+/// A batch whose outcome the database refused because another relay holds the lease.
+fn count_fenced(e: &MarkError, metrics: &RelayMetrics) {
+    if let MarkError::LeaseLost(epoch) = e {
+        metrics.fenced.inc();
+        tracing::warn!(
+            epoch,
+            "a batch's outcome was refused: another relay holds the lease"
+        );
     }
 }
 

@@ -83,7 +83,10 @@ async fn a_frozen_holder_is_replaced_once_its_lease_expires_and_is_fenced(pool: 
         settings.takeover_bound()
     );
     assert!(new_lease.fence().epoch > old_lease.fence().epoch);
-    assert!(!old_lease.is_live(), "the old holder's own clock says its lease ran out");
+    assert!(
+        !old_lease.is_live(),
+        "the old holder's own clock says its lease ran out"
+    );
 
     // The old holder wakes up and tries to record what it did: refused, nothing written.
     let refused = record_failures(
@@ -97,9 +100,15 @@ async fn a_frozen_holder_is_replaced_once_its_lease_expires_and_is_fenced(pool: 
         }],
     )
     .await;
-    assert!(matches!(refused, Err(MarkError::LeaseLost(_))), "{refused:?}");
+    assert!(
+        matches!(refused, Err(MarkError::LeaseLost(_))),
+        "{refused:?}"
+    );
     let refused = mark_published(&pool, old_lease.fence(), &[published(event)]).await;
-    assert!(matches!(refused, Err(MarkError::LeaseLost(_))), "{refused:?}");
+    assert!(
+        matches!(refused, Err(MarkError::LeaseLost(_))),
+        "{refused:?}"
+    );
     assert_eq!(
         queue_row(&pool, event).await,
         Some(0),
@@ -151,7 +160,11 @@ async fn a_holder_whose_session_ends_is_replaced_at_once(pool: PgPool) {
 async fn a_lease_released_on_shutdown_is_taken_at_once_and_renewals_keep_it(pool: PgPool) {
     let settings = common::lease_settings(Duration::from_millis(1_500));
     let mut holder = common::elector(&pool, settings.clone());
-    let (lease, _) = holder.try_acquire().await.expect("acquire").expect("vacant");
+    let (lease, _) = holder
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("vacant");
     let metrics = RelayMetrics::register(&Registry::new()).expect("metrics");
     let stop = CancellationToken::new();
     let keeper = {

@@ -52,9 +52,12 @@ async fn vacuum_gives_back_the_pages_of_published_events(pool: PgPool) {
             offset: i as i64,
         })
         .collect();
-    assert_eq!(mark_published(
-        &pool,
-        lease.fence(), &published).await.expect("mark"), 3000);
+    assert_eq!(
+        mark_published(&pool, lease.fence(), &published)
+            .await
+            .expect("mark"),
+        3000
+    );
     let pending: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_unpublished")
         .fetch_one(&pool)
         .await

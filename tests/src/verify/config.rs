@@ -127,7 +127,20 @@ pub struct Timing {
     pub freeze_ms: (u64, u64),
     /// How long the extra consumer of a rebalance stays after it got partitions.
     pub rebalance_dwell_ms: (u64, u64),
+    /// How long a frozen relay stays stopped, or a cut path to PostgreSQL stays cut: past the
+    /// relay's takeover bound and the consumers' limit.
+    pub outage_ms: (u64, u64),
 }
+
+/// The relays' `--lease-ttl-ms` and `--standby-retry-ms`: a frozen or cut-off active relay is
+/// replaced within their sum.
+pub const RELAY_LEASE_TTL_MS: u64 = 6_000;
+pub const RELAY_STANDBY_RETRY_MS: u64 = 500;
+
+/// Within how long a standby must be active after the active relay froze or was cut off: the
+/// lease's bound, plus one probe round of the harness (it reads `relay_active` every 100 ms,
+/// through an HTTP request that a loaded machine may answer late).
+pub const RELAY_TAKEOVER_BOUND_MS: u64 = RELAY_LEASE_TTL_MS + RELAY_STANDBY_RETRY_MS + 1_000;
 
 /// The consumers' `--session-timeout-ms`: a frozen consumer loses its partitions after this.
 pub const SESSION_TIMEOUT_MS: u64 = 6_000;
@@ -149,6 +162,10 @@ impl Settings {
                     down_ms: (500, 2_500),
                     freeze_ms: (SESSION_TIMEOUT_MS + 3_000, SESSION_TIMEOUT_MS + 5_000),
                     rebalance_dwell_ms: (500, 2_000),
+                    outage_ms: (
+                        RELAY_TAKEOVER_BOUND_MS + 3_000,
+                        RELAY_TAKEOVER_BOUND_MS + 5_000,
+                    ),
                 },
             ),
             Profile::Long => (
@@ -160,6 +177,10 @@ impl Settings {
                     down_ms: (500, 5_000),
                     freeze_ms: (SESSION_TIMEOUT_MS + 3_000, SESSION_TIMEOUT_MS + 8_000),
                     rebalance_dwell_ms: (1_000, 5_000),
+                    outage_ms: (
+                        RELAY_TAKEOVER_BOUND_MS + 3_000,
+                        RELAY_TAKEOVER_BOUND_MS + 8_000,
+                    ),
                 },
             ),
         };

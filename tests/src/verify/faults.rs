@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::broker::BROKER;
+use super::config::RELAY_TAKEOVER_BOUND_MS;
 use super::environment::Environment;
 use super::postgres::{foreign_sessions, PgCluster};
 use super::recovery::{wait_both_groups_apply, wait_pipeline_up};
@@ -43,9 +44,28 @@ pub struct FaultRecord {
     pub injected: bool,
     /// Until the faulted part was back and every process ready again.
     pub back_seconds: Option<f64>,
-    /// Until, after that, both groups applied events again (see [`super::recovery`]).
+    /// Until, after that, both groups applied events again (see [`super::recovery`]). For a
+    /// fault others must take over from ([`FaultKind::needs_takeover`]), measured while the
+    /// fault is still in place: until both groups applied events after the takeover.
     pub recovery_seconds: Option<f64>,
+    /// For a frozen or cut-off relay: until the standby reported itself active.
+    pub takeover_seconds: Option<f64>,
+    /// The bound `takeover_seconds` must stay within.
+    pub takeover_bound_seconds: Option<f64>,
     pub note: Option<String>,
+}
+
+impl FaultRecord {
+    /// Whether a fault that needs a takeover got one within its bound (true for other kinds).
+    pub fn takeover_within_bound(&self) -> bool {
+        if !self.injected || !self.kind.needs_takeover() {
+            return true;
+        }
+        match (self.takeover_seconds, self.takeover_bound_seconds) {
+            (Some(t), Some(bound)) => t <= bound,
+            _ => false,
+        }
+    }
 }
 
 /// The fault injector of one run.
@@ -62,6 +82,10 @@ struct Injected {
     target: String,
     happened: bool,
     note: Option<String>,
+    /// When another process took over while the fault was in place.
+    takeover: Option<Instant>,
+    /// When both groups applied events after that takeover.
+    recovered: Option<Instant>,
 }
 
 impl Injector<'_> {
@@ -90,14 +114,14 @@ impl Injector<'_> {
                 Ok(outcome) => outcome,
                 Err(e) => (
                     Injected {
-                        target: String::new(),
-                        happened: false,
                         note: Some(format!("{e:#}")),
+                        ..not_injected(String::new())
                     },
                     None,
                     None,
                 ),
             };
+            let since = |t: Instant| round2((t - at).as_secs_f64());
             let record = FaultRecord {
                 index: fault.index,
                 kind: fault.kind,
@@ -106,17 +130,28 @@ impl Injector<'_> {
                 at_seconds: round2((at - self.started).as_secs_f64()),
                 down_seconds: round2(fault.down.as_secs_f64()),
                 injected: injected.happened,
-                back_seconds: back.map(|t| round2((t - at).as_secs_f64())),
-                recovery_seconds: recovered.map(|t| round2((t - at).as_secs_f64())),
+                back_seconds: back.map(since),
+                recovery_seconds: recovered.map(since),
+                takeover_seconds: injected.takeover.map(since),
+                takeover_bound_seconds: fault
+                    .kind
+                    .needs_takeover()
+                    .then_some(RELAY_TAKEOVER_BOUND_MS as f64 / 1000.0),
                 note: injected.note,
             };
             let outcome = match (record.injected, record.recovery_seconds) {
                 (false, _) => "not injected".to_owned(),
                 (true, None) => "not recovered".to_owned(),
-                (true, Some(s)) => format!(
-                    "recovered in {s:.1} s (back after {:.1} s)",
-                    record.back_seconds.unwrap_or(s)
-                ),
+                (true, Some(s)) => match record.takeover_seconds {
+                    Some(t) => format!(
+                        "taken over in {t:.1} s (bound {:.1} s), recovered in {s:.1} s",
+                        record.takeover_bound_seconds.unwrap_or_default()
+                    ),
+                    None => format!(
+                        "recovered in {s:.1} s (back after {:.1} s)",
+                        record.back_seconds.unwrap_or(s)
+                    ),
+                },
             };
             say(&format!(
                 "fault {}: {} {} → {outcome}{}",
@@ -148,7 +183,11 @@ impl Injector<'_> {
             return Ok((injected, None, None));
         }
         let back = Instant::now();
-        let recovered = wait_both_groups_apply(&self.env.pool, deadline).await;
+        let recovered = match injected.recovered {
+            Some(recovered) => Some(recovered),
+            None if fault.kind.needs_takeover() => None,
+            None => wait_both_groups_apply(&self.env.pool, deadline).await,
+        };
         Ok((injected, Some(back), recovered))
     }
 
@@ -190,7 +229,107 @@ impl Injector<'_> {
                 supervisor.signal(&consumer.label, Signal::SIGCONT)?;
                 Ok(done(&consumer.label))
             }
+            FaultKind::RelayFreeze => {
+                let started = Instant::now();
+                let relay = self.active_relay().await?;
+                let standby = self.standby_of(&relay)?;
+                supervisor.signal(&relay.label, Signal::SIGSTOP)?;
+                let mut injected = self
+                    .await_takeover(&standby, None, started + fault.down)
+                    .await;
+                tokio::time::sleep_until(started + fault.down).await;
+                supervisor.signal(&relay.label, Signal::SIGCONT)?;
+                injected.target = relay.label;
+                Ok(injected)
+            }
+            FaultKind::DatabaseCut => {
+                let started = Instant::now();
+                let relay = self.active_relay().await?;
+                let standby = self.standby_of(&relay)?;
+                let topology = self.topology;
+                if !(topology.cut_database(&relay.label) && topology.cut_database(&consumer.label))
+                {
+                    topology.restore_databases();
+                    bail!(
+                        "{} or {} has no database proxy",
+                        relay.label,
+                        consumer.label
+                    );
+                }
+                let mut injected = self
+                    .await_takeover(&standby, Some(consumer), started + fault.down)
+                    .await;
+                tokio::time::sleep_until(started + fault.down).await;
+                topology.restore_databases();
+                injected.target = format!("{} and {}", relay.label, consumer.label);
+                Ok(injected)
+            }
         }
+    }
+
+    /// The relay other than `active`.
+    fn standby_of(&self, active: &Member) -> anyhow::Result<Member> {
+        self.topology
+            .relays
+            .iter()
+            .find(|r| r.label != active.label)
+            .cloned()
+            .context("no standby relay")
+    }
+
+    /// Waits, until `until`, for `standby` to report itself active and, when given, for the
+    /// cut-off `consumer` to have handed over its partitions; then for both groups to apply
+    /// events. Reads the standby alone: the frozen relay would answer no probe.
+    async fn await_takeover(
+        &self,
+        standby: &Member,
+        consumer: Option<&Member>,
+        until: Instant,
+    ) -> Injected {
+        let topology = self.topology;
+        let mut injected = done("");
+        let relay_active = async {
+            while Instant::now() < until {
+                if topology.scrape(standby.ops, "relay_active").await.ok() == Some(1.0) {
+                    return Some(Instant::now());
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            None
+        };
+        injected.takeover = relay_active.await;
+        let mut notes = Vec::new();
+        if injected.takeover.is_none() {
+            notes.push(format!(
+                "{} did not take over while the fault lasted",
+                standby.label
+            ));
+        }
+        if let Some(consumer) = consumer {
+            let handed_over = wait_until(
+                &format!("{} to hand over its partitions", consumer.label),
+                until.saturating_duration_since(Instant::now()),
+                || async {
+                    let assigned = topology
+                        .scrape(consumer.ops, "consumer_assigned_partitions")
+                        .await
+                        .unwrap_or(f64::NAN);
+                    Ok((assigned == 0.0).then_some(()))
+                },
+            )
+            .await;
+            if let Err(e) = handed_over {
+                notes.push(format!("{e:#}"));
+            }
+        }
+        if injected.takeover.is_some() {
+            injected.recovered = wait_both_groups_apply(&self.env.pool, until).await;
+            if injected.recovered.is_none() {
+                notes.push("the groups applied nothing while the fault lasted".to_owned());
+            }
+        }
+        injected.note = (!notes.is_empty()).then(|| notes.join("; "));
+        injected
     }
 
     /// The scheduled consumer process, unless it has no partitions and the other one has: a
@@ -246,11 +385,10 @@ impl Injector<'_> {
         if !fired {
             supervisor.unexpect_exit(&member.label)?;
             return Ok(Injected {
-                target: member.label.clone(),
-                happened: false,
                 note: Some(format!(
                     "crash point not reached within {TRIGGER_TIMEOUT:?}"
                 )),
+                ..not_injected(member.label.clone())
             });
         }
         self.wait_restarted(&member.label, starts).await?;
@@ -273,12 +411,11 @@ impl Injector<'_> {
         if others.is_err() {
             let sessions = foreign_sessions(server, &own).await.unwrap_or_default();
             return Ok(Injected {
-                target,
-                happened: false,
                 note: Some(format!(
                     "skipped: PostgreSQL is shared with other clients ({})",
                     sessions.join(", ")
                 )),
+                ..not_injected(target)
             });
         }
         self.postgres.stop_immediate().await?;
@@ -319,18 +456,26 @@ impl Injector<'_> {
             None => notes.push(format!("{EXTRA_CONSUMER} had to be killed after SIGTERM")),
         }
         Ok(Injected {
-            target: EXTRA_CONSUMER.to_owned(),
-            happened: true,
             note: (!notes.is_empty()).then(|| notes.join("; ")),
+            ..done(EXTRA_CONSUMER)
         })
     }
 }
 
 fn done(target: &str) -> Injected {
     Injected {
-        target: target.to_owned(),
         happened: true,
+        ..not_injected(target.to_owned())
+    }
+}
+
+fn not_injected(target: String) -> Injected {
+    Injected {
+        target,
+        happened: false,
         note: None,
+        takeover: None,
+        recovered: None,
     }
 }
 

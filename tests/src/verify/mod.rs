@@ -24,6 +24,7 @@ pub mod faults;
 pub mod orders;
 pub mod postgres;
 pub mod processes;
+pub mod proxy;
 pub mod recovery;
 pub mod report;
 pub mod schedule;

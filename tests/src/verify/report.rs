@@ -57,6 +57,9 @@ pub struct Report {
     pub reorders: Option<i64>,
     pub dead_lettered: Option<i64>,
     pub kafka_duplicates: Option<u64>,
+    /// Longest takeover after a frozen or cut-off relay, and its bound.
+    pub takeover_seconds_max: Option<f64>,
+    pub takeover_bound_seconds: Option<f64>,
     pub recovery_seconds_p50: Option<f64>,
     pub recovery_seconds_max: Option<f64>,
     /// Everything the checks found, per group included.
@@ -96,6 +99,8 @@ impl Report {
             reorders: None,
             dead_lettered: None,
             kafka_duplicates: None,
+            takeover_seconds_max: None,
+            takeover_bound_seconds: None,
             recovery_seconds_p50: None,
             recovery_seconds_max: None,
             checks: None,
@@ -133,6 +138,21 @@ impl Report {
                 &mut self.faults_not_injected
             };
             *tally.entry(record.kind).or_default() += 1;
+            if !record.takeover_within_bound() {
+                self.errors.push(format!(
+                    "fault {} ({}): no takeover within {:.1} s (took {})",
+                    record.index + 1,
+                    record.kind,
+                    record.takeover_bound_seconds.unwrap_or_default(),
+                    record
+                        .takeover_seconds
+                        .map_or("forever".to_owned(), |t| format!("{t:.1} s"))
+                ));
+            }
+            if let Some(t) = record.takeover_seconds {
+                self.takeover_seconds_max = Some(self.takeover_seconds_max.unwrap_or(0.0).max(t));
+                self.takeover_bound_seconds = record.takeover_bound_seconds;
+            }
             if record.injected {
                 match record.recovery_seconds {
                     Some(s) => recoveries.push(s),
@@ -224,6 +244,14 @@ impl Report {
                     "{} / {}",
                     secs(self.recovery_seconds_p50),
                     secs(self.recovery_seconds_max)
+                ),
+            ),
+            (
+                "relay takeover max / bound",
+                format!(
+                    "{} / {}",
+                    secs(self.takeover_seconds_max),
+                    secs(self.takeover_bound_seconds)
                 ),
             ),
             ("lost", opt(self.lost)),

@@ -35,10 +35,16 @@ pub enum FaultKind {
     Rebalance,
     /// SIGSTOP a consumer past its session timeout, then SIGCONT.
     ConsumerFreeze,
+    /// SIGSTOP the active relay past its lease, then SIGCONT: the standby takes over, the old
+    /// relay wakes up fenced.
+    RelayFreeze,
+    /// Cut the active relay's and a consumer's paths to PostgreSQL past the lease and the
+    /// session timeout, then restore them: others take over, the cut-off ones change nothing.
+    DatabaseCut,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 8] = [
+    pub const ALL: [FaultKind; 10] = [
         FaultKind::RelayKill,
         FaultKind::RelayCrashAfterDelivery,
         FaultKind::ConsumerKill,
@@ -47,6 +53,8 @@ impl FaultKind {
         FaultKind::PostgresRestart,
         FaultKind::Rebalance,
         FaultKind::ConsumerFreeze,
+        FaultKind::RelayFreeze,
+        FaultKind::DatabaseCut,
     ];
 
     pub fn name(self) -> &'static str {
@@ -59,7 +67,15 @@ impl FaultKind {
             FaultKind::PostgresRestart => "postgres_restart",
             FaultKind::Rebalance => "rebalance",
             FaultKind::ConsumerFreeze => "consumer_freeze",
+            FaultKind::RelayFreeze => "relay_freeze",
+            FaultKind::DatabaseCut => "database_cut",
         }
+    }
+
+    /// Whether the pipeline must recover while the fault is still in place (a standby or another
+    /// member takes over), within a bound.
+    pub fn needs_takeover(self) -> bool {
+        matches!(self, FaultKind::RelayFreeze | FaultKind::DatabaseCut)
     }
 }
 
@@ -101,6 +117,7 @@ pub fn plan(seed: u64, count: usize, timing: &Timing, skip: &[FaultKind]) -> Vec
         for kind in round.into_iter().take(count - faults.len()) {
             let down = match kind {
                 FaultKind::ConsumerFreeze => timing.freeze_ms,
+                FaultKind::RelayFreeze | FaultKind::DatabaseCut => timing.outage_ms,
                 FaultKind::Rebalance => timing.rebalance_dwell_ms,
                 _ => timing.down_ms,
             };
@@ -130,6 +147,7 @@ mod tests {
         down_ms: (500, 2_500),
         freeze_ms: (9_000, 11_000),
         rebalance_dwell_ms: (500, 2_000),
+        outage_ms: (12_000, 15_000),
     };
 
     #[test]
@@ -141,8 +159,10 @@ mod tests {
     #[test]
     fn the_first_round_has_every_kind_once() {
         for seed in 0..20 {
-            let kinds: HashSet<FaultKind> =
-                plan(seed, 8, &TIMING, &[]).iter().map(|f| f.kind).collect();
+            let kinds: HashSet<FaultKind> = plan(seed, FaultKind::ALL.len(), &TIMING, &[])
+                .iter()
+                .map(|f| f.kind)
+                .collect();
             assert_eq!(kinds.len(), FaultKind::ALL.len());
         }
     }

@@ -3,6 +3,7 @@
 //! binaries, each with its crash point armed on its own trigger file), plus the extra consumer of
 //! a rebalance. Every process gets fixed ports, so restarts keep their addresses.
 
+use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -12,9 +13,10 @@ use pipeline_core::crash_point::{CONSUMER_AFTER_DB_COMMIT, RELAY_AFTER_DELIVERY}
 use pipeline_core::kafka::KafkaArgs;
 
 use super::broker;
-use super::config::{Settings, SESSION_TIMEOUT_MS};
+use super::config::{Settings, RELAY_LEASE_TTL_MS, RELAY_STANDBY_RETRY_MS, SESSION_TIMEOUT_MS};
 use super::environment::{Environment, GROUP_KINDS};
 use super::processes::{ProcessSpec, Supervisor};
+use super::proxy::DbProxy;
 use crate::wait_until;
 
 /// Partitions of the run's topic.
@@ -46,6 +48,8 @@ pub struct Topology {
     pub relays: Vec<Member>,
     pub consumers: Vec<Member>,
     pub extra_consumer: Member,
+    /// Each relay's and each consumer's own path to PostgreSQL, by label: a fault cuts one.
+    proxies: HashMap<String, DbProxy>,
     http: reqwest::Client,
     consumer_bin: PathBuf,
     consumer_fetch_wait_ms: u64,
@@ -85,6 +89,11 @@ impl Topology {
             member("consumer-2", next_addr()?),
         ];
         let extra_consumer = member(EXTRA_CONSUMER, next_addr()?);
+        let upstream = database_addr(&env.database_url).await?;
+        let mut proxies = HashMap::new();
+        for m in relays.iter().chain(&consumers) {
+            let _ = proxies.insert(m.label.clone(), DbProxy::start(upstream).await?);
+        }
         let topology = Topology {
             supervisor,
             broker,
@@ -92,6 +101,7 @@ impl Topology {
             relays,
             consumers,
             extra_consumer,
+            proxies,
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(2))
                 .build()
@@ -139,7 +149,7 @@ impl Topology {
                 "--topic",
                 &env.topic,
             ]),
-            env: topology.pipeline_env(10, None),
+            env: topology.pipeline_env(ORDER_SERVICE, 10, None),
             cwd: None,
             log_path: topology.log_path(ORDER_SERVICE),
         })?;
@@ -147,8 +157,20 @@ impl Topology {
             topology.supervisor.start(ProcessSpec {
                 label: relay.label.clone(),
                 program: settings.fault_bin_dir.join("relay"),
-                args: strings(&["run", "--metrics-listen", &relay.ops.to_string()]),
-                env: topology.pipeline_env(6, Some((RELAY_AFTER_DELIVERY, &relay.trigger))),
+                args: strings(&[
+                    "run",
+                    "--metrics-listen",
+                    &relay.ops.to_string(),
+                    "--lease-ttl-ms",
+                    &RELAY_LEASE_TTL_MS.to_string(),
+                    "--standby-retry-ms",
+                    &RELAY_STANDBY_RETRY_MS.to_string(),
+                ]),
+                env: topology.pipeline_env(
+                    &relay.label,
+                    6,
+                    Some((RELAY_AFTER_DELIVERY, &relay.trigger)),
+                ),
                 cwd: None,
                 log_path: topology.log_path(&relay.label),
             })?;
@@ -189,15 +211,36 @@ impl Topology {
         self.log_dir.join(format!("{label}.log"))
     }
 
+    /// Cuts `label`'s path to PostgreSQL (see [`DbProxy`]); `false` when it has no proxy.
+    pub fn cut_database(&self, label: &str) -> bool {
+        self.proxies.get(label).map(DbProxy::cut).is_some()
+    }
+
+    /// Restores every cut path to PostgreSQL.
+    pub fn restore_databases(&self) {
+        for proxy in self.proxies.values() {
+            proxy.restore();
+        }
+    }
+
+    /// The database URL `label` connects with: through its proxy when it has one.
+    fn database_url_for(&self, label: &str) -> String {
+        match self.proxies.get(label) {
+            Some(proxy) => with_authority(&self.database_url, &proxy.addr().to_string()),
+            None => self.database_url.clone(),
+        }
+    }
+
     /// What every pipeline binary gets, with its crash point armed when given.
     fn pipeline_env(
         &self,
+        label: &str,
         max_connections: u32,
         crash_point: Option<(&str, &Path)>,
     ) -> Vec<(String, String)> {
         let mut env = base_env();
         env.extend([
-            ("DATABASE_URL".to_owned(), self.database_url.clone()),
+            ("DATABASE_URL".to_owned(), self.database_url_for(label)),
             (
                 "DATABASE_MAX_CONNECTIONS".to_owned(),
                 max_connections.to_string(),
@@ -240,8 +283,11 @@ impl Topology {
             program: self.consumer_bin.clone(),
             args,
             env: {
-                let mut env =
-                    self.pipeline_env(10, Some((CONSUMER_AFTER_DB_COMMIT, &member.trigger)));
+                let mut env = self.pipeline_env(
+                    &member.label,
+                    10,
+                    Some((CONSUMER_AFTER_DB_COMMIT, &member.trigger)),
+                );
                 // Later entries win: the extra environment overrides the defaults.
                 env.extend(self.consumer_env.iter().cloned());
                 env
@@ -268,7 +314,7 @@ impl Topology {
             let run = tokio::process::Command::new(&program)
                 .args(&args)
                 .env_clear()
-                .envs(self.pipeline_env(2, None))
+                .envs(self.pipeline_env("seed", 2, None))
                 .output();
             let out = tokio::time::timeout(Duration::from_secs(60), run)
                 .await
@@ -353,6 +399,27 @@ fn strings(args: &[&str]) -> Vec<String> {
     args.iter().map(|s| (*s).to_owned()).collect()
 }
 
+/// The host and port PostgreSQL listens on, from a database URL.
+async fn database_addr(url: &str) -> anyhow::Result<SocketAddr> {
+    let options: sqlx::postgres::PgConnectOptions =
+        url.parse().context("parsing the run's database URL")?;
+    let host = format!("{}:{}", options.get_host(), options.get_port());
+    let mut addrs = tokio::net::lookup_host(host)
+        .await
+        .context("resolving PostgreSQL's address")?;
+    addrs.next().context("PostgreSQL's host has no address")
+}
+
+/// `url` with its host and port replaced by `authority`.
+fn with_authority(url: &str, authority: &str) -> String {
+    let start = url.find("://").map_or(0, |i| i + 3);
+    let end = url[start..]
+        .find(['/', '?'])
+        .map_or(url.len(), |i| start + i);
+    let host_start = url[start..end].rfind('@').map_or(start, |i| start + i + 1);
+    format!("{}{authority}{}", &url[..host_start], &url[end..])
+}
+
 /// `n` distinct ports free right now (bound all at once, then released).
 fn free_ports(n: usize) -> anyhow::Result<Vec<u16>> {
     let listeners = (0..n)
@@ -363,4 +430,24 @@ fn free_ports(n: usize) -> anyhow::Result<Vec<u16>> {
         .iter()
         .map(|l| Ok(l.local_addr()?.port()))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::with_authority;
+
+    #[test]
+    fn the_proxy_replaces_host_and_port_only() {
+        assert_eq!(
+            with_authority(
+                "postgres://postgres@127.0.0.1:5432/db?sslmode=disable",
+                "127.0.0.1:7"
+            ),
+            "postgres://postgres@127.0.0.1:7/db?sslmode=disable"
+        );
+        assert_eq!(
+            with_authority("postgres://u:p@db.internal/x", "127.0.0.1:7"),
+            "postgres://u:p@127.0.0.1:7/x"
+        );
+    }
 }

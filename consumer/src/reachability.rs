@@ -1,0 +1,96 @@
+//! Whether this process can reach its database: a probe on a session of its own.
+//!
+//! A consumer cut off from PostgreSQL (by the network, or a stalled proxy) keeps its Kafka
+//! session, so it would keep its partitions while applying nothing. The probe tells the poll loop
+//! how long the database has been out of reach; past the group's limit the member leaves its
+//! group so members that can reach the database take its partitions over, and joins again once
+//! the probe answers (see [`crate::group`]). Whatever its abandoned batches try when the path
+//! comes back is refused: their sessions were ended by the server
+//! (`idle_in_transaction_session_timeout`) and the partitions' new owner replaced the ownership
+//! token every batch transaction checks.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sqlx::postgres::PgConnectOptions;
+use sqlx::{ConnectOptions, Connection, PgConnection};
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics::ConsumerMetrics;
+
+/// The time of the last probe the database answered, shared with the poll loops.
+#[derive(Debug, Clone)]
+pub struct Reachability {
+    started: Instant,
+    last_ok_ms: Arc<AtomicU64>,
+}
+
+impl Default for Reachability {
+    fn default() -> Self {
+        Reachability {
+            started: Instant::now(),
+            last_ok_ms: Arc::new(AtomicU64::new(0)),
+        }
+    }
+}
+
+impl Reachability {
+    /// How long the database has not answered a probe; zero right after one did.
+    pub fn unreachable_for(&self) -> Duration {
+        let last_ok = Duration::from_millis(self.last_ok_ms.load(Ordering::Relaxed));
+        self.started.elapsed().saturating_sub(last_ok)
+    }
+
+    /// Whether the last probe, at most `every` ago, was answered.
+    pub fn reachable(&self, every: Duration) -> bool {
+        self.unreachable_for() <= every + every / 2
+    }
+
+    fn answered(&self) {
+        let now = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_ok_ms.store(now, Ordering::Relaxed);
+    }
+}
+
+/// Probes the database every `every` with `SELECT 1`, each bounded by `every`, until `stop`.
+pub async fn probe(
+    options: PgConnectOptions,
+    every: Duration,
+    reachability: Reachability,
+    metrics: ConsumerMetrics,
+    stop: CancellationToken,
+) {
+    let mut conn: Option<PgConnection> = None;
+    loop {
+        let answered = tokio::time::timeout(every, async {
+            if conn.is_none() {
+                conn = Some(options.connect().await?);
+            }
+            match conn.as_mut() {
+                Some(c) => c.ping().await,
+                None => Ok(()),
+            }
+        })
+        .await;
+        match answered {
+            Ok(Ok(())) => {
+                reachability.answered();
+                metrics.database_reachable.set(1);
+            }
+            Ok(Err(_)) | Err(_) => {
+                metrics.database_reachable.set(0);
+                if let Some(c) = conn.take() {
+                    // Closing politely could hang on the dead path: let it go in the background.
+                    tokio::spawn(async move {
+                        let _ = tokio::time::timeout(Duration::from_secs(1), c.close()).await;
+                    });
+                }
+            }
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(every) => {}
+        }
+    }
+}
