@@ -42,11 +42,6 @@ impl Reachability {
         self.started.elapsed().saturating_sub(last_ok)
     }
 
-    /// Whether the last probe, at most `every` ago, was answered.
-    pub fn reachable(&self, every: Duration) -> bool {
-        self.unreachable_for() <= every + every / 2
-    }
-
     fn answered(&self) {
         let now = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
         self.last_ok_ms.store(now, Ordering::Relaxed);
