@@ -239,6 +239,7 @@ impl Injector<'_> {
                     .await;
                 tokio::time::sleep_until(started + fault.down).await;
                 supervisor.signal(&relay.label, Signal::SIGCONT)?;
+                self.note_step_down(&relay, &mut injected).await;
                 injected.target = relay.label;
                 Ok(injected)
             }
@@ -261,10 +262,44 @@ impl Injector<'_> {
                     .await;
                 tokio::time::sleep_until(started + fault.down).await;
                 topology.restore_databases();
+                self.note_step_down(&relay, &mut injected).await;
                 injected.target = format!("{} and {}", relay.label, consumer.label);
                 Ok(injected)
             }
         }
+    }
+
+    /// Waits for the relay that froze or was cut off to report itself standing by, and notes
+    /// what it counted: leases lost (by reason) and writes refused.
+    async fn note_step_down(&self, relay: &Member, injected: &mut Injected) {
+        let topology = self.topology;
+        let stood_by = wait_until(
+            &format!("{} to stand by", relay.label),
+            Duration::from_secs(30),
+            || async {
+                let active = topology.scrape(relay.ops, "relay_active").await.ok();
+                Ok((active == Some(0.0)).then_some(()))
+            },
+        )
+        .await;
+        let count = |metric: &'static str| async move {
+            topology.scrape(relay.ops, metric).await.unwrap_or(f64::NAN)
+        };
+        let summary = format!(
+            "{} stood by{}: leases lost {}, writes refused {}",
+            relay.label,
+            if stood_by.is_ok() {
+                ""
+            } else {
+                " NOT within 30 s"
+            },
+            count("relay_lease_lost_total").await,
+            count("relay_fenced_total").await,
+        );
+        injected.note = Some(match injected.note.take() {
+            Some(note) => format!("{note}; {summary}"),
+            None => summary,
+        });
     }
 
     /// The relay other than `active`.
