@@ -229,6 +229,31 @@ while :; do
 done
 log "order service ready; relay and consumer metrics endpoints up"
 
+# metric_sum ADDR NAME — the sum of a metric's samples on a /metrics page (empty when unreachable).
+metric_sum() {
+    curl -fsS --max-time 2 "http://$1/metrics" 2>/dev/null |
+        awk -v m="$2" '$1 == m || index($1, m "{") == 1 { s += $NF; n++ } END { if (n) printf "%.0f\n", s }'
+}
+
+# The load starts once the relay is active and every group has its partitions: a message sent
+# while the broker's first rebalance is still under way waits for it, and the summary would time
+# the group's start-up instead of the pipeline.
+want_partitions=$((${#CONSUMER_GROUPS[@]} * PARTITIONS))
+log "waiting for the active relay and for the consumer groups to get their $want_partitions partitions (up to ${READY_TIMEOUT}s)"
+assign_started=$SECONDS
+deadline=$((SECONDS + READY_TIMEOUT))
+while :; do
+    check_services_alive
+    active=$(metric_sum "$RELAY_METRICS_ADDR" relay_active)
+    assigned=$(metric_sum "$CONSUMER_METRICS_ADDR" consumer_assigned_partitions)
+    [[ ${active:-0} == 1 && ${assigned:-0} -ge $want_partitions ]] && break
+    if ((SECONDS >= deadline)); then
+        die "after ${READY_TIMEOUT}s: relay_active ${active:-?}, ${assigned:-0} of $want_partitions partitions assigned — see the logs in $RUN_DIR"
+    fi
+    sleep 0.2
+done
+log "relay active, $assigned partitions assigned after $(human_duration $((SECONDS - assign_started))) (the broker's first rebalance); starting the load"
+
 section "[7/9] Load: $ORDERS orders at $RATE/s"
 load_started=$SECONDS
 load_status=0

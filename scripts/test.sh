@@ -84,6 +84,18 @@ ensure_build_deps
 cargo build --release --workspace --bins
 
 stage "[6/9] cargo test --release --workspace"
+# The outbox library is what a service adds to append events: it must bring no HTTP server or
+# client (cargo tree of its normal dependencies).
+outbox_has_no_http() {
+    local http
+    http=$(cargo tree -p outbox -e normal --prefix none | grep -E '^(axum|hyper|reqwest|tower-http|actix-web|warp|ureq) ' || true)
+    if [[ -n $http ]]; then
+        warn "the outbox library depends on HTTP crates: $http"
+        return 1
+    fi
+    log "the outbox library brings no HTTP server or client"
+}
+step "outbox dependencies" outbox_has_no_http
 step "cargo test" env \
     DATABASE_URL="postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable" \
     KAFKA_BROKERS="127.0.0.1:9092" \
@@ -102,7 +114,9 @@ step "observability checks" scripts/check-observability.sh
 stage "[8/9] cargo clippy --release --workspace --all-targets -- -D warnings"
 step "clippy" cargo clippy --release --workspace --all-targets -- -D warnings
 
-stage "[9/9] cargo fmt --all -- --check"
+stage "[9/9] cargo fmt --all -- --check, cargo doc --no-deps"
 step "rustfmt" cargo fmt --all -- --check
+# The libraries' documentation (doctests ran with cargo test): no broken link, no warning.
+step "rustdoc" env RUSTDOCFLAGS="-D warnings" cargo doc --release --no-deps -p outbox -p consumer -p relay -p payments-example
 
 ((${#FAILED[@]} == 0)) || exit 1

@@ -497,7 +497,7 @@ pub(crate) async fn apply_one(
         Err(HandlerError::Database(e)) if is_rejection(&e) => {
             Ok(Err(format!("rejected by the database: {e}")))
         }
-        Err(HandlerError::Database(e)) => Err(e.into()),
+        Err(e @ (HandlerError::Database(_) | HandlerError::Unavailable(_))) => Err(e.into()),
     }
 }
 

@@ -48,9 +48,9 @@ pub struct DeadLetterArgs {
     pub db: DbArgs,
     #[command(flatten)]
     pub kafka: KafkaArgs,
-    /// The group whose dead letters to handle.
+    /// The group whose dead letters to handle (its name, without the prefix).
     #[arg(long, env = "CONSUMER_GROUP")]
-    pub group: GroupKind,
+    pub group: String,
     /// Prefix of the Kafka group ids, as given to `run`.
     #[arg(long, env = "CONSUMER_GROUP_PREFIX", default_value = "")]
     pub group_prefix: String,
@@ -88,36 +88,21 @@ pub enum DeadLetterAction {
     },
 }
 
-/// The groups this binary knows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum GroupKind {
-    Inventory,
-    Notification,
-}
-
-impl GroupKind {
-    pub fn name(self) -> &'static str {
-        match self {
-            GroupKind::Inventory => "inventory",
-            GroupKind::Notification => "notification",
-        }
-    }
-}
-
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
     #[command(flatten)]
     pub db: DbArgs,
     #[command(flatten)]
     pub kafka: KafkaArgs,
-    /// Consumer group to run, repeatable.
+    /// Consumer group to run, repeatable: a name the program registered (`consumer run`:
+    /// inventory, notification).
     #[arg(
         long = "group",
         env = "CONSUMER_GROUPS",
         value_delimiter = ',',
         required = true
     )]
-    pub groups: Vec<GroupKind>,
+    pub groups: Vec<String>,
     /// Prefix of the Kafka group ids (group id = prefix + group name), to run isolated copies.
     #[arg(long, env = "CONSUMER_GROUP_PREFIX", default_value = "")]
     pub group_prefix: String,
@@ -301,14 +286,14 @@ pub struct ReportArgs {
     pub db: DbArgs,
     #[command(flatten)]
     pub kafka: KafkaArgs,
-    /// Group to report, repeatable.
+    /// Group to report, repeatable: any group name.
     #[arg(
         long = "group",
         env = "CONSUMER_GROUPS",
         value_delimiter = ',',
         required = true
     )]
-    pub groups: Vec<GroupKind>,
+    pub groups: Vec<String>,
     /// Prefix of the Kafka group ids, as given to `run`.
     #[arg(long, env = "CONSUMER_GROUP_PREFIX", default_value = "")]
     pub group_prefix: String,

@@ -17,6 +17,11 @@ pub enum HandlerError {
     /// The event itself is bad (unknown type, payload the handler rejects): dead-letter it.
     #[error("rejected: {0}")]
     Rejected(String),
+    /// An outside dependency the handler calls (a mail API, a payment provider) is down for a
+    /// while: the batch is rolled back and retried with backoff, the partition waits, nothing is
+    /// dead-lettered however long it lasts, and processing resumes by itself once it answers.
+    #[error("dependency unavailable: {0}")]
+    Unavailable(String),
     /// The database failed: the batch is retried.
     #[error(transparent)]
     Database(#[from] sqlx::Error),

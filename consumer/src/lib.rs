@@ -1,13 +1,63 @@
-//! Consumer groups that apply order events exactly once and in order per order.
+//! The consumer runtime: consumer groups that apply events exactly once and in order per
+//! aggregate, each a [`Handler`](handler::Handler) a program registers by name.
 //!
-//! Each group is a Kafka consumer group with its own handler. Each assigned partition is processed
-//! by one task, in order; a batch's dedupe rows and effects commit in one database transaction,
-//! and only then is its offset committed.
+//! ```no_run
+//! use consumer::config::RunArgs;
+//! use consumer::handler::{Event, Handler, HandlerBatch, HandlerError};
+//! use futures::future::BoxFuture;
+//! use sqlx::PgConnection;
+//!
+//! /// Counts events per aggregate: its effects commit in the transaction that records each
+//! /// event processed, so each counts once.
+//! struct Tally { group: String }
+//! struct TallyBatch;
+//!
+//! impl Handler for Tally {
+//!     fn group(&self) -> &str { &self.group }
+//!     fn batch(&self) -> Box<dyn HandlerBatch + '_> { Box::new(TallyBatch) }
+//! }
+//!
+//! impl HandlerBatch for TallyBatch {
+//!     fn prepare<'a>(&'a mut self, _: &'a mut PgConnection, _: &'a [Event])
+//!         -> BoxFuture<'a, Result<(), HandlerError>> { Box::pin(async { Ok(()) }) }
+//!     fn apply<'a>(&'a mut self, conn: &'a mut PgConnection, event: &'a Event)
+//!         -> BoxFuture<'a, Result<(), HandlerError>> {
+//!         Box::pin(async move {
+//!             sqlx::query("INSERT INTO tally (aggregate_id, events) VALUES ($1, 1)
+//!                          ON CONFLICT (aggregate_id) DO UPDATE SET events = tally.events + 1")
+//!                 .bind(&event.envelope.aggregate_id)
+//!                 .execute(conn)
+//!                 .await?;
+//!             Ok(())
+//!         })
+//!     }
+//!     fn flush<'a>(&'a mut self, _: &'a mut PgConnection)
+//!         -> BoxFuture<'a, Result<(), HandlerError>> { Box::pin(async { Ok(()) }) }
+//! }
+//!
+//! # async fn start(args: RunArgs, shutdown: tokio_util::sync::CancellationToken) -> anyhow::Result<()> {
+//! // `args` as parsed from `--group tally --topic …`; the group's database gets the consumer
+//! // library's tables from `consumer::MIGRATOR`.
+//! let groups = consumer::Groups::new().register("tally", |group| Tally { group });
+//! consumer::run(args, &groups, shutdown).await
+//! # }
+//! ```
+//!
+//! What every registered group gets: a batch's dedupe rows (`processed_message`) and its
+//! effects commit in one transaction, and its Kafka offsets are committed only after it; one task
+//! per partition; per-aggregate sequence checks, with events that arrive ahead of their
+//! predecessor parked until it is applied; messages that cannot be applied dead-lettered with
+//! their reason; a retry budget for batches that keep failing while the database answers; no
+//! dead letter at all while the database or an outside dependency is down
+//! ([`HandlerError::Unavailable`](handler::HandlerError::Unavailable)); ownership fencing, so a
+//! member that lost its partitions (frozen, or cut off from its database) applies nothing;
+//! rebalance-safe commits; shared transactions; metrics and lag.
 
 pub mod apply;
 pub mod config;
 pub mod dead_letter;
 pub mod group;
+pub mod groups;
 pub mod handler;
 pub mod inventory;
 pub mod lag;
@@ -27,43 +77,41 @@ use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use anyhow::Context;
-use pipeline_core::db::Planner;
+use pipeline_core::db::{Planner, CONSUMER_MIGRATOR, DEMO_GROUPS_MIGRATOR};
 use pipeline_core::ops_http;
 use pipeline_core::order_events::demo_product_id;
 use prometheus::Registry;
+use sqlx::migrate::Migrator;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{GroupKind, RunArgs};
-use crate::handler::Handler;
+use crate::config::RunArgs;
+pub use crate::groups::{demo_groups, Groups, UnknownGroup};
 use crate::metrics::ConsumerMetrics;
-use crate::notification::{LoggingSender, NotificationSender};
 use crate::shared_tx::{SharedTransactions, SharedTxSettings};
 use crate::worker::{FatalSignal, WorkerShared};
+
+/// The tables this program uses: the groups' bookkeeping and the demonstration groups' effects.
+pub const SCHEMA: [&Migrator; 2] = [&CONSUMER_MIGRATOR, &DEMO_GROUPS_MIGRATOR];
+
+/// The consumer library's migrations: what any group needs besides its own effect tables
+/// (dedupe rows, progress, parked events, dead letters, effect history, partition ownership).
+pub use pipeline_core::db::CONSUMER_MIGRATOR as MIGRATOR;
 
 /// How often the database probe runs (see [`reachability`]).
 const PROBE_EVERY: Duration = Duration::from_secs(1);
 
-/// The handler of a group kind; `name` is the dedupe scope and Kafka group id.
-pub fn handler_for(kind: GroupKind, name: String) -> Arc<dyn Handler> {
-    match kind {
-        GroupKind::Inventory => Arc::new(inventory::Inventory::new(name)),
-        GroupKind::Notification => Arc::new(notification::Notifications::new(name)),
-    }
-}
-
-/// Runs the configured groups until `shutdown` (or a fatal error, which is returned).
-pub async fn run(args: RunArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
-    run_with_sender(args, Arc::new(LoggingSender), shutdown).await
-}
-
-/// [`run`] with a chosen notification sender.
-pub async fn run_with_sender(
+/// Runs the groups `args` names, each looked up in `groups`, until `shutdown` (or a fatal
+/// error, which is returned).
+pub async fn run(
     args: RunArgs,
-    sender: Arc<dyn NotificationSender>,
+    groups: &Groups,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     args.validate()?;
+    for name in &args.groups {
+        let _ = groups.handler(name, name.clone())?;
+    }
     let options = args
         .db
         .session_options(
@@ -74,7 +122,7 @@ pub async fn run_with_sender(
             "idle_in_transaction_session_timeout",
             args.idle_in_transaction_timeout_ms.to_string(),
         )]);
-    let pool = args.db.connect_pool(options.clone()).await?;
+    let pool = args.db.connect_pool(options.clone(), &SCHEMA).await?;
     let dead_letters = if args.dead_letter_topic.is_empty() {
         None
     } else {
@@ -124,7 +172,7 @@ pub async fn run_with_sender(
         let mut expected: Vec<String> = args
             .groups
             .iter()
-            .map(|g| format!("{}{}", args.group_prefix, g.name()))
+            .map(|g| format!("{}{}", args.group_prefix, g))
             .collect();
         expected.extend(args.lag_groups.iter().cloned());
         expected.sort();
@@ -166,9 +214,9 @@ pub async fn run_with_sender(
     )));
     let settings = args.group_settings();
     let mut threads = Vec::new();
-    for kind in args.groups.iter().copied() {
-        let name = format!("{}{}", args.group_prefix, kind.name());
-        let handler = handler_for(kind, name.clone());
+    for group in &args.groups {
+        let name = format!("{}{group}", args.group_prefix);
+        let handler = groups.handler(group, name.clone())?;
         metrics.init_group(&name);
         let (progress_tx, progress_rx) = mpsc::channel();
         let shared_transactions = (args.group_transactions > 0 && args.max_batch > 1).then(|| {
@@ -200,13 +248,8 @@ pub async fn run_with_sender(
             retry_budget: Duration::from_millis(args.retry_budget_ms),
             shared_transactions,
         };
-        if kind == GroupKind::Notification {
-            background.push(tokio::spawn(notification::dispatch(
-                pool.clone(),
-                sender.clone(),
-                Duration::from_millis(50),
-                stop.clone(),
-            )));
+        if let Some(task) = groups.beside_task(group, pool.clone(), stop.clone())? {
+            background.push(tokio::spawn(task));
         }
         let (kafka, settings, reachability, stop, runtime) = (
             args.kafka.clone(),
@@ -281,12 +324,12 @@ pub async fn seed_stock(pool: &PgPool, products: u32, quantity: i32) -> anyhow::
     Ok(())
 }
 
-/// Runs a `dead-letters` subcommand.
-pub async fn resolve_cli(args: config::DeadLetterArgs) -> anyhow::Result<()> {
+/// Runs a `dead-letters` subcommand; replaying or discarding needs the group's handler from
+/// `groups`, listing works for any group name.
+pub async fn resolve_cli(args: config::DeadLetterArgs, groups: &Groups) -> anyhow::Result<()> {
     use config::DeadLetterAction;
-    let pool = args.db.connect().await?;
-    let group = format!("{}{}", args.group_prefix, args.group.name());
-    let handler = handler_for(args.group, group.clone());
+    let pool = args.db.connect(&SCHEMA).await?;
+    let group = format!("{}{}", args.group_prefix, args.group);
     let (id, how, note) = match &args.action {
         DeadLetterAction::List { status } => {
             for row in resolve::list(&pool, &group, status.as_deref()).await? {
@@ -297,6 +340,7 @@ pub async fn resolve_cli(args: config::DeadLetterArgs) -> anyhow::Result<()> {
         DeadLetterAction::Replay { id, note } => (*id, resolve::Resolution::Replay, note),
         DeadLetterAction::Discard { id, note } => (*id, resolve::Resolution::Discard, note),
     };
+    let handler = groups.handler(&args.group, group.clone())?;
     let sink = if args.dead_letter_topic.is_empty() {
         None
     } else {

@@ -1,4 +1,7 @@
+use std::sync::Arc;
+
 use consumer::config::{Cli, Command};
+use consumer::notification::LoggingSender;
 use pipeline_core::telemetry;
 
 #[tokio::main]
@@ -8,26 +11,29 @@ async fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Run(args) => {
             tracing::info!(?args, "starting consumer");
-            consumer::run(*args, telemetry::shutdown_on_signals()).await
+            let groups = consumer::demo_groups(Arc::new(LoggingSender));
+            consumer::run(*args, &groups, telemetry::shutdown_on_signals()).await
         }
         Command::SeedStock {
             db,
             products,
             quantity,
         } => {
-            let pool = db.connect().await?;
+            let pool = db.connect(&consumer::SCHEMA).await?;
             consumer::seed_stock(&pool, products, quantity).await?;
             println!("stocked {products} products with {quantity} each");
             Ok(())
         }
-        Command::DeadLetters(args) => consumer::resolve_cli(*args).await,
+        Command::DeadLetters(args) => {
+            consumer::resolve_cli(*args, &consumer::demo_groups(Arc::new(LoggingSender))).await
+        }
         Command::Report(args) => {
-            let pool = args.db.connect().await?;
+            let pool = args.db.connect(&consumer::SCHEMA).await?;
             let groups: Vec<(String, String)> = args
                 .groups
                 .iter()
                 .map(|g| {
-                    let id = format!("{}{}", args.group_prefix, g.name());
+                    let id = format!("{}{g}", args.group_prefix);
                     (id.clone(), id)
                 })
                 .collect();

@@ -161,16 +161,60 @@ impl HandlerBatch for NotificationBatch {
     }
 }
 
-/// Sends pending notifications until `shutdown`, a batch at a time, oldest first.
+/// How the dispatcher sends and retries.
+#[derive(Debug, Clone)]
+pub struct DispatchSettings {
+    /// Pause when nothing is due.
+    pub idle_wait: Duration,
+    /// Most notifications claimed at once.
+    pub batch: i64,
+    /// How long a claim keeps a notification from other dispatchers while it is being sent: a
+    /// dispatcher that dies mid-send leaves it due again after this.
+    pub claim_for: Duration,
+    /// Wait after the first failed attempt; doubles with each further one, up to `retry_max`.
+    pub retry_base: Duration,
+    pub retry_max: Duration,
+    /// Attempts after which a notification is marked `failed`.
+    pub max_attempts: i32,
+}
+
+impl Default for DispatchSettings {
+    fn default() -> Self {
+        DispatchSettings {
+            idle_wait: Duration::from_millis(50),
+            batch: 200,
+            claim_for: Duration::from_secs(60),
+            retry_base: Duration::from_secs(1),
+            retry_max: Duration::from_secs(300),
+            max_attempts: 10,
+        }
+    }
+}
+
+impl DispatchSettings {
+    /// Wait before the next attempt after `attempts` failed ones: exponential, capped, with
+    /// equal jitter so notifications that failed together do not retry together.
+    pub fn retry_delay(&self, attempts: i32) -> Duration {
+        let exp = u32::try_from(attempts.saturating_sub(1).clamp(0, 30)).unwrap_or(30);
+        let nominal = self
+            .retry_base
+            .saturating_mul(2u32.saturating_pow(exp))
+            .min(self.retry_max);
+        let half = nominal / 2;
+        half + half.mul_f64(rand::random::<f64>())
+    }
+}
+
+/// Sends due notifications until `shutdown`, a batch at a time, oldest first.
 pub async fn dispatch(
     pool: PgPool,
     sender: Arc<dyn NotificationSender>,
-    idle_wait: Duration,
+    settings: DispatchSettings,
     shutdown: CancellationToken,
 ) {
     while !shutdown.is_cancelled() {
-        let wait = match dispatch_batch(&pool, sender.as_ref(), 200).await {
-            Ok(0) => idle_wait,
+        let wait = match dispatch_batch(&pool, sender.as_ref(), &settings).await {
+            Ok(0) => settings.idle_wait,
             Ok(_) => Duration::ZERO,
             Err(e) => {
                 tracing::warn!(error = %e, "notification dispatch failed; retrying");
@@ -184,60 +228,86 @@ pub async fn dispatch(
     }
 }
 
-/// Sends up to `limit` pending notifications; returns how many were handled.
+/// Claims up to `settings.batch` due notifications, sends them with no transaction open and no
+/// row locked, and records each outcome: sent, or the next attempt after a backoff, or `failed`
+/// after `settings.max_attempts`. Returns how many were handled.
 pub async fn dispatch_batch(
     pool: &PgPool,
     sender: &dyn NotificationSender,
-    limit: i64,
+    settings: &DispatchSettings,
 ) -> Result<usize, sqlx::Error> {
-    let mut tx = pool.begin().await?;
-    let pending: Vec<Notification> = sqlx::query_as(
-        "SELECT id, event_id, order_id, recipient, channel, template FROM notification
-         WHERE status = 'pending' ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED",
+    let claimed: Vec<(i64, Uuid, String, String, String, String, i32)> = sqlx::query_as(
+        "UPDATE notification n
+         SET next_attempt_at = clock_timestamp() + $2 * interval '1 millisecond'
+         FROM (SELECT id FROM notification
+               WHERE status = 'pending' AND next_attempt_at <= clock_timestamp()
+               ORDER BY next_attempt_at, id LIMIT $1 FOR UPDATE SKIP LOCKED) due
+         WHERE n.id = due.id
+         RETURNING n.id, n.event_id, n.order_id, n.recipient, n.channel, n.template, n.attempts",
     )
-    .bind(limit)
-    .fetch_all(&mut *tx)
+    .bind(settings.batch)
+    .bind(millis(settings.claim_for))
+    .fetch_all(pool)
     .await?;
-    if pending.is_empty() {
-        tx.commit().await?;
+    if claimed.is_empty() {
         return Ok(0);
     }
-    let mut ids = Vec::with_capacity(pending.len());
-    let mut statuses = Vec::with_capacity(pending.len());
-    let mut errors: Vec<Option<String>> = Vec::with_capacity(pending.len());
-    let mut sent_at: Vec<Option<DateTime<Utc>>> = Vec::with_capacity(pending.len());
-    for n in &pending {
-        let outcome = sender.send(n).await;
+    let mut ids = Vec::with_capacity(claimed.len());
+    let mut statuses = Vec::with_capacity(claimed.len());
+    let mut errors: Vec<Option<String>> = Vec::with_capacity(claimed.len());
+    let mut sent_at: Vec<Option<DateTime<Utc>>> = Vec::with_capacity(claimed.len());
+    let mut retry_in_ms: Vec<i64> = Vec::with_capacity(claimed.len());
+    for (id, event_id, order_id, recipient, channel, template, attempts) in claimed {
+        let n = Notification {
+            id,
+            event_id,
+            order_id,
+            recipient,
+            channel,
+            template,
+        };
+        let outcome = sender.send(&n).await;
         ids.push(n.id);
         match outcome {
             Ok(()) => {
                 statuses.push("sent");
                 errors.push(None);
                 sent_at.push(Some(Utc::now()));
+                retry_in_ms.push(0);
             }
             Err(e) => {
-                statuses.push("pending");
+                let failed = attempts + 1;
+                statuses.push(if failed >= settings.max_attempts {
+                    "failed"
+                } else {
+                    "pending"
+                });
                 errors.push(Some(e));
                 sent_at.push(None);
+                retry_in_ms.push(millis(settings.retry_delay(failed)));
             }
         }
     }
     // Every outcome of the batch in one statement.
     sqlx::query(
         "UPDATE notification n
-         SET status = CASE WHEN n.attempts + 1 >= 10 AND r.status = 'pending' THEN 'failed'
-                           ELSE r.status END,
-             attempts = n.attempts + 1, last_error = r.error, sent_at = r.sent_at
-         FROM unnest($1::bigint[], $2::text[], $3::text[], $4::timestamptz[])
-              AS r(id, status, error, sent_at)
+         SET status = r.status, attempts = n.attempts + 1, last_error = r.error,
+             sent_at = r.sent_at,
+             next_attempt_at = clock_timestamp() + r.retry_in_ms * interval '1 millisecond'
+         FROM unnest($1::bigint[], $2::text[], $3::text[], $4::timestamptz[], $5::bigint[])
+              AS r(id, status, error, sent_at, retry_in_ms)
          WHERE n.id = r.id",
     )
     .bind(&ids)
     .bind(&statuses)
     .bind(&errors)
     .bind(&sent_at)
-    .execute(&mut *tx)
+    .bind(&retry_in_ms)
+    .execute(pool)
     .await?;
-    tx.commit().await?;
-    Ok(pending.len())
+    Ok(ids.len())
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }

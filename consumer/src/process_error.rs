@@ -45,6 +45,7 @@ impl From<HandlerError> for ProcessError {
     fn from(e: HandlerError) -> Self {
         match e {
             HandlerError::Database(e) => e.into(),
+            HandlerError::Unavailable(reason) => ProcessError::Unavailable(reason),
             // Callers turn rejections into dead letters before they get here.
             HandlerError::Rejected(reason) => ProcessError::Fatal(sqlx::Error::Protocol(format!(
                 "unhandled rejection: {reason}"

@@ -374,8 +374,11 @@ async fn stock_changed_meanwhile_is_kept_when_writing(pool: PgPool) {
     assert_eq!(reservation(&pool, cancelled).await.0, "released");
 }
 
-/// Fails every notification to one recipient, sends the others.
-struct FlakySender;
+/// Fails every send to down@example.com and records when each attempt was made.
+#[derive(Default)]
+struct FlakySender {
+    attempts: std::sync::Mutex<Vec<std::time::Instant>>,
+}
 
 impl consumer::notification::NotificationSender for FlakySender {
     fn send<'a>(
@@ -384,6 +387,10 @@ impl consumer::notification::NotificationSender for FlakySender {
     ) -> futures::future::BoxFuture<'a, Result<(), String>> {
         Box::pin(async move {
             if n.recipient == "down@example.com" {
+                self.attempts
+                    .lock()
+                    .expect("attempts")
+                    .push(std::time::Instant::now());
                 Err("mailbox unavailable".to_owned())
             } else {
                 Ok(())
@@ -392,8 +399,16 @@ impl consumer::notification::NotificationSender for FlakySender {
     }
 }
 
+fn dispatch_settings() -> consumer::notification::DispatchSettings {
+    consumer::notification::DispatchSettings {
+        retry_base: std::time::Duration::from_millis(200),
+        retry_max: std::time::Duration::from_millis(400),
+        ..Default::default()
+    }
+}
+
 #[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
-async fn dispatch_records_each_outcome_and_gives_up_after_ten_attempts(pool: PgPool) {
+async fn dispatch_records_each_outcome_backs_off_and_gives_up_after_ten_attempts(pool: PgPool) {
     sqlx::query(
         "INSERT INTO notification (event_id, order_id, recipient, channel, template)
          SELECT gen_random_uuid(), 'o' || g, CASE WHEN g = 2 THEN 'down@example.com'
@@ -404,10 +419,10 @@ async fn dispatch_records_each_outcome_and_gives_up_after_ten_attempts(pool: PgP
     .execute(&pool)
     .await
     .expect("notifications");
-    let handled = consumer::notification::dispatch_batch(&pool, &FlakySender, 100)
-        .await
-        .expect("dispatch");
-    assert_eq!(handled, 3);
+    let sender = FlakySender::default();
+    let settings = dispatch_settings();
+    let dispatch = || consumer::notification::dispatch_batch(&pool, &sender, &settings);
+    assert_eq!(dispatch().await.expect("dispatch"), 3);
     let rows: Vec<(String, String, i32, Option<String>, bool)> = sqlx::query_as(
         "SELECT order_id, status, attempts, last_error, sent_at IS NOT NULL
          FROM notification ORDER BY id",
@@ -429,12 +444,41 @@ async fn dispatch_records_each_outcome_and_gives_up_after_ten_attempts(pool: PgP
             ("o3".to_owned(), "sent".to_owned(), 1, None, true),
         ]
     );
-    // Only the failed one is retried, until its tenth attempt fails it for good.
-    for _ in 0..9 {
-        let handled = consumer::notification::dispatch_batch(&pool, &FlakySender, 100)
-            .await
-            .expect("dispatch");
-        assert_eq!(handled, 1);
+    // The failed one is not retried at once: it waits for its backoff.
+    assert_eq!(
+        dispatch().await.expect("dispatch"),
+        0,
+        "retried without a backoff"
+    );
+    // Only the failed one is retried, each time once due, until its tenth attempt fails it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let status: String =
+            sqlx::query_scalar("SELECT status FROM notification WHERE order_id = 'o2'")
+                .fetch_one(&pool)
+                .await
+                .expect("status");
+        if status == "failed" {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not failed after 30 s"
+        );
+        assert!(dispatch().await.expect("dispatch") <= 1);
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let attempts = sender.attempts.lock().expect("attempts").clone();
+    assert_eq!(attempts.len(), 10);
+    for (n, pair) in attempts.windows(2).enumerate() {
+        // Equal jitter: at least half the nominal delay (200 ms, then 400 ms, capped).
+        let least = std::time::Duration::from_millis(if n == 0 { 100 } else { 200 });
+        assert!(
+            pair[1] - pair[0] >= least,
+            "attempt {} came {:?} after the one before",
+            n + 2,
+            pair[1] - pair[0]
+        );
     }
     let (status, attempts): (String, i32) =
         sqlx::query_as("SELECT status, attempts FROM notification WHERE order_id = 'o2'")
@@ -442,12 +486,75 @@ async fn dispatch_records_each_outcome_and_gives_up_after_ten_attempts(pool: PgP
             .await
             .expect("row");
     assert_eq!((status.as_str(), attempts), ("failed", 10));
+    assert_eq!(dispatch().await.expect("dispatch"), 0);
+}
+
+/// Blocks every send until released.
+struct SlowSender {
+    release: tokio::sync::Notify,
+    sending: tokio::sync::Notify,
+}
+
+impl consumer::notification::NotificationSender for SlowSender {
+    fn send<'a>(
+        &'a self,
+        _: &'a consumer::notification::Notification,
+    ) -> futures::future::BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            self.sending.notify_one();
+            self.release.notified().await;
+            Ok(())
+        })
+    }
+}
+
+#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+async fn dispatch_holds_no_lock_while_it_sends(pool: PgPool) {
+    sqlx::query(
+        "INSERT INTO notification (event_id, order_id, recipient, channel, template)
+         VALUES (gen_random_uuid(), 'o1', 'u1@example.com', 'email', 'order.placed')",
+    )
+    .execute(&pool)
+    .await
+    .expect("notification");
+    let sender = Arc::new(SlowSender {
+        release: tokio::sync::Notify::new(),
+        sending: tokio::sync::Notify::new(),
+    });
+    let dispatching = {
+        let (pool, sender) = (pool.clone(), sender.clone());
+        tokio::spawn(async move {
+            consumer::notification::dispatch_batch(&pool, sender.as_ref(), &dispatch_settings())
+                .await
+        })
+    };
+    sender.sending.notified().await;
+    // Mid-send: the row can be locked at once, and no second dispatcher claims it meanwhile.
+    let mut tx = pool.begin().await.expect("begin");
+    sqlx::query("SELECT 1 FROM notification WHERE order_id = 'o1' FOR UPDATE NOWAIT")
+        .execute(&mut *tx)
+        .await
+        .expect("the row is not locked while it is sent");
+    tx.rollback().await.expect("rollback");
     assert_eq!(
-        consumer::notification::dispatch_batch(&pool, &FlakySender, 100)
-            .await
-            .expect("dispatch"),
-        0
+        consumer::notification::dispatch_batch(
+            &pool,
+            &FlakySender::default(),
+            &dispatch_settings()
+        )
+        .await
+        .expect("second dispatcher"),
+        0,
+        "a claimed notification is not sent twice"
     );
+    sender.release.notify_one();
+    assert_eq!(dispatching.await.expect("task").expect("dispatch"), 1);
+    let status: String =
+        sqlx::query_scalar("SELECT status FROM notification WHERE order_id = 'o1'")
+            .fetch_one(&pool)
+            .await
+            .expect("status");
+    assert_eq!(status, "sent");
 }
 
 fn on_partition(mut m: InboundMessage, partition: i32) -> InboundMessage {

@@ -6,11 +6,65 @@ use anyhow::Context;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 
-/// The migrations in the workspace's `migrations/` folder, embedded in every binary.
-pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
+use std::sync::LazyLock;
 
-/// The LISTEN/NOTIFY channel the relay wakes on.
-pub const OUTBOX_CHANNEL: &str = "outbox_pending";
+use sqlx::migrate::Migrator;
+
+pub use outbox::{MIGRATOR as OUTBOX_MIGRATOR, OUTBOX_CHANNEL};
+
+/// The consumer groups' bookkeeping: dedupe rows, per-aggregate progress, parked events, dead
+/// letters, effect history, partition ownership (`migrations/consumer`).
+pub static CONSUMER_MIGRATOR: Migrator = Migrator {
+    ignore_missing: true,
+    ..sqlx::migrate!("../migrations/consumer")
+};
+
+/// The demonstration order service's tables: catalogue, orders, order lines
+/// (`migrations/demo-orders`).
+pub static DEMO_ORDERS_MIGRATOR: Migrator = Migrator {
+    ignore_missing: true,
+    ..sqlx::migrate!("../migrations/demo-orders")
+};
+
+/// The demonstration groups' effect tables: inventory and notification
+/// (`migrations/demo-groups`).
+pub static DEMO_GROUPS_MIGRATOR: Migrator = Migrator {
+    ignore_missing: true,
+    ..sqlx::migrate!("../migrations/demo-groups")
+};
+
+/// The pipeline's own tables: the outbox and relay's, and the consumer groups' bookkeeping. A
+/// database migrated with these alone has no table of the demonstration.
+pub const PIPELINE: [&Migrator; 2] = [&OUTBOX_MIGRATOR, &CONSUMER_MIGRATOR];
+
+/// Every set in one, for the demonstration's single database (the order service, the relay and
+/// both groups share it) and for tests.
+pub static MIGRATOR: LazyLock<Migrator> = LazyLock::new(|| {
+    let migrations = [
+        &OUTBOX_MIGRATOR,
+        &CONSUMER_MIGRATOR,
+        &DEMO_ORDERS_MIGRATOR,
+        &DEMO_GROUPS_MIGRATOR,
+    ]
+    .iter()
+    .flat_map(|m| m.migrations.iter().cloned())
+    .collect::<Vec<_>>();
+    Migrator {
+        migrations: std::borrow::Cow::Owned(migrations),
+        ignore_missing: true,
+        ..Migrator::DEFAULT
+    }
+});
+
+/// Applies `sets` in order.
+pub async fn migrate(pool: &PgPool, sets: &[&Migrator]) -> anyhow::Result<()> {
+    for set in sets {
+        set.run(pool)
+            .await
+            .context("applying database migrations")?;
+    }
+    Ok(())
+}
 
 /// How a pool's sessions plan their statements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,17 +153,19 @@ impl DbArgs {
         Ok(options)
     }
 
-    /// Connects (waiting up to `acquire_timeout` for the server) and migrates when asked to.
-    pub async fn connect(&self) -> anyhow::Result<PgPool> {
-        self.connect_with_statement_timeout(None).await
+    /// Connects (waiting up to `acquire_timeout` for the server) and, when asked to, applies
+    /// the migrations of `schema`: the sets of tables this program uses.
+    pub async fn connect(&self, schema: &[&Migrator]) -> anyhow::Result<PgPool> {
+        self.connect_with_statement_timeout(None, schema).await
     }
 
     /// [`DbArgs::connect`], with a `statement_timeout` on every connection when given.
     pub async fn connect_with_statement_timeout(
         &self,
         statement_timeout: Option<std::time::Duration>,
+        schema: &[&Migrator],
     ) -> anyhow::Result<PgPool> {
-        self.connect_session(statement_timeout, Planner::Default)
+        self.connect_session(statement_timeout, Planner::Default, schema)
             .await
     }
 
@@ -119,8 +175,9 @@ impl DbArgs {
         &self,
         statement_timeout: Option<std::time::Duration>,
         planner: Planner,
+        schema: &[&Migrator],
     ) -> anyhow::Result<PgPool> {
-        self.connect_pool(self.session_options(statement_timeout, planner)?)
+        self.connect_pool(self.session_options(statement_timeout, planner)?, schema)
             .await
     }
 
@@ -140,9 +197,13 @@ impl DbArgs {
         Ok(options)
     }
 
-    /// A pool of sessions made with `options` (waiting up to 10 s for the server), migrated
-    /// when asked to.
-    pub async fn connect_pool(&self, options: PgConnectOptions) -> anyhow::Result<PgPool> {
+    /// A pool of sessions made with `options` (waiting up to 10 s for the server), with the
+    /// migrations of `schema` applied when asked to.
+    pub async fn connect_pool(
+        &self,
+        options: PgConnectOptions,
+        schema: &[&Migrator],
+    ) -> anyhow::Result<PgPool> {
         let pool = PgPoolOptions::new()
             .max_connections(self.database_max_connections)
             .acquire_timeout(Duration::from_secs(10))
@@ -155,10 +216,7 @@ impl DbArgs {
                 )
             })?;
         if self.migrate {
-            MIGRATOR
-                .run(&pool)
-                .await
-                .context("applying database migrations")?;
+            migrate(&pool, schema).await?;
         }
         Ok(pool)
     }

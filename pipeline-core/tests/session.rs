@@ -23,7 +23,7 @@ async fn show(pool: &sqlx::PgPool, setting: &str) -> String {
 #[tokio::test]
 async fn sessions_start_with_the_settings_asked_for() {
     let pool = args()
-        .connect_with_statement_timeout(Some(Duration::from_millis(1500)))
+        .connect_with_statement_timeout(Some(Duration::from_millis(1500)), &[])
         .await
         .expect("connect");
     assert_eq!(show(&pool, "statement_timeout").await, "1500ms");
@@ -32,7 +32,7 @@ async fn sessions_start_with_the_settings_asked_for() {
 
 #[tokio::test]
 async fn default_sessions_keep_the_server_defaults() {
-    let pool = args().connect().await.expect("connect");
+    let pool = args().connect(&[]).await.expect("connect");
     assert_eq!(show(&pool, "statement_timeout").await, "0");
     pool.close().await;
 }
@@ -42,7 +42,7 @@ async fn default_sessions_keep_the_server_defaults() {
 /// statement's cached generic plan.
 async fn plan_of_key_lookup(planner: Planner) -> String {
     let pool = args()
-        .connect_session(None, planner)
+        .connect_session(None, planner, &[])
         .await
         .expect("connect");
     let mut conn = pool.acquire().await.expect("connection");

@@ -84,7 +84,7 @@ pub async fn seed_catalog(pool: &PgPool, products: u32) -> Result<u64, sqlx::Err
 /// Runs `producer seed-catalog`.
 pub async fn run(args: SeedCatalogArgs) -> anyhow::Result<()> {
     tracing::info!(db = ?args.db, products = args.products, "seeding catalogue");
-    let pool = args.db.connect().await?;
+    let pool = args.db.connect(&crate::SCHEMA).await?;
     let changed = seed_catalog(&pool, args.products)
         .await
         .context("seeding the product catalogue")?;

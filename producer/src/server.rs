@@ -92,7 +92,7 @@ pub async fn serve(
 pub async fn run(args: ServeArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
     tracing::info!(?args, "starting order service");
     let pool = tokio::select! {
-        pool = args.db.connect_session(None, Planner::KeyLookups) => pool?,
+        pool = args.db.connect_session(None, Planner::KeyLookups, &crate::SCHEMA) => pool?,
         () = shutdown.cancelled() => {
             tracing::info!("stopped while connecting to the database");
             return Ok(());

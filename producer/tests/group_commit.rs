@@ -101,6 +101,26 @@ async fn hold_runner(
     (lock, pay_held)
 }
 
+/// Waits until `n` changes wait for the held runner's next transaction.
+async fn wait_queued(registry: &Registry, n: i64) {
+    let queued = || {
+        registry
+            .gather()
+            .into_iter()
+            .find(|f| f.name() == "order_group_commit_queued_changes")
+            .map_or(0, |f| f.get_metric()[0].get_gauge().get_value() as i64)
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while queued() != n {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} changes queued after 10 s, expected {n}",
+            queued()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// (transactions, changes) the service's group commit wrote so far.
 fn transactions_and_changes(registry: &Registry) -> (u64, f64) {
     let family = registry
@@ -183,8 +203,7 @@ async fn waiting_changes_share_a_transaction_and_keep_their_own_answers(pool: Pg
         let orders = orders.clone();
         async move { orders.transition(to_ship, Action::Ship, None).await }
     });
-    // The queued changes were sent when their tasks first ran; give them that chance.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    wait_queued(&registry, 8).await;
     lock.commit().await.expect("release lock");
 
     let paid = pay_held.await.expect("join").expect("pay");
@@ -268,7 +287,7 @@ async fn a_change_that_must_be_undone_sends_the_others_alone(pool: PgPool) {
             tokio::spawn(async move { orders.place(&order("sku-00003"), None, None).await })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    wait_queued(&registry, 4).await;
     lock.commit().await.expect("release lock");
 
     let paid = pay_held.await.expect("join").expect("pay");
@@ -326,13 +345,13 @@ async fn transitions_of_a_shared_transaction_are_made_together_in_arrival_order(
         transition(b, Action::Pay),
         transition(c, Action::Cancel),
     ];
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    wait_queued(&registry, 3).await;
     let second = [
         transition(a, Action::Ship),
         transition(b, Action::Ship),
         transition(c, Action::Pay),
     ];
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    wait_queued(&registry, 6).await;
     lock.commit().await.expect("release lock");
 
     assert_eq!(answered(pay_held).await.status.as_str(), "paid");
@@ -421,11 +440,11 @@ async fn places_of_a_shared_transaction_are_made_together_with_their_own_answers
         order_of(&[("sku-00001", 1), ("sku-nope", 1), ("sku-zzz", 2)]),
         Some("k-2"),
     );
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    wait_queued(&registry, 4).await;
     // The same keys again, after the first ones: later rounds of the same transaction.
     let replay = place(two_lines, Some("k-1"));
     let replay_taken = place(order("sku-00004"), Some("taken"));
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    wait_queued(&registry, 6).await;
     lock.commit().await.expect("release lock");
 
     assert_eq!(

@@ -14,6 +14,7 @@ pub mod vacuum;
 use std::time::Duration;
 
 use anyhow::Context;
+use pipeline_core::db::OUTBOX_MIGRATOR;
 use pipeline_core::ops_http;
 use prometheus::Registry;
 use tokio_util::sync::CancellationToken;
@@ -24,7 +25,7 @@ use crate::metrics::RelayMetrics;
 /// Connects, serves the ops endpoint and runs the relay until `shutdown`.
 pub async fn run(args: RunArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
     args.validate()?;
-    let pool = args.db.connect().await?;
+    let pool = args.db.connect(&[&OUTBOX_MIGRATOR]).await?;
     let registry = Registry::new();
     let metrics = RelayMetrics::register(&registry).context("registering metrics")?;
     let addr = ops_http::serve(

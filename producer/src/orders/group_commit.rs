@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pipeline_core::overlap::Overlap;
-use prometheus::{Histogram, HistogramOpts, IntCounter, Registry};
+use prometheus::{Histogram, HistogramOpts, IntCounter, IntGauge, Registry};
 use sqlx::{Postgres, Transaction};
 use tokio::sync::{mpsc, oneshot, Mutex};
 use uuid::Uuid;
@@ -48,6 +48,7 @@ pub struct GroupCommitSettings {
 pub struct GroupCommitMetrics {
     ops: Histogram,
     failures: IntCounter,
+    queued: IntGauge,
 }
 
 impl GroupCommitMetrics {
@@ -64,9 +65,18 @@ impl GroupCommitMetrics {
             "order_group_commit_failures_total",
             "Shared order-service transactions rolled back; their changes were retried alone.",
         )?;
+        let queued = IntGauge::new(
+            "order_group_commit_queued_changes",
+            "Order changes waiting for a shared order-service transaction.",
+        )?;
         registry.register(Box::new(ops.clone()))?;
         registry.register(Box::new(failures.clone()))?;
-        Ok(Self { ops, failures })
+        registry.register(Box::new(queued.clone()))?;
+        Ok(Self {
+            ops,
+            failures,
+            queued,
+        })
     }
 }
 
@@ -205,6 +215,7 @@ impl Done {
 #[derive(Debug, Clone)]
 pub(super) struct GroupCommit {
     tx: mpsc::UnboundedSender<Job>,
+    queued: IntGauge,
 }
 
 struct Queue {
@@ -220,6 +231,7 @@ impl GroupCommit {
     ) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let queue = Arc::new(Mutex::new(Queue { rx }));
+        let queued = metrics.queued.clone();
         let overlap = Arc::new(Overlap::new(settings.patience));
         for _ in 0..settings.runners.max(1) {
             let (queue, overlap) = (queue.clone(), overlap.clone());
@@ -227,7 +239,7 @@ impl GroupCommit {
             let max_ops = settings.max_ops.max(1);
             tokio::spawn(async move { run(&queue, &overlap, &service, max_ops, &metrics).await });
         }
-        GroupCommit { tx }
+        GroupCommit { tx, queued }
     }
 
     /// Writes the job `make` builds around its reply channel in a shared transaction and waits
@@ -238,7 +250,11 @@ impl GroupCommit {
         make: impl FnOnce(oneshot::Sender<Answer<T>>) -> Job,
     ) -> Answer<T> {
         let (reply, answer) = oneshot::channel();
-        self.tx.send(make(reply)).ok()?;
+        self.queued.inc();
+        if self.tx.send(make(reply)).is_err() {
+            self.queued.dec();
+            return None;
+        }
         answer.await.ok().flatten()
     }
 }
@@ -256,11 +272,13 @@ async fn run(
             let Some(first) = q.rx.recv().await else {
                 return;
             };
+            metrics.queued.dec();
             // Changes arriving while another transaction is written join the next one.
             overlap.wait_turn().await;
             let mut jobs = vec![first];
             while jobs.len() < max_ops {
                 let Ok(job) = q.rx.try_recv() else { break };
+                metrics.queued.dec();
                 jobs.push(job);
             }
             (jobs, overlap.start())

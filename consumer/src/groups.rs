@@ -1,0 +1,116 @@
+//! The consumer groups a program runs: each a [`Handler`] registered under its name, with the
+//! tasks that run beside it. The built-in groups (inventory, notification) are registered the
+//! same way as a user's own (see [`demo_groups`]).
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+use crate::handler::Handler;
+use crate::inventory::Inventory;
+use crate::notification::{self, DispatchSettings, NotificationSender, Notifications};
+
+type MakeHandler = Arc<dyn Fn(String) -> Arc<dyn Handler> + Send + Sync>;
+type BesideTask = Arc<dyn Fn(PgPool, CancellationToken) -> BoxFuture<'static, ()> + Send + Sync>;
+
+/// The groups a program can run, by name.
+#[derive(Clone, Default)]
+pub struct Groups {
+    entries: BTreeMap<String, Entry>,
+}
+
+#[derive(Clone)]
+struct Entry {
+    make: MakeHandler,
+    beside: Option<BesideTask>,
+}
+
+/// A group name nothing is registered under.
+#[derive(Debug, thiserror::Error)]
+#[error("unknown consumer group `{name}`: this program runs {known}")]
+pub struct UnknownGroup {
+    pub name: String,
+    pub known: String,
+}
+
+impl Groups {
+    pub fn new() -> Groups {
+        Groups::default()
+    }
+
+    /// Registers the group `name`. `make` builds its handler from the group's id (the Kafka
+    /// group id and dedupe scope: `name` behind the run's `--group-prefix`). The group gets
+    /// every guarantee of the runtime: a dedupe row in the effects' transaction, offsets
+    /// committed after it, one task per partition, per-aggregate sequence with parking, dead
+    /// letters with reasons, the retry budget, ownership fencing, shared transactions, metrics
+    /// and lag.
+    pub fn register<H: Handler>(
+        mut self,
+        name: &str,
+        make: impl Fn(String) -> H + Send + Sync + 'static,
+    ) -> Groups {
+        let make: MakeHandler = Arc::new(move |id| Arc::new(make(id)) as Arc<dyn Handler>);
+        let _ = self
+            .entries
+            .insert(name.to_owned(), Entry { make, beside: None });
+        self
+    }
+
+    /// Runs `task` beside the group `name` (registered before) for as long as the group runs,
+    /// with the group's database pool: e.g. a dispatcher that sends what the group recorded.
+    pub fn beside<F>(
+        mut self,
+        name: &str,
+        task: impl Fn(PgPool, CancellationToken) -> F + Send + Sync + 'static,
+    ) -> Groups
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        if let Some(entry) = self.entries.get_mut(name) {
+            entry.beside = Some(Arc::new(move |pool, stop| Box::pin(task(pool, stop))));
+        }
+        self
+    }
+
+    /// The registered names, sorted.
+    pub fn names(&self) -> Vec<&str> {
+        self.entries.keys().map(String::as_str).collect()
+    }
+
+    /// The handler of group `name`, for the group id `id`.
+    pub fn handler(&self, name: &str, id: String) -> Result<Arc<dyn Handler>, UnknownGroup> {
+        Ok((self.entry(name)?.make)(id))
+    }
+
+    /// The task that runs beside group `name`, if any.
+    pub fn beside_task(
+        &self,
+        name: &str,
+        pool: PgPool,
+        stop: CancellationToken,
+    ) -> Result<Option<BoxFuture<'static, ()>>, UnknownGroup> {
+        Ok(self.entry(name)?.beside.as_ref().map(|t| t(pool, stop)))
+    }
+
+    fn entry(&self, name: &str) -> Result<&Entry, UnknownGroup> {
+        self.entries.get(name).ok_or_else(|| UnknownGroup {
+            name: name.to_owned(),
+            known: self.names().join(", "),
+        })
+    }
+}
+
+/// The demonstration's groups: `inventory` (stock reservations) and `notification` (records the
+/// notification each order event calls for; a dispatcher beside it sends them with `sender`).
+pub fn demo_groups(sender: Arc<dyn NotificationSender>) -> Groups {
+    Groups::new()
+        .register("inventory", Inventory::new)
+        .register("notification", Notifications::new)
+        .beside("notification", move |pool, stop| {
+            notification::dispatch(pool, sender.clone(), DispatchSettings::default(), stop)
+        })
+}

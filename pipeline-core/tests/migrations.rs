@@ -1,0 +1,69 @@
+//! The sets of migrations against a real PostgreSQL (`#[sqlx::test]`, `DATABASE_URL`): the
+//! pipeline's own create the pipeline's tables and nothing of the demonstration, and every set
+//! can be applied beside the others, in any order, again and again.
+
+use pipeline_core::db::{migrate, MIGRATOR, PIPELINE};
+use sqlx::PgPool;
+
+async fn tables(pool: &PgPool) -> Vec<String> {
+    sqlx::query_scalar(
+        "SELECT table_name::text FROM information_schema.tables
+         WHERE table_schema = 'public' AND table_name <> '_sqlx_migrations' ORDER BY 1",
+    )
+    .fetch_all(pool)
+    .await
+    .expect("tables")
+}
+
+const PIPELINE_TABLES: [&str; 11] = [
+    "applied_effect",
+    "dead_letter",
+    "order_progress",
+    "outbox",
+    "outbox_delivery",
+    "outbox_sequence",
+    "outbox_status",
+    "outbox_unpublished",
+    "parked_event",
+    "partition_owner",
+    "processed_message",
+];
+
+#[sqlx::test(migrations = false)]
+async fn the_pipeline_alone_creates_its_tables_and_none_of_the_demo(pool: PgPool) {
+    migrate(&pool, &PIPELINE)
+        .await
+        .expect("pipeline migrations");
+    let mut expected: Vec<String> = PIPELINE_TABLES.iter().map(|t| (*t).to_owned()).collect();
+    expected.push("relay_lease".to_owned());
+    expected.sort();
+    assert_eq!(tables(&pool).await, expected);
+    for demo in [
+        "orders",
+        "order_line",
+        "product",
+        "inventory_stock",
+        "inventory_reservation",
+        "notification",
+    ] {
+        assert!(!tables(&pool).await.contains(&demo.to_owned()), "{demo}");
+    }
+}
+
+#[sqlx::test(migrations = false)]
+async fn sets_apply_beside_each_other_in_any_order_and_again(pool: PgPool) {
+    migrate(&pool, &PIPELINE).await.expect("pipeline first");
+    MIGRATOR.run(&pool).await.expect("then every set");
+    migrate(&pool, &PIPELINE)
+        .await
+        .expect("the pipeline's again");
+    MIGRATOR.run(&pool).await.expect("every set again");
+    let all = tables(&pool).await;
+    for table in
+        PIPELINE_TABLES
+            .iter()
+            .chain(&["relay_lease", "orders", "notification", "inventory_stock"])
+    {
+        assert!(all.contains(&(*table).to_owned()), "{table} missing");
+    }
+}

@@ -1,0 +1,176 @@
+//! The example end to end, on the real broker (`KAFKA_BROKERS`, default 127.0.0.1:9092) and a
+//! real PostgreSQL (`#[sqlx::test]`, `DATABASE_URL`): the payments service appends events in its
+//! own transactions, the relay publishes them, the `shipping` group applies every one once and
+//! in order per payment.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use payments_example::{Payments, Shipping};
+use pipeline_core::kafka::KafkaArgs;
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+const PAYMENTS: usize = 60;
+
+fn brokers() -> String {
+    std::env::var("KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".into())
+}
+
+fn database_url(pool: &PgPool) -> String {
+    let o = pool.connect_options();
+    format!(
+        "postgres://{}@{}:{}/{}?sslmode=disable",
+        o.get_username(),
+        o.get_host(),
+        o.get_port(),
+        o.get_database().expect("test database")
+    )
+}
+
+#[sqlx::test(migrations = false)]
+async fn payments_reach_the_shipping_group_once_and_in_order(pool: PgPool) {
+    // The service's database: the outbox's tables, the consumer library's and the example's own.
+    outbox::MIGRATOR
+        .run(&pool)
+        .await
+        .expect("outbox migrations");
+    consumer::MIGRATOR
+        .run(&pool)
+        .await
+        .expect("consumer migrations");
+    payments_example::MIGRATOR
+        .run(&pool)
+        .await
+        .expect("example migrations");
+
+    let run_id = uuid::Uuid::new_v4().simple().to_string();
+    let topic = format!("payment-events-{run_id}");
+    KafkaArgs {
+        kafka_brokers: brokers(),
+        kafka_options: Vec::new(),
+    }
+    .ensure_topics(std::slice::from_ref(&topic), 6)
+    .await
+    .expect("topic");
+    let url = database_url(&pool);
+    let shutdown = CancellationToken::new();
+
+    let relay::config::Command::Run(relay_args) = relay::config::Cli::try_parse_from([
+        "relay",
+        "run",
+        "--database-url",
+        &url,
+        "--kafka-brokers",
+        &brokers(),
+        "--metrics-listen",
+        "127.0.0.1:0",
+        &format!("--lock-key={}", rand_key()),
+    ])
+    .expect("relay arguments")
+    .command
+    else {
+        panic!("relay run expected")
+    };
+    let relay = tokio::spawn(relay::run(*relay_args, shutdown.clone()));
+
+    let consumer::config::Command::Run(consumer_args) = consumer::config::Cli::try_parse_from([
+        "consumer",
+        "run",
+        "--group",
+        "shipping",
+        "--group-prefix",
+        &format!("{run_id}-"),
+        "--topic",
+        &topic,
+        "--database-url",
+        &url,
+        "--kafka-brokers",
+        &brokers(),
+        "--metrics-listen",
+        "127.0.0.1:0",
+        "--lag-interval-ms",
+        "0",
+        "--dead-letter-topic",
+        "",
+    ])
+    .expect("consumer arguments")
+    .command
+    else {
+        panic!("consumer run expected")
+    };
+    let consumer = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move {
+            let groups = consumer::Groups::new().register("shipping", Shipping::new);
+            consumer::run(*consumer_args, &groups, shutdown).await
+        }
+    });
+
+    // The service at work: every payment captured, every third one refunded afterwards.
+    let payments = Payments::new(pool.clone(), topic.clone());
+    let mut expected: BTreeMap<String, Vec<(i64, &str)>> = BTreeMap::new();
+    for n in 0..PAYMENTS {
+        let id = format!("pay-{n}");
+        let captured = payments
+            .capture(&id, 1_000 + n as i64)
+            .await
+            .expect("capture");
+        expected
+            .entry(id.clone())
+            .or_default()
+            .push((captured.sequence(), "ship"));
+        if n % 3 == 0 {
+            let refunded = payments.refund(&id).await.expect("refund");
+            expected
+                .entry(id)
+                .or_default()
+                .push((refunded.sequence(), "cancel"));
+        }
+    }
+    let events: usize = expected.values().map(Vec::len).sum();
+
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let logged: i64 = sqlx::query_scalar("SELECT count(*) FROM shipment_log")
+            .fetch_one(&pool)
+            .await
+            .expect("count");
+        if logged as usize >= events {
+            break;
+        }
+        assert!(!relay.is_finished(), "the relay stopped");
+        assert!(!consumer.is_finished(), "the consumer stopped");
+        assert!(
+            Instant::now() < deadline,
+            "{logged} of {events} events applied after 90 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Give a late duplicate the chance to show up before looking.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let rows: Vec<(String, i64, String)> =
+        sqlx::query_as("SELECT payment_id, sequence, action FROM shipment_log ORDER BY id")
+            .fetch_all(&pool)
+            .await
+            .expect("log");
+    let mut applied: BTreeMap<String, Vec<(i64, &str)>> = BTreeMap::new();
+    for (payment, sequence, action) in &rows {
+        let action = if action == "ship" { "ship" } else { "cancel" };
+        applied
+            .entry(payment.clone())
+            .or_default()
+            .push((*sequence, action));
+    }
+    assert_eq!(rows.len(), events, "every event applied once");
+    assert_eq!(applied, expected, "in order per payment");
+
+    shutdown.cancel();
+    relay.await.expect("relay task").expect("relay");
+    consumer.await.expect("consumer task").expect("consumer");
+}
+
+fn rand_key() -> i64 {
+    i64::from(uuid::Uuid::new_v4().as_fields().0)
+}
