@@ -28,13 +28,20 @@ pub use crate::store::{claim_partition, CUSTOM_PLANS_UP_TO};
 /// A record as read from Kafka, owned so it can cross to the partition's task.
 #[derive(Debug, Clone)]
 pub struct InboundMessage {
+    /// Topic the record was read from.
     pub topic: String,
+    /// Partition the record was read from.
     pub partition: i32,
+    /// The record's offset in its partition.
     pub offset: i64,
+    /// The record's key (the aggregate id for our events), if it has one.
     pub key: Option<Vec<u8>>,
+    /// The record's payload (JSON for our events), if it has one.
     pub payload: Option<Vec<u8>>,
     /// All headers as a JSON object (values decoded lossily), kept for dead letters.
     pub headers: RecordHeaders,
+    /// The envelope read from the key and headers, or why the record is not one of our events
+    /// (it is then dead-lettered).
     pub envelope: Result<Envelope, EnvelopeError>,
 }
 
@@ -132,14 +139,20 @@ pub(crate) struct Pending<'m> {
 /// The partition a batch belongs to and the token this consumer owns it with.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Fence {
+    /// Topic of the fenced partition.
     pub topic: String,
+    /// The fenced partition.
     pub partition: i32,
+    /// This consumer's ownership token, as claimed in `partition_owner`; batches are refused
+    /// once another member's token replaces it.
     pub owner: Uuid,
 }
 
 /// What a batch runs with.
 pub struct BatchContext<'a> {
+    /// The group's database, where each batch's transaction runs.
     pub pool: &'a PgPool,
+    /// The group's handler, whose effects commit in the batch's transaction.
     pub handler: &'a dyn Handler,
     /// When set, the batch applies nothing unless this consumer still owns the partition.
     pub fence: Option<&'a Fence>,
@@ -183,7 +196,10 @@ pub async fn process_batch_with(
 /// One partition's messages (in offset order) within a shared transaction, and the token this
 /// consumer owns the partition with (none: not fenced).
 pub struct PartitionBatch<'a> {
+    /// When set, the shared transaction applies nothing unless this consumer still owns the
+    /// partition.
     pub fence: Option<&'a Fence>,
+    /// The partition's messages, in offset order.
     pub messages: &'a [InboundMessage],
 }
 

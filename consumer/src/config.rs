@@ -15,18 +15,22 @@ use crate::group::GroupSettings;
 #[derive(Debug, Parser)]
 #[command(name = "consumer", version, about)]
 pub struct Cli {
+    /// Log format and filter.
     #[command(flatten)]
     pub log: LogArgs,
+    /// What to do.
     #[command(subcommand)]
     pub command: Command,
 }
 
+/// The subcommands of the `consumer` binary.
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run consumer groups until SIGTERM or SIGINT.
     Run(Box<RunArgs>),
     /// Set the inventory's stock of the demonstration catalogue.
     SeedStock {
+        /// The database holding the inventory's stock.
         #[command(flatten)]
         db: DbArgs,
         /// Products sku-00001… to stock.
@@ -42,10 +46,13 @@ pub enum Command {
     DeadLetters(Box<DeadLetterArgs>),
 }
 
+/// Arguments of `consumer dead-letters`.
 #[derive(Debug, clap::Args)]
 pub struct DeadLetterArgs {
+    /// The group's database, where its dead letters are recorded.
     #[command(flatten)]
     pub db: DbArgs,
+    /// Kafka, for publishing dead letters raised while releasing parked events.
     #[command(flatten)]
     pub kafka: KafkaArgs,
     /// The group whose dead letters to handle (its name, without the prefix).
@@ -58,10 +65,12 @@ pub struct DeadLetterArgs {
     /// while releasing parked events.
     #[arg(long, env = "DEAD_LETTER_TOPIC", default_value = "{topic}.dlq")]
     pub dead_letter_topic: String,
+    /// List, replay or discard.
     #[command(subcommand)]
     pub action: DeadLetterAction,
 }
 
+/// What `consumer dead-letters` does.
 #[derive(Debug, Subcommand)]
 pub enum DeadLetterAction {
     /// List dead letters, oldest first (JSON lines).
@@ -72,6 +81,7 @@ pub enum DeadLetterAction {
     },
     /// Apply a dead-lettered event again, then the order's parked events in sequence order.
     Replay {
+        /// Id of the dead letter, as `list` prints it.
         #[arg(long)]
         id: i64,
         /// Why, kept with the dead letter.
@@ -80,6 +90,7 @@ pub enum DeadLetterAction {
     },
     /// Skip a dead-lettered event for good, then apply the order's parked events in order.
     Discard {
+        /// Id of the dead letter, as `list` prints it.
         #[arg(long)]
         id: i64,
         /// Why, kept with the dead letter.
@@ -88,10 +99,13 @@ pub enum DeadLetterAction {
     },
 }
 
+/// Arguments of `consumer run`, also what [`crate::run`] takes.
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
+    /// The groups' database.
     #[command(flatten)]
     pub db: DbArgs,
+    /// The Kafka cluster the groups consume from.
     #[command(flatten)]
     pub kafka: KafkaArgs,
     /// Consumer group to run, repeatable: a name the program registered (`consumer run`:
@@ -213,6 +227,8 @@ pub struct RunArgs {
 }
 
 impl RunArgs {
+    /// The Kafka consumer settings every group runs with, the durations converted from
+    /// milliseconds (`--leave-after-database-unreachable-ms` 0: the session timeout).
     pub fn group_settings(&self) -> GroupSettings {
         GroupSettings {
             topics: self.topics.clone(),
@@ -280,10 +296,13 @@ impl RunArgs {
     }
 }
 
+/// Arguments of `consumer report`.
 #[derive(Debug, clap::Args)]
 pub struct ReportArgs {
+    /// The pipeline's database.
     #[command(flatten)]
     pub db: DbArgs,
+    /// Kafka, for the groups' lag.
     #[command(flatten)]
     pub kafka: KafkaArgs,
     /// Group to report, repeatable: any group name.

@@ -22,24 +22,38 @@ use crate::handler::Event;
 
 /// Header names of dead-letter records.
 pub mod headers {
+    /// Why the message was dead-lettered.
     pub const REASON: &str = "dlq-reason";
+    /// The consumer group that dead-lettered it.
     pub const GROUP: &str = "dlq-group";
+    /// Topic the original record was read from.
     pub const ORIGINAL_TOPIC: &str = "dlq-original-topic";
+    /// Partition the original record was read from.
     pub const ORIGINAL_PARTITION: &str = "dlq-original-partition";
+    /// Offset of the original record in its partition.
     pub const ORIGINAL_OFFSET: &str = "dlq-original-offset";
+    /// How many times the message was tried before it was dead-lettered.
     pub const ATTEMPTS: &str = "dlq-attempts";
+    /// RFC 3339 time of the first failed attempt.
     pub const FIRST_FAILURE_AT: &str = "dlq-first-failure-at";
+    /// RFC 3339 time of the last failed attempt.
     pub const LAST_FAILURE_AT: &str = "dlq-last-failure-at";
 }
 
 /// One dead letter of a batch.
 #[derive(Debug, Clone)]
 pub struct DeadLetter {
+    /// The record as read from Kafka; its key, payload and headers are kept and republished.
     pub message: InboundMessage,
+    /// The event, when the record could be read as one.
     pub event: Option<Event>,
+    /// Why the message cannot be applied.
     pub reason: String,
+    /// How many times the message was tried (1 when rejected on its first attempt).
     pub attempts: i32,
+    /// When the first attempt failed.
     pub first_failure_at: DateTime<Utc>,
+    /// When the last attempt failed.
     pub last_failure_at: DateTime<Utc>,
 }
 
@@ -106,6 +120,8 @@ pub struct DeadLetterSink {
 }
 
 impl DeadLetterSink {
+    /// An idempotent producer (`acks=all`) publishing to `topic_template`, in which `{topic}`
+    /// stands for the original topic.
     pub fn new(kafka: &KafkaArgs, topic_template: &str) -> anyhow::Result<Self> {
         let mut config = kafka.client_config();
         config

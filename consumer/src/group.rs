@@ -17,10 +17,15 @@ use crate::worker::{Progress, WorkerShared};
 /// Settings of one group's Kafka consumer.
 #[derive(Debug, Clone)]
 pub struct GroupSettings {
+    /// Topics the group subscribes to.
     pub topics: Vec<String>,
+    /// `partition.assignment.strategy`.
     pub assignment_strategy: String,
+    /// `session.timeout.ms`.
     pub session_timeout: Duration,
+    /// `max.poll.interval.ms`; polling runs on its own thread, so slow batches do not count.
     pub max_poll_interval: Duration,
+    /// `fetch.wait.max.ms`.
     pub fetch_wait_max: Duration,
     /// Shortest time between two commits of finished offsets.
     pub commit_interval: Duration,

@@ -33,11 +33,14 @@ struct Entry {
 #[derive(Debug, thiserror::Error)]
 #[error("unknown consumer group `{name}`: this program runs {known}")]
 pub struct UnknownGroup {
+    /// The name asked for.
     pub name: String,
+    /// The registered names, comma-separated.
     pub known: String,
 }
 
 impl Groups {
+    /// No groups yet; add them with [`Groups::register`].
     pub fn new() -> Groups {
         Groups::default()
     }

@@ -7,7 +7,9 @@ use sqlx::PgConnection;
 /// An event ready to apply: its envelope and its raw JSON payload.
 #[derive(Debug, Clone)]
 pub struct Event {
+    /// Ids, type, order (aggregate) and sequence, from the record's key and headers.
     pub envelope: Envelope,
+    /// The record's payload, parsed as JSON.
     pub payload: serde_json::Value,
 }
 

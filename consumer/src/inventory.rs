@@ -4,7 +4,7 @@
 //!
 //! A batch locks the reservations its events touch (in key order) and reads the stock rows without
 //! locking them, keeps both in memory while deciding each event, and locks the stock rows only at
-//! the end, in the statement before the write (see [`InventoryBatch::lock_stock`]): stock rows are
+//! the end, in the statement before the write (see `InventoryBatch::lock_stock`): stock rows are
 //! shared by every order, so a lock taken at the start of the transaction made the group's
 //! concurrent transactions run one after the other. When another transaction changed a stock row
 //! in between, the batch's decisions are made again, in the same order, on the locked values, so
@@ -26,6 +26,7 @@ pub struct Inventory {
 }
 
 impl Inventory {
+    /// The handler of the inventory group with id `group` (its dedupe scope).
     pub fn new(group: impl Into<String>) -> Self {
         Inventory {
             group: group.into(),

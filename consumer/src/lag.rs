@@ -96,6 +96,8 @@ pub struct LagCollector {
 }
 
 impl LagCollector {
+    /// A collector with no snapshot yet: it serves nothing until [`run_collector`] completes a
+    /// cycle.
     pub fn new() -> prometheus::Result<Self> {
         let template = Families::new()?;
         let descs = template
@@ -122,7 +124,9 @@ impl Collector for LagCollector {
 
 /// One group's offsets as of a cycle.
 pub struct GroupSnapshot {
+    /// The Kafka group id.
     pub group: String,
+    /// Committed and end offsets of each partition of the group's topics.
     pub partitions: Vec<PartitionLag>,
     /// Age in seconds of the first unprocessed event per (topic, partition) with lag.
     pub first_unprocessed_age: HashMap<(String, i32), f64>,

@@ -53,6 +53,8 @@
 //! member that lost its partitions (frozen, or cut off from its database) applies nothing;
 //! rebalance-safe commits; shared transactions; metrics and lag.
 
+#![warn(missing_docs)]
+
 pub mod apply;
 pub mod config;
 pub mod dead_letter;

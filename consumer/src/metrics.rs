@@ -19,24 +19,51 @@ pub const OUTCOMES: [&str; 7] = [
 /// Metrics of every consumer group in this process, labelled by group.
 #[derive(Clone)]
 pub struct ConsumerMetrics {
+    /// `consumer_messages_total`: messages handled, by group and outcome (see [`OUTCOMES`]).
     pub messages: IntCounterVec,
+    /// `consumer_out_of_sequence_events_total`: events whose sequence was not the next one of
+    /// their order (parked or stale).
     pub out_of_sequence: IntCounterVec,
+    /// `consumer_batch_duration_seconds`: time to process one committed partition batch, its
+    /// database transaction included.
     pub processing_duration: HistogramVec,
+    /// `consumer_db_transaction_duration_seconds`: BEGIN to the end of COMMIT of a committed
+    /// batch transaction.
     pub transaction_duration: HistogramVec,
+    /// `consumer_batch_size`: messages per committed partition batch.
     pub batch_size: HistogramVec,
+    /// `consumer_transaction_partition_batches`: partition batches applied in one shared
+    /// transaction.
     pub transaction_partitions: HistogramVec,
+    /// `consumer_shared_transaction_failures_total`: shared transactions of several partition
+    /// batches that failed (each batch is then retried alone).
     pub shared_transaction_failures: IntCounterVec,
+    /// `pipeline_end_to_end_latency_seconds`: an event's creation in the outbox to the group's
+    /// database commit.
     pub end_to_end: HistogramVec,
+    /// `consumer_offset_commit_duration_seconds`: time to issue (async) or complete (sync) an
+    /// offset commit.
     pub commit_duration: HistogramVec,
+    /// `consumer_offset_commit_failures_total`: offset commits that failed.
     pub commit_failures: IntCounterVec,
+    /// `consumer_rebalances_total`: rebalance callbacks, by group and kind (assign, revoke, lost,
+    /// error).
     pub rebalances: IntCounterVec,
+    /// `consumer_assigned_partitions`: partitions currently assigned to this member.
     pub assigned_partitions: IntGaugeVec,
+    /// `consumer_batch_retries_total`: partition batches retried after a failure.
     pub batch_retries: IntCounterVec,
+    /// `consumer_database_reachable`: 1 while this process's database probe is answered, 0
+    /// while it is not.
     pub database_reachable: IntGauge,
+    /// `consumer_database_departures_total`: times this member left its group because its
+    /// database was out of reach for longer than the limit.
     pub database_departures: IntCounterVec,
 }
 
 impl ConsumerMetrics {
+    /// Creates every metric and registers it on `registry`; fails if one of the same name is
+    /// already registered there.
     pub fn register(registry: &Registry) -> prometheus::Result<Self> {
         let m = ConsumerMetrics {
             messages: IntCounterVec::new(

@@ -20,16 +20,25 @@ use crate::handler::{order_snapshot, Event, Handler, HandlerBatch, HandlerError}
 /// A notification to deliver.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct Notification {
+    /// The `notification` row's id.
     pub id: i64,
+    /// The event that called for it.
     pub event_id: Uuid,
+    /// The order it is about.
     pub order_id: String,
+    /// The order's e-mail address or, without one, its customer id.
     pub recipient: String,
+    /// `email`, or `customer-inbox` when the order has no e-mail address.
     pub channel: String,
+    /// The template for the event type (see [`template_for`]).
     pub template: String,
 }
 
 /// Delivers notifications (e-mail, SMS, push…). Errors are retried by the dispatcher.
 pub trait NotificationSender: Send + Sync + 'static {
+    /// Delivers one notification; an `Err` carries the reason, recorded as its last error.
+    /// Delivery is at least once: a notification may be sent again if the process stops before
+    /// the outcome is recorded.
     fn send<'a>(&'a self, notification: &'a Notification) -> BoxFuture<'a, Result<(), String>>;
 }
 
@@ -59,6 +68,7 @@ pub struct Notifications {
 }
 
 impl Notifications {
+    /// The handler of the notification group with id `group` (its dedupe scope).
     pub fn new(group: impl Into<String>) -> Self {
         Notifications {
             group: group.into(),
@@ -173,6 +183,7 @@ pub struct DispatchSettings {
     pub claim_for: Duration,
     /// Wait after the first failed attempt; doubles with each further one, up to `retry_max`.
     pub retry_base: Duration,
+    /// Longest wait between two attempts.
     pub retry_max: Duration,
     /// Attempts after which a notification is marked `failed`.
     pub max_attempts: i32,

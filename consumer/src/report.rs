@@ -10,10 +10,15 @@ use sqlx::PgPool;
 /// Figures of one consumer group.
 #[derive(Debug, Serialize)]
 pub struct GroupReport {
+    /// The group's name, as its `processed_message` rows carry it.
     pub group: String,
+    /// Events the group recorded processed (one `processed_message` row each, any outcome).
     pub processed: i64,
+    /// Effects the group recorded applied (`applied_effect` rows).
     pub applied_effects: i64,
+    /// Events still parked, waiting for an earlier sequence of their order.
     pub parked: i64,
+    /// Events whose outcome is dead-lettered (a replayed one counts as applied).
     pub dead_lettered: i64,
     /// Effects recorded more than once for one event: must be zero.
     pub duplicate_effects: i64,
@@ -23,19 +28,26 @@ pub struct GroupReport {
     pub uncommitted_partitions: usize,
     /// Outbox insert to this group's commit, by the database clock, in milliseconds.
     pub e2e_ms_p50: Option<f64>,
+    /// The same delay at the 99th percentile, in milliseconds.
     pub e2e_ms_p99: Option<f64>,
 }
 
 /// The whole pipeline's figures.
 #[derive(Debug, Serialize)]
 pub struct PipelineReport {
+    /// Orders in the `orders` table.
     pub orders: i64,
+    /// Outbox rows not yet published.
     pub outbox_pending: i64,
+    /// Outbox rows published to Kafka.
     pub outbox_published: i64,
+    /// Outbox rows the relay failed to publish for good.
     pub outbox_failed: i64,
     /// Outbox insert to the relay's mark after the delivery report, in milliseconds.
     pub publish_delay_ms_p50: Option<f64>,
+    /// The same delay at the 99th percentile, in milliseconds.
     pub publish_delay_ms_p99: Option<f64>,
+    /// One report per requested group, in the order requested.
     pub groups: Vec<GroupReport>,
 }
 

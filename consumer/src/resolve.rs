@@ -26,16 +26,32 @@ pub enum Resolution {
 /// Why a dead letter could not be resolved.
 #[derive(Debug, thiserror::Error)]
 pub enum ResolveError {
+    /// The group has no dead letter with this id.
     #[error("no dead letter {0} for this group")]
     NotFound(i64),
+    /// The dead letter was already replayed or discarded.
     #[error("dead letter {id} is already {status}")]
-    AlreadyResolved { id: i64, status: String },
+    AlreadyResolved {
+        /// The dead letter's id.
+        id: i64,
+        /// Its status: `replayed` or `discarded`.
+        status: String,
+    },
+    /// A replay was asked of a record that is not a readable event.
     #[error("dead letter {0} has no readable event (no key or envelope headers): it can only be discarded")]
     Unreadable(i64),
+    /// An earlier sequence of the order is not applied yet, so this event cannot go next.
     #[error("order {order_id} has not applied sequence {expected} yet; resolve that event first")]
-    EarlierPending { order_id: String, expected: i64 },
+    EarlierPending {
+        /// The dead letter's order.
+        order_id: String,
+        /// The order's next sequence to apply.
+        expected: i64,
+    },
+    /// The replayed event was rejected again, for this reason; the dead letter stays open.
     #[error("the handler rejected the event again: {0}")]
     StillRejected(String),
+    /// The database or the dead-letter publish failed; the transaction was rolled back.
     #[error(transparent)]
     Process(#[from] ProcessError),
 }
@@ -49,18 +65,31 @@ impl From<sqlx::Error> for ResolveError {
 /// A dead letter as listed for operators.
 #[derive(Debug, Serialize, sqlx::FromRow)]
 pub struct DeadLetterRow {
+    /// The id `replay` and `discard` take.
     pub id: i64,
+    /// The group that dead-lettered the message.
     pub group_name: String,
+    /// The event's id, when the record was a readable event.
     pub event_id: Option<Uuid>,
+    /// The event's order (aggregate id), when readable.
     pub order_id: Option<String>,
+    /// The event's sequence within its order, when readable.
     pub sequence: Option<i64>,
+    /// The event's type, when readable.
     pub event_type: Option<String>,
+    /// Topic of the original record.
     pub topic: String,
+    /// Partition of the original record.
     pub partition: i32,
+    /// Offset of the original record.
     pub kafka_offset: i64,
+    /// Why the message was dead-lettered.
     pub reason: String,
+    /// How many times the message was tried.
     pub attempts: i32,
+    /// `open`, `replayed` or `discarded`.
     pub status: String,
+    /// When the dead letter was recorded.
     pub created_at: DateTime<Utc>,
     /// Later events of the same order waiting behind this one.
     pub parked_behind: i64,
@@ -102,7 +131,9 @@ struct Letter {
 /// What a resolution did.
 #[derive(Debug, Serialize)]
 pub struct Resolved {
+    /// The dead letter resolved.
     pub id: i64,
+    /// Whether its event was applied (a replay); false for a discard.
     pub applied: bool,
     /// Parked events applied after it, in sequence order.
     pub released: usize,

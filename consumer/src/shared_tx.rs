@@ -28,9 +28,13 @@ use crate::metrics::ConsumerMetrics;
 
 /// What a shared transaction's runner needs.
 pub struct SharedTxSettings {
+    /// The group's database.
     pub pool: PgPool,
+    /// The group's handler; it prepares and flushes once per shared transaction.
     pub handler: Arc<dyn Handler>,
+    /// When set, dead letters are also published to the dead-letter topic before commit.
     pub dead_letters: Option<Arc<DeadLetterSink>>,
+    /// Where partitions per transaction and failed shared transactions are counted.
     pub metrics: ConsumerMetrics,
     /// Transactions run at once.
     pub transactions: usize,
