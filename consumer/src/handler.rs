@@ -44,12 +44,15 @@ pub trait Handler: Send + Sync + 'static {
 /// event.
 pub trait HandlerBatch: Send {
     /// Called once, before any `apply`, with the events the batch is about to apply: reads (and
-    /// locks, in a fixed order, so concurrent batches cannot deadlock) what they need.
+    /// locks, in a fixed order, so concurrent batches cannot deadlock) what they need. Does
+    /// nothing unless implemented.
     fn prepare<'a>(
         &'a mut self,
-        conn: &'a mut PgConnection,
-        events: &'a [Event],
-    ) -> BoxFuture<'a, Result<(), HandlerError>>;
+        _conn: &'a mut PgConnection,
+        _events: &'a [Event],
+    ) -> BoxFuture<'a, Result<(), HandlerError>> {
+        Box::pin(async { Ok(()) })
+    }
 
     /// Decides one event's effects. `Rejected` must leave no trace: the batch's view stays as it
     /// was before the call. May read what `prepare` did not (events released from parking).
@@ -61,10 +64,13 @@ pub trait HandlerBatch: Send {
 
     /// Writes every effect decided so far; called once, as the transaction's last statement
     /// before commit, so locks it takes on rows other batches share are held only that long.
+    /// Does nothing unless implemented (for a handler whose `apply` writes as it goes).
     fn flush<'a>(
         &'a mut self,
-        conn: &'a mut PgConnection,
-    ) -> BoxFuture<'a, Result<(), HandlerError>>;
+        _conn: &'a mut PgConnection,
+    ) -> BoxFuture<'a, Result<(), HandlerError>> {
+        Box::pin(async { Ok(()) })
+    }
 }
 
 /// Parses the order snapshot every order event carries.

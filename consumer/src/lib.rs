@@ -18,8 +18,6 @@
 //! }
 //!
 //! impl HandlerBatch for TallyBatch {
-//!     fn prepare<'a>(&'a mut self, _: &'a mut PgConnection, _: &'a [Event])
-//!         -> BoxFuture<'a, Result<(), HandlerError>> { Box::pin(async { Ok(()) }) }
 //!     fn apply<'a>(&'a mut self, conn: &'a mut PgConnection, event: &'a Event)
 //!         -> BoxFuture<'a, Result<(), HandlerError>> {
 //!         Box::pin(async move {
@@ -31,8 +29,6 @@
 //!             Ok(())
 //!         })
 //!     }
-//!     fn flush<'a>(&'a mut self, _: &'a mut PgConnection)
-//!         -> BoxFuture<'a, Result<(), HandlerError>> { Box::pin(async { Ok(()) }) }
 //! }
 //!
 //! # async fn start(args: RunArgs, shutdown: tokio_util::sync::CancellationToken) -> anyhow::Result<()> {

@@ -214,13 +214,7 @@ impl GroupContext {
 
     /// Stops the tasks of `keys` (all when `None`) and waits for them, up to the revoke timeout.
     pub(crate) fn stop_tasks(&self, keys: &[PartitionKey]) {
-        let stopping: Vec<PartitionTask> = {
-            let mut tasks = lock(&self.tasks);
-            keys.iter().filter_map(|k| tasks.remove(k)).collect()
-        };
-        for t in &stopping {
-            t.stop.cancel();
-        }
+        let stopping = self.cancel_tasks(keys);
         let deadline = self.revoke_timeout;
         let waited = self.runtime.block_on(async move {
             tokio::time::timeout(
@@ -238,16 +232,22 @@ impl GroupContext {
     /// reach and their batches may hang until it comes back. Whatever those batches try later
     /// is refused by the ownership check (the partitions' next owner replaced the token).
     pub(crate) fn abandon_tasks(&self, keys: &[PartitionKey]) {
-        let abandoned: Vec<PartitionTask> = {
-            let mut tasks = lock(&self.tasks);
-            keys.iter().filter_map(|k| tasks.remove(k)).collect()
-        };
-        for t in &abandoned {
-            t.stop.cancel();
-        }
+        let abandoned = self.cancel_tasks(keys);
         if !abandoned.is_empty() {
             tracing::warn!(group = %self.group, partitions = abandoned.len(), "partition tasks abandoned");
         }
+    }
+
+    /// Takes the tasks of `keys` out of the group and tells each to stop.
+    fn cancel_tasks(&self, keys: &[PartitionKey]) -> Vec<PartitionTask> {
+        let cancelled: Vec<PartitionTask> = {
+            let mut tasks = lock(&self.tasks);
+            keys.iter().filter_map(|k| tasks.remove(k)).collect()
+        };
+        for t in &cancelled {
+            t.stop.cancel();
+        }
+        cancelled
     }
 
     pub(crate) fn count_database_departure(&self) {

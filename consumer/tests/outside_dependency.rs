@@ -42,14 +42,6 @@ impl Handler for Ledger {
 }
 
 impl HandlerBatch for LedgerBatch<'_> {
-    fn prepare<'a>(
-        &'a mut self,
-        _: &'a mut PgConnection,
-        _: &'a [Event],
-    ) -> BoxFuture<'a, Result<(), HandlerError>> {
-        Box::pin(async { Ok(()) })
-    }
-
     fn apply<'a>(
         &'a mut self,
         _: &'a mut PgConnection,
@@ -66,10 +58,6 @@ impl HandlerBatch for LedgerBatch<'_> {
                 Ok(())
             }
         })
-    }
-
-    fn flush<'a>(&'a mut self, _: &'a mut PgConnection) -> BoxFuture<'a, Result<(), HandlerError>> {
-        Box::pin(async { Ok(()) })
     }
 }
 

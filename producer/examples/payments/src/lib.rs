@@ -122,14 +122,6 @@ struct ShippingBatch {
 }
 
 impl HandlerBatch for ShippingBatch {
-    fn prepare<'a>(
-        &'a mut self,
-        _: &'a mut PgConnection,
-        _: &'a [Event],
-    ) -> BoxFuture<'a, Result<(), HandlerError>> {
-        Box::pin(async { Ok(()) })
-    }
-
     fn apply<'a>(
         &'a mut self,
         _: &'a mut PgConnection,
