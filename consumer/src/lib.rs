@@ -54,11 +54,13 @@
 pub mod apply;
 pub mod config;
 pub mod dead_letter;
+pub(crate) mod effects;
 pub mod group;
 pub mod groups;
 pub mod handler;
 pub mod inventory;
 pub mod lag;
+pub mod message;
 pub mod metrics;
 pub mod notification;
 pub mod parking;

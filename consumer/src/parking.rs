@@ -5,9 +5,11 @@ use pipeline_core::envelope::Envelope;
 use sqlx::{PgConnection, Postgres, Transaction};
 use uuid::Uuid;
 
-use crate::apply::{apply_one, BatchReport, BatchState, InboundMessage, ProcessError};
 use crate::dead_letter::{self, DeadLetter};
+use crate::effects::{apply_one, BatchState};
 use crate::handler::{Event, HandlerBatch};
+use crate::message::{BatchReport, InboundMessage};
+use crate::process_error::ProcessError;
 use crate::store::{set_outcomes, AppliedEffect};
 
 /// Applies parked events of `order` that now follow `last` without a gap. Returns the new last.

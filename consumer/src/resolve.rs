@@ -8,10 +8,12 @@ use serde::Serialize;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::apply::{apply_one, BatchReport, BatchState, ProcessError};
 use crate::dead_letter::DeadLetterSink;
+use crate::effects::{apply_one, BatchState};
 use crate::handler::{Event, Handler};
+use crate::message::BatchReport;
 use crate::parking::release_parked;
+use crate::process_error::ProcessError;
 use crate::store::{record_applied, set_outcomes, AppliedEffect};
 
 /// What to do with a dead letter.

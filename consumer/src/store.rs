@@ -7,8 +7,9 @@ use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use crate::apply::{Fence, Pending, ProcessError};
 use crate::handler::Event;
+use crate::message::{Fence, Pending};
+use crate::process_error::ProcessError;
 
 pub(crate) async fn check_owner(
     tx: &mut PgConnection,

@@ -1,0 +1,43 @@
+//! What a batch decides as it goes: the handler's effects of one event, and the batch's working
+//! state (progress per aggregate, effects and dead letters to write). Shared by the batch
+//! transaction ([`crate::apply`]) and the release of parked events ([`crate::parking`]).
+
+use std::collections::{HashMap, HashSet};
+
+use sqlx::{Postgres, Transaction};
+
+use crate::dead_letter::DeadLetter;
+use crate::handler::{Event, HandlerBatch, HandlerError};
+use crate::process_error::{is_rejection, ProcessError};
+use crate::store::AppliedEffect;
+
+/// What a batch has learned so far about the orders it touches.
+#[derive(Default)]
+pub(crate) struct BatchState {
+    /// Last applied sequence per order, as read at the start and advanced since.
+    pub(crate) progress: HashMap<String, i64>,
+    /// Orders whose last applied sequence this batch moved, with the new value.
+    pub(crate) advanced: HashMap<String, i64>,
+    /// Orders with parked events.
+    pub(crate) parked_orders: HashSet<String>,
+    pub(crate) effects: Vec<AppliedEffect>,
+    /// Dead letters recorded so far, to publish before commit.
+    pub(crate) letters: Vec<DeadLetter>,
+}
+
+/// Decides one event's effects; a rejection (the handler's, or a data or constraint error the
+/// database raised about this event) is returned as the dead-letter reason.
+pub(crate) async fn apply_one(
+    tx: &mut Transaction<'_, Postgres>,
+    effects: &mut dyn HandlerBatch,
+    event: &Event,
+) -> Result<Result<(), String>, ProcessError> {
+    match effects.apply(tx, event).await {
+        Ok(()) => Ok(Ok(())),
+        Err(HandlerError::Rejected(reason)) => Ok(Err(reason)),
+        Err(HandlerError::Database(e)) if is_rejection(&e) => {
+            Ok(Err(format!("rejected by the database: {e}")))
+        }
+        Err(e @ (HandlerError::Database(_) | HandlerError::Unavailable(_))) => Err(e.into()),
+    }
+}
