@@ -28,7 +28,8 @@ async fn main() -> anyhow::Result<()> {
             consumer::resolve_cli(*args, &consumer::demo_groups(Arc::new(LoggingSender))).await
         }
         Command::Report(args) => {
-            let pool = args.db.connect(&consumer::SCHEMA).await?;
+            // Reads only: it changes no table, migrations included.
+            let pool = args.db.connect(&[]).await?;
             let groups: Vec<(String, String)> = args
                 .groups
                 .iter()
