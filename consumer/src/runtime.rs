@@ -1,0 +1,322 @@
+//! The composition root of `consumer run`: one type whose start-up is a sequence of named steps,
+//! in the order of the data's path (database, dead-letter topics, metrics and ops endpoint, the
+//! database probe and lag collector beside the groups, then each group's poll thread), and whose
+//! [`Runtime::wait`] joins everything it started.
+
+use std::sync::{mpsc, Arc};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use anyhow::Context;
+use pipeline_core::db::Planner;
+use pipeline_core::ops_http;
+use prometheus::Registry;
+use sqlx::postgres::PgConnectOptions;
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::RunArgs;
+use crate::dead_letter::DeadLetterSink;
+use crate::groups::Groups;
+use crate::lag::{self, LagCollector};
+use crate::metrics::ConsumerMetrics;
+use crate::reachability::{self, Reachability};
+use crate::shared_tx::{SharedTransactions, SharedTxSettings};
+use crate::worker::{FatalSignal, WorkerShared};
+use crate::{group, SCHEMA};
+
+/// How often the database probe runs (see [`crate::reachability`]).
+const PROBE_EVERY: Duration = Duration::from_secs(1);
+
+/// A running consumer process: its groups' poll threads and what runs beside them.
+pub struct Runtime {
+    stop: CancellationToken,
+    fatal: FatalSignal,
+    threads: Vec<(String, JoinHandle<anyhow::Result<()>>)>,
+    background: Vec<tokio::task::JoinHandle<()>>,
+    lag_thread: Option<JoinHandle<()>>,
+}
+
+/// What the steps of start-up hand to one another.
+struct Parts {
+    pool: PgPool,
+    options: PgConnectOptions,
+    dead_letters: Option<Arc<DeadLetterSink>>,
+    metrics: ConsumerMetrics,
+    lag_collector: LagCollector,
+}
+
+impl Runtime {
+    /// Starts every group `args` names (each looked up in `groups`); stops on `shutdown` or on
+    /// a fatal error of any part.
+    pub async fn start(
+        args: RunArgs,
+        groups: &Groups,
+        shutdown: CancellationToken,
+    ) -> anyhow::Result<Runtime> {
+        args.validate()?;
+        check_groups(&args, groups)?;
+        let (pool, options) = connect_database(&args).await?;
+        let dead_letters = dead_letter_sink(&args).await?;
+        let registry = Registry::new();
+        let metrics = ConsumerMetrics::register(&registry).context("registering metrics")?;
+        let lag_collector = LagCollector::new().context("lag metrics")?;
+        registry
+            .register(Box::new(lag_collector.clone()))
+            .context("registering lag metrics")?;
+        serve_ops(&args, registry, &pool, &shutdown).await?;
+        let mut runtime = Runtime {
+            stop: CancellationToken::new(),
+            fatal: FatalSignal::default(),
+            threads: Vec::new(),
+            background: Vec::new(),
+            lag_thread: None,
+        };
+        runtime.stop_on(shutdown);
+        let parts = Parts {
+            pool,
+            options,
+            dead_letters,
+            metrics,
+            lag_collector,
+        };
+        runtime.start_lag_collector(&args, &parts)?;
+        let reachability = runtime.probe_database(&parts);
+        runtime.start_groups(&args, groups, &parts, &reachability)?;
+        Ok(runtime)
+    }
+
+    /// Waits until every group has stopped and everything beside them has finished; the first
+    /// group's error, or the fatal error that stopped the process, is returned.
+    pub async fn wait(self) -> anyhow::Result<()> {
+        let mut first_error = None;
+        for (name, thread) in self.threads {
+            let result = tokio::task::spawn_blocking(move || thread.join())
+                .await
+                .context("joining poll thread")?;
+            match result {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::error!(group = %name, error = %e, "group failed");
+                    self.stop.cancel();
+                    first_error.get_or_insert(e);
+                }
+                Err(_) => {
+                    self.stop.cancel();
+                    first_error.get_or_insert(anyhow::anyhow!("poll thread of {name} panicked"));
+                }
+            }
+        }
+        for task in self.background {
+            let _ = task.await;
+        }
+        if let Some(t) = self.lag_thread {
+            let _ = tokio::task::spawn_blocking(move || t.join()).await;
+        }
+        if let Some(reason) = self.fatal.reason() {
+            anyhow::bail!("stopped on a fatal error: {reason}");
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Every part stops when the process is asked to, or when one of them raises a fatal error.
+    fn stop_on(&self, shutdown: CancellationToken) {
+        let (stop, fatal) = (self.stop.clone(), self.fatal.token.clone());
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = shutdown.cancelled() => {}
+                _ = fatal.cancelled() => {}
+            }
+            stop.cancel();
+        });
+    }
+
+    /// The lag collector's thread, reporting every group this process runs and those of
+    /// `--lag-group`.
+    fn start_lag_collector(&mut self, args: &RunArgs, parts: &Parts) -> anyhow::Result<()> {
+        if args.lag_interval_ms == 0 {
+            return Ok(());
+        }
+        let mut expected: Vec<String> = args
+            .groups
+            .iter()
+            .map(|g| format!("{}{g}", args.group_prefix))
+            .collect();
+        expected.extend(args.lag_groups.iter().cloned());
+        expected.sort();
+        expected.dedup();
+        let (kafka, topics, interval, collector, stop) = (
+            args.kafka.clone(),
+            args.topics.clone(),
+            Duration::from_millis(args.lag_interval_ms),
+            parts.lag_collector.clone(),
+            self.stop.clone(),
+        );
+        let thread = std::thread::Builder::new()
+            .name("lag-collector".into())
+            .spawn(move || {
+                if let Err(e) =
+                    lag::run_collector(&kafka, &expected, &topics, interval, &collector, &stop)
+                {
+                    tracing::error!(error = %e, "lag collector stopped");
+                }
+            })
+            .context("starting lag collector")?;
+        self.lag_thread = Some(thread);
+        Ok(())
+    }
+
+    /// The probe that tells the poll loops how long the database has been out of reach.
+    fn probe_database(&mut self, parts: &Parts) -> Reachability {
+        let reachability = Reachability::default();
+        self.background.push(tokio::spawn(reachability::probe(
+            parts.options.clone(),
+            PROBE_EVERY,
+            reachability.clone(),
+            parts.metrics.clone(),
+            self.stop.clone(),
+        )));
+        reachability
+    }
+
+    /// One poll thread per group, with its partition tasks' shared settings and the tasks the
+    /// group registered to run beside it.
+    fn start_groups(
+        &mut self,
+        args: &RunArgs,
+        groups: &Groups,
+        parts: &Parts,
+        reachability: &Reachability,
+    ) -> anyhow::Result<()> {
+        let settings = args.group_settings();
+        for group in &args.groups {
+            let name = format!("{}{group}", args.group_prefix);
+            let handler = groups.handler(group, name.clone())?;
+            parts.metrics.init_group(&name);
+            let (progress_tx, progress_rx) = mpsc::channel();
+            let shared_transactions =
+                (args.group_transactions > 0 && args.max_batch > 1).then(|| {
+                    Arc::new(SharedTransactions::start(
+                        SharedTxSettings {
+                            pool: parts.pool.clone(),
+                            handler: handler.clone(),
+                            dead_letters: parts.dead_letters.clone(),
+                            metrics: parts.metrics.clone(),
+                            transactions: args.group_transactions,
+                            patience: Duration::from_millis(args.group_transaction_patience_ms),
+                            max_messages: args.max_batch,
+                            custom_plans_up_to: args.custom_plans_up_to,
+                        },
+                        self.stop.clone(),
+                    ))
+                });
+            let shared = WorkerShared {
+                pool: parts.pool.clone(),
+                handler,
+                dead_letters: parts.dead_letters.clone(),
+                metrics: parts.metrics.clone(),
+                progress: progress_tx,
+                fatal: self.fatal.clone(),
+                max_batch: args.max_batch,
+                custom_plans_up_to: args.custom_plans_up_to,
+                retry_base: Duration::from_millis(args.retry_base_ms),
+                retry_max: Duration::from_millis(args.retry_max_ms),
+                retry_budget: Duration::from_millis(args.retry_budget_ms),
+                shared_transactions,
+            };
+            if let Some(task) = groups.beside_task(group, parts.pool.clone(), self.stop.clone())? {
+                self.background.push(tokio::spawn(task));
+            }
+            let (kafka, settings, reachability, stop, runtime) = (
+                args.kafka.clone(),
+                settings.clone(),
+                reachability.clone(),
+                self.stop.clone(),
+                tokio::runtime::Handle::current(),
+            );
+            let thread = std::thread::Builder::new()
+                .name(format!("poll-{name}"))
+                .spawn(move || {
+                    group::run_group(
+                        &kafka,
+                        &settings,
+                        shared,
+                        progress_rx,
+                        &reachability,
+                        runtime,
+                        stop,
+                    )
+                })
+                .context("starting poll thread")?;
+            self.threads.push((name, thread));
+        }
+        Ok(())
+    }
+}
+
+/// Every group named must be registered: an unknown one stops start-up with the list of those
+/// that are.
+fn check_groups(args: &RunArgs, groups: &Groups) -> anyhow::Result<()> {
+    for name in &args.groups {
+        let _ = groups.handler(name, name.clone())?;
+    }
+    Ok(())
+}
+
+/// The pool every batch runs on (statement and idle-in-transaction timeouts, key-lookup plans),
+/// with the consumer's migrations applied; and its options, for the probe's own session.
+async fn connect_database(args: &RunArgs) -> anyhow::Result<(PgPool, PgConnectOptions)> {
+    let options = args
+        .db
+        .session_options(
+            Some(Duration::from_millis(args.statement_timeout_ms)),
+            Planner::KeyLookups,
+        )?
+        .options([(
+            "idle_in_transaction_session_timeout",
+            args.idle_in_transaction_timeout_ms.to_string(),
+        )]);
+    let pool = args.db.connect_pool(options.clone(), &SCHEMA).await?;
+    Ok((pool, options))
+}
+
+/// The dead-letter producer and its topics (created when missing); `None` when dead letters are
+/// only recorded in the database.
+async fn dead_letter_sink(args: &RunArgs) -> anyhow::Result<Option<Arc<DeadLetterSink>>> {
+    if args.dead_letter_topic.is_empty() {
+        return Ok(None);
+    }
+    let sink = DeadLetterSink::new(&args.kafka, &args.dead_letter_topic)?;
+    let topics: Vec<String> = args.topics.iter().map(|t| sink.topic_for(t)).collect();
+    args.kafka
+        .ensure_topics(&topics, args.dead_letter_partitions)
+        .await
+        .context("creating dead-letter topics")?;
+    Ok(Some(Arc::new(sink)))
+}
+
+/// `/metrics`, `/healthz` and `/readyz` (database and broker) until `shutdown`.
+async fn serve_ops(
+    args: &RunArgs,
+    registry: Registry,
+    pool: &PgPool,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<()> {
+    let addr = ops_http::serve(
+        args.metrics_listen,
+        ops_http::router(
+            registry,
+            ops_http::all_ready(vec![
+                ops_http::database_ready(pool.clone()),
+                ops_http::kafka_ready(&args.kafka)?,
+            ]),
+        ),
+        shutdown.clone(),
+    )
+    .await?;
+    tracing::info!(%addr, "consumer metrics listening on {addr}");
+    Ok(())
+}
