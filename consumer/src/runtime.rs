@@ -64,7 +64,14 @@ impl Runtime {
         registry
             .register(Box::new(lag_collector.clone()))
             .context("registering lag metrics")?;
-        serve_ops(&args, registry, &pool, &shutdown).await?;
+        ops_http::serve_worker(
+            args.metrics_listen,
+            registry,
+            &pool,
+            &args.kafka,
+            shutdown.clone(),
+        )
+        .await?;
         let mut runtime = Runtime {
             stop: CancellationToken::new(),
             fatal: FatalSignal::default(),
@@ -296,27 +303,4 @@ async fn dead_letter_sink(args: &RunArgs) -> anyhow::Result<Option<Arc<DeadLette
         .await
         .context("creating dead-letter topics")?;
     Ok(Some(Arc::new(sink)))
-}
-
-/// `/metrics`, `/healthz` and `/readyz` (database and broker) until `shutdown`.
-async fn serve_ops(
-    args: &RunArgs,
-    registry: Registry,
-    pool: &PgPool,
-    shutdown: &CancellationToken,
-) -> anyhow::Result<()> {
-    let addr = ops_http::serve(
-        args.metrics_listen,
-        ops_http::router(
-            registry,
-            ops_http::all_ready(vec![
-                ops_http::database_ready(pool.clone()),
-                ops_http::kafka_ready(&args.kafka)?,
-            ]),
-        ),
-        shutdown.clone(),
-    )
-    .await?;
-    tracing::info!(%addr, "consumer metrics listening on {addr}");
-    Ok(())
 }

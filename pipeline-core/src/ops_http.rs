@@ -55,6 +55,22 @@ pub async fn serve(
     Ok(bound)
 }
 
+/// Serves a worker's ops endpoint on `addr` until `shutdown`: `/metrics` from `registry`,
+/// `/healthz`, and `/readyz` answering 200 while both `pool`'s database and `kafka`'s brokers
+/// answer. Logs and returns the bound address.
+pub async fn serve_worker(
+    addr: SocketAddr,
+    registry: Registry,
+    pool: &sqlx::PgPool,
+    kafka: &crate::kafka::KafkaArgs,
+    shutdown: CancellationToken,
+) -> anyhow::Result<SocketAddr> {
+    let ready = all_ready(vec![database_ready(pool.clone()), kafka_ready(kafka)?]);
+    let bound = serve(addr, router(registry, ready), shutdown).await?;
+    tracing::info!(addr = %bound, "metrics listening on {bound}");
+    Ok(bound)
+}
+
 async fn metrics(State(state): State<OpsState>) -> impl IntoResponse {
     let mut body = Vec::new();
     match TextEncoder::new().encode(&state.registry.gather(), &mut body) {

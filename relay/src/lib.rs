@@ -28,19 +28,14 @@ pub async fn run(args: RunArgs, shutdown: CancellationToken) -> anyhow::Result<(
     let pool = args.db.connect(&[&OUTBOX_MIGRATOR]).await?;
     let registry = Registry::new();
     let metrics = RelayMetrics::register(&registry).context("registering metrics")?;
-    let addr = ops_http::serve(
+    ops_http::serve_worker(
         args.metrics_listen,
-        ops_http::router(
-            registry,
-            ops_http::all_ready(vec![
-                ops_http::database_ready(pool.clone()),
-                ops_http::kafka_ready(&args.kafka)?,
-            ]),
-        ),
+        registry,
+        &pool,
+        &args.kafka,
         shutdown.clone(),
     )
     .await?;
-    tracing::info!(%addr, "relay metrics listening on {addr}");
     let backlog = tokio::spawn(relay::watch_backlog(
         pool.clone(),
         args.lock_key,
