@@ -65,6 +65,7 @@ impl Runtime {
             .register(Box::new(lag_collector.clone()))
             .context("registering lag metrics")?;
         ops_http::serve_worker(
+            "consumer",
             args.metrics_listen,
             registry,
             &pool,

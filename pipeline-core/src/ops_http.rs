@@ -57,8 +57,9 @@ pub async fn serve(
 
 /// Serves a worker's ops endpoint on `addr` until `shutdown`: `/metrics` from `registry`,
 /// `/healthz`, and `/readyz` answering 200 while both `pool`'s database and `kafka`'s brokers
-/// answer. Logs and returns the bound address.
+/// answer. Logs "`program` metrics listening on `address`" and returns the bound address.
 pub async fn serve_worker(
+    program: &str,
     addr: SocketAddr,
     registry: Registry,
     pool: &sqlx::PgPool,
@@ -67,7 +68,7 @@ pub async fn serve_worker(
 ) -> anyhow::Result<SocketAddr> {
     let ready = all_ready(vec![database_ready(pool.clone()), kafka_ready(kafka)?]);
     let bound = serve(addr, router(registry, ready), shutdown).await?;
-    tracing::info!(addr = %bound, "metrics listening on {bound}");
+    tracing::info!(addr = %bound, "{program} metrics listening on {bound}");
     Ok(bound)
 }
 

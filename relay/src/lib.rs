@@ -29,6 +29,7 @@ pub async fn run(args: RunArgs, shutdown: CancellationToken) -> anyhow::Result<(
     let registry = Registry::new();
     let metrics = RelayMetrics::register(&registry).context("registering metrics")?;
     ops_http::serve_worker(
+        "relay",
         args.metrics_listen,
         registry,
         &pool,
