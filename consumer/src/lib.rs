@@ -52,6 +52,7 @@
 #![warn(missing_docs)]
 
 pub mod apply;
+pub(crate) mod backoff;
 pub mod config;
 pub mod dead_letter;
 pub(crate) mod effects;

@@ -206,13 +206,8 @@ impl DispatchSettings {
     /// Wait before the next attempt after `attempts` failed ones: exponential, capped, with
     /// equal jitter so notifications that failed together do not retry together.
     pub fn retry_delay(&self, attempts: i32) -> Duration {
-        let exp = u32::try_from(attempts.saturating_sub(1).clamp(0, 30)).unwrap_or(30);
-        let nominal = self
-            .retry_base
-            .saturating_mul(2u32.saturating_pow(exp))
-            .min(self.retry_max);
-        let half = nominal / 2;
-        half + half.mul_f64(rand::random::<f64>())
+        let attempt = u32::try_from(attempts.max(1)).unwrap_or(u32::MAX);
+        crate::backoff::backoff(self.retry_base, self.retry_max, attempt)
     }
 }
 

@@ -12,7 +12,6 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use rand::Rng;
 use sqlx::PgPool;
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio_util::sync::CancellationToken;
@@ -22,6 +21,7 @@ use crate::apply::{
     claim_partition, dead_letter_alone, process_batch_with, BatchContext, BatchReport, Fence,
     InboundMessage, ProcessError,
 };
+use crate::backoff::backoff;
 use crate::dead_letter::DeadLetterSink;
 use crate::handler::Handler;
 use crate::metrics::ConsumerMetrics;
@@ -349,12 +349,4 @@ impl PartitionWorker {
             e2e.observe(micros as f64 / 1e6);
         }
     }
-}
-
-fn backoff(base: Duration, max: Duration, attempt: u32) -> Duration {
-    let nominal = base
-        .saturating_mul(2u32.saturating_pow(attempt.min(20).saturating_sub(1)))
-        .min(max);
-    let half = nominal / 2;
-    half + Duration::from_millis(rand::rng().random_range(0..=half.as_millis().max(1) as u64))
 }
