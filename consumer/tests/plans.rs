@@ -26,6 +26,11 @@ async fn generic_plan(pool: &PgPool, statement: &str, args: &str) -> String {
         .fetch_all(&mut *conn)
         .await
         .expect("EXPLAIN");
+    // The pool may hand this session to the next call: leave no statement of ours behind.
+    sqlx::raw_sql("DEALLOCATE lookup")
+        .execute(&mut *conn)
+        .await
+        .expect("DEALLOCATE");
     plan.join("\n")
 }
 
