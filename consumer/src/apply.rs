@@ -23,6 +23,7 @@ use crate::parking::{park, release_parked};
 pub use crate::process_error::ProcessError;
 use crate::store::{
     check_owner, plan_with_values, record_applied, set_outcomes, start_batch, AppliedEffect,
+    OutcomeChange,
 };
 pub use crate::store::{claim_partition, CUSTOM_PLANS_UP_TO};
 
@@ -276,7 +277,12 @@ async fn handle_event(
                 let letter = DeadLetter::now(p.msg, Some(&p.event), &reason);
                 dead_letter::record(tx, group, &letter).await?;
                 state.letters.push(letter);
-                set_outcomes(tx, group, &[(env.event_id, "dead_lettered")]).await?;
+                set_outcomes(
+                    tx,
+                    group,
+                    &[OutcomeChange::untracked(env.event_id, "dead_lettered")],
+                )
+                .await?;
                 Ok(Outcome::DeadLettered)
             }
         };
@@ -287,7 +293,16 @@ async fn handle_event(
             last_applied = last,
             "event sequence already applied under another event id; not applied"
         );
-        set_outcomes(tx, group, &[(env.event_id, "stale")]).await?;
+        set_outcomes(
+            tx,
+            group,
+            &[OutcomeChange::tracked(
+                env,
+                "stale",
+                format!("order already at sequence {last}"),
+            )],
+        )
+        .await?;
         return Ok(Outcome::Stale);
     }
     tracing::warn!(
@@ -303,7 +318,12 @@ async fn handle_event(
     )
     .await?;
     let _ = state.parked_orders.insert(env.aggregate_id.clone());
-    set_outcomes(tx, group, &[(env.event_id, "parked")]).await?;
+    set_outcomes(
+        tx,
+        group,
+        &[OutcomeChange::untracked(env.event_id, "parked")],
+    )
+    .await?;
     Ok(Outcome::Parked)
 }
 

@@ -42,61 +42,6 @@ pub enum Command {
     },
     /// Print what the pipeline did: orders, outbox, processed per group, lag.
     Report(Box<ReportArgs>),
-    /// List, replay or discard dead letters.
-    DeadLetters(Box<DeadLetterArgs>),
-}
-
-/// Arguments of `consumer dead-letters`.
-#[derive(Debug, clap::Args)]
-pub struct DeadLetterArgs {
-    /// The group's database, where its dead letters are recorded.
-    #[command(flatten)]
-    pub db: DbArgs,
-    /// Kafka, for publishing dead letters raised while releasing parked events.
-    #[command(flatten)]
-    pub kafka: KafkaArgs,
-    /// The group whose dead letters to handle (its name, without the prefix).
-    #[arg(long, env = "CONSUMER_GROUP")]
-    pub group: String,
-    /// Prefix of the Kafka group ids, as given to `run`.
-    #[arg(long, env = "CONSUMER_GROUP_PREFIX", default_value = "")]
-    pub group_prefix: String,
-    /// Dead-letter topic template, as given to `run`; empty: do not publish dead letters raised
-    /// while releasing parked events.
-    #[arg(long, env = "DEAD_LETTER_TOPIC", default_value = "{topic}.dlq")]
-    pub dead_letter_topic: String,
-    /// List, replay or discard.
-    #[command(subcommand)]
-    pub action: DeadLetterAction,
-}
-
-/// What `consumer dead-letters` does.
-#[derive(Debug, Subcommand)]
-pub enum DeadLetterAction {
-    /// List dead letters, oldest first (JSON lines).
-    List {
-        /// Only those with this status: open, replayed or discarded.
-        #[arg(long)]
-        status: Option<String>,
-    },
-    /// Apply a dead-lettered event again, then the order's parked events in sequence order.
-    Replay {
-        /// Id of the dead letter, as `list` prints it.
-        #[arg(long)]
-        id: i64,
-        /// Why, kept with the dead letter.
-        #[arg(long, default_value = "replayed by operator")]
-        note: String,
-    },
-    /// Skip a dead-lettered event for good, then apply the order's parked events in order.
-    Discard {
-        /// Id of the dead letter, as `list` prints it.
-        #[arg(long)]
-        id: i64,
-        /// Why, kept with the dead letter.
-        #[arg(long, default_value = "discarded by operator")]
-        note: String,
-    },
 }
 
 /// Arguments of `consumer run`, also what [`crate::run`] takes.

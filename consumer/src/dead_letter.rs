@@ -85,12 +85,22 @@ pub async fn record(
         event_id = ?env.map(|e| e.event_id), order_id = ?env.map(|e| e.aggregate_id.as_str()),
         reason = %letter.reason, "message dead-lettered"
     );
+    // The letter and its place in the event's history, in one statement.
     sqlx::query(
-        "INSERT INTO dead_letter (group_name, event_id, order_id, sequence, event_type, topic, partition,
-                                  kafka_offset, reason, key, payload, headers, attempts,
-                                  first_failure_at, last_failure_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
-         ON CONFLICT (group_name, topic, partition, kafka_offset) DO NOTHING",
+        "WITH letter AS (
+             INSERT INTO dead_letter (group_name, event_id, order_id, sequence, event_type, topic,
+                                      partition, kafka_offset, reason, key, payload, headers,
+                                      attempts, first_failure_at, last_failure_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
+             ON CONFLICT (group_name, topic, partition, kafka_offset) DO NOTHING
+             RETURNING group_name, event_id, order_id, sequence, event_type, topic, partition,
+                       kafka_offset, reason, key)
+         INSERT INTO group_transition (group_name, event_id, order_id, sequence, event_type,
+                                       transition, detail, topic, partition, kafka_offset)
+         SELECT group_name, event_id,
+                COALESCE(order_id, convert_from(key, 'UTF8')), sequence, event_type,
+                'dead_lettered', reason, topic, partition, kafka_offset
+         FROM letter",
     )
     .bind(group)
     .bind(env.map(|e| e.event_id))

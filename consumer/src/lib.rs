@@ -120,33 +120,3 @@ pub async fn seed_stock(pool: &PgPool, products: u32, quantity: i32) -> anyhow::
     .context("seeding stock")?;
     Ok(())
 }
-
-/// Runs a `dead-letters` subcommand; replaying or discarding needs the group's handler from
-/// `groups`, listing works for any group name.
-pub async fn resolve_cli(args: config::DeadLetterArgs, groups: &Groups) -> anyhow::Result<()> {
-    use config::DeadLetterAction;
-    let pool = args.db.connect(&SCHEMA).await?;
-    let group = format!("{}{}", args.group_prefix, args.group);
-    let (id, how, note) = match &args.action {
-        DeadLetterAction::List { status } => {
-            for row in resolve::list(&pool, &group, status.as_deref()).await? {
-                println!("{}", serde_json::to_string(&row)?);
-            }
-            return Ok(());
-        }
-        DeadLetterAction::Replay { id, note } => (*id, resolve::Resolution::Replay, note),
-        DeadLetterAction::Discard { id, note } => (*id, resolve::Resolution::Discard, note),
-    };
-    let handler = groups.handler(&args.group, group.clone())?;
-    let sink = if args.dead_letter_topic.is_empty() {
-        None
-    } else {
-        Some(dead_letter::DeadLetterSink::new(
-            &args.kafka,
-            &args.dead_letter_topic,
-        )?)
-    };
-    let resolved = resolve::resolve(&pool, handler.as_ref(), sink.as_ref(), id, how, note).await?;
-    println!("{}", serde_json::to_string(&resolved)?);
-    Ok(())
-}

@@ -24,9 +24,6 @@ async fn main() -> anyhow::Result<()> {
             println!("stocked {products} products with {quantity} each");
             Ok(())
         }
-        Command::DeadLetters(args) => {
-            consumer::resolve_cli(*args, &consumer::demo_groups(Arc::new(LoggingSender))).await
-        }
         Command::Report(args) => {
             // Reads only: it changes no table, migrations included.
             let pool = args.db.connect(&[]).await?;

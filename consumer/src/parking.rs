@@ -10,7 +10,7 @@ use crate::effects::{apply_one, BatchState};
 use crate::handler::{Event, HandlerBatch};
 use crate::message::{BatchReport, InboundMessage};
 use crate::process_error::ProcessError;
-use crate::store::{set_outcomes, AppliedEffect};
+use crate::store::{set_outcomes, AppliedEffect, OutcomeChange};
 
 /// Applies parked events of `order` that now follow `last` without a gap. Returns the new last.
 pub(crate) async fn release_parked(
@@ -47,7 +47,7 @@ pub(crate) async fn release_parked(
         match apply_one(tx, effects, &event).await? {
             Ok(()) => {
                 state.effects.push(AppliedEffect::of(&event));
-                set_outcomes(tx, group, &[(row.event_id, "applied")]).await?;
+                set_outcomes(tx, group, &[OutcomeChange::released(&event.envelope)]).await?;
                 report.released += 1;
                 last += 1;
                 tracing::info!(group, event_id = %row.event_id, order_id = order, sequence = last, "parked event released and applied");
@@ -65,7 +65,12 @@ pub(crate) async fn release_parked(
                 let letter = DeadLetter::now(&msg, Some(&event), &reason);
                 dead_letter::record(tx, group, &letter).await?;
                 state.letters.push(letter);
-                set_outcomes(tx, group, &[(row.event_id, "dead_lettered")]).await?;
+                set_outcomes(
+                    tx,
+                    group,
+                    &[OutcomeChange::untracked(row.event_id, "dead_lettered")],
+                )
+                .await?;
                 return Ok(last);
             }
         }
@@ -91,11 +96,20 @@ pub(crate) async fn park(
     reason: &str,
 ) -> Result<(), sqlx::Error> {
     let env = &event.envelope;
+    // The parked event and its place in the event's history, in one statement.
     sqlx::query(
-        "INSERT INTO parked_event (group_name, order_id, sequence, event_id, event_type, payload,
-                                   occurred_at, topic, partition, kafka_offset, reason)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
-         ON CONFLICT (group_name, order_id, sequence) DO NOTHING",
+        "WITH parked AS (
+             INSERT INTO parked_event (group_name, order_id, sequence, event_id, event_type,
+                                       payload, occurred_at, topic, partition, kafka_offset, reason)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+             ON CONFLICT (group_name, order_id, sequence) DO NOTHING
+             RETURNING group_name, event_id, order_id, sequence, event_type, topic, partition,
+                       kafka_offset, reason)
+         INSERT INTO group_transition (group_name, event_id, order_id, sequence, event_type,
+                                       transition, detail, topic, partition, kafka_offset)
+         SELECT group_name, event_id, order_id, sequence, event_type, 'parked', reason, topic,
+                partition, kafka_offset
+         FROM parked",
     )
     .bind(group)
     .bind(&env.aggregate_id)

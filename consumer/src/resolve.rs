@@ -1,28 +1,68 @@
-//! Resolving dead letters: replay one (apply it again, e.g. after fixing the handler or the data)
-//! or discard it deliberately. Either way the order's events parked behind it are then applied in
-//! sequence order, in the same transaction.
+//! Resolving dead letters: replay one (apply it again, e.g. after fixing the handler or the data),
+//! skip it (pass over it for good), or discard one that holds nothing back. After a replay or a
+//! skip the order's events parked behind it are applied in sequence order, in the same
+//! transaction, which also records who acted and why.
 
 use chrono::{DateTime, Utc};
 use pipeline_core::envelope::{Envelope, OCCURRED_AT};
 use serde::Serialize;
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 use uuid::Uuid;
 
 use crate::dead_letter::DeadLetterSink;
 use crate::effects::{apply_one, BatchState};
-use crate::handler::{Event, Handler};
+use crate::handler::{Event, Handler, HandlerBatch};
 use crate::message::BatchReport;
 use crate::parking::release_parked;
 use crate::process_error::ProcessError;
-use crate::store::{record_applied, set_outcomes, AppliedEffect};
+use crate::store::{record_applied, set_outcomes, AppliedEffect, OutcomeChange};
 
 /// What to do with a dead letter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Resolution {
-    /// Apply the event again.
+    /// Apply the event again (after fixing its cause), then its order's parked events.
     Replay,
-    /// Skip it: it will never be applied; later events of its order go on.
+    /// Pass over the event for good: its order moves past it and its parked events are applied
+    /// in sequence. For a record without a readable event, the order (from the record's key, or
+    /// named by the operator) moves past its gap, up to its first parked event.
+    Skip,
+    /// Close a letter that holds nothing back (no event of its order parked behind it).
     Discard,
+}
+
+impl Resolution {
+    /// The letter's status afterwards.
+    pub fn status(self) -> &'static str {
+        match self {
+            Resolution::Replay => "replayed",
+            Resolution::Skip => "skipped",
+            Resolution::Discard => "discarded",
+        }
+    }
+
+    /// The action's name in `operator_action`.
+    pub fn action(self) -> &'static str {
+        match self {
+            Resolution::Replay => "dead_letter.replay",
+            Resolution::Skip => "dead_letter.skip",
+            Resolution::Discard => "dead_letter.discard",
+        }
+    }
+}
+
+/// One resolution an operator asks for: which letter, what to do, who and why.
+#[derive(Debug, Clone, Copy)]
+pub struct Request<'a> {
+    /// The dead letter's id.
+    pub id: i64,
+    /// What to do.
+    pub how: Resolution,
+    /// Who acts (recorded).
+    pub actor: &'a str,
+    /// Why (recorded, and kept with the letter).
+    pub note: &'a str,
+    /// For a skip of a record with neither a readable event nor a UTF-8 key: its order.
+    pub for_order: Option<&'a str>,
 }
 
 /// Why a dead letter could not be resolved.
@@ -31,17 +71,30 @@ pub enum ResolveError {
     /// The group has no dead letter with this id.
     #[error("no dead letter {0} for this group")]
     NotFound(i64),
-    /// The dead letter was already replayed or discarded.
+    /// The dead letter was already replayed, skipped or discarded.
     #[error("dead letter {id} is already {status}")]
     AlreadyResolved {
         /// The dead letter's id.
         id: i64,
-        /// Its status: `replayed` or `discarded`.
+        /// Its status: `replayed`, `skipped` or `discarded`.
         status: String,
     },
     /// A replay was asked of a record that is not a readable event.
-    #[error("dead letter {0} has no readable event (no key or envelope headers): it can only be discarded")]
+    #[error("dead letter {0} has no readable event (no key or envelope headers): it can only be skipped or discarded")]
     Unreadable(i64),
+    /// A skip of a record whose order is unknown.
+    #[error("dead letter {0} names no order (no readable event, no UTF-8 key): give its order with --for-order")]
+    NoOrder(i64),
+    /// A discard of a letter whose order has events parked behind it.
+    #[error("order {order_id} has {parked} event(s) parked behind dead letter {id}: skip or replay it instead, so they are applied")]
+    HoldsParked {
+        /// The dead letter's id.
+        id: i64,
+        /// Its order.
+        order_id: String,
+        /// Events parked.
+        parked: i64,
+    },
     /// An earlier sequence of the order is not applied yet, so this event cannot go next.
     #[error("order {order_id} has not applied sequence {expected} yet; resolve that event first")]
     EarlierPending {
@@ -121,6 +174,7 @@ pub async fn list(
 #[derive(sqlx::FromRow)]
 struct Letter {
     status: String,
+    key: Option<Vec<u8>>,
     event_id: Option<Uuid>,
     order_id: Option<String>,
     sequence: Option<i64>,
@@ -135,6 +189,8 @@ struct Letter {
 pub struct Resolved {
     /// The dead letter resolved.
     pub id: i64,
+    /// Its order, when known.
+    pub order_id: Option<String>,
     /// Whether its event was applied (a replay); false for a discard.
     pub applied: bool,
     /// Parked events applied after it, in sequence order.
@@ -143,19 +199,20 @@ pub struct Resolved {
     pub last_sequence: Option<i64>,
 }
 
-/// Replays or discards dead letter `id` of `handler`'s group.
+/// Resolves one dead letter of `handler`'s group as `request` says, in one transaction that also
+/// records the operator's action (`operator_action`: who, why, what) and applies the order's
+/// parked events that can now go, in sequence.
 pub async fn resolve(
     pool: &PgPool,
     handler: &dyn Handler,
     dead_letters: Option<&DeadLetterSink>,
-    id: i64,
-    how: Resolution,
-    note: &str,
+    request: Request<'_>,
 ) -> Result<Resolved, ResolveError> {
+    let (id, how) = (request.id, request.how);
     let group = handler.group();
     let mut tx = pool.begin().await?;
     let letter: Letter = sqlx::query_as(
-        "SELECT status, event_id, order_id, sequence, event_type, payload, headers, created_at
+        "SELECT status, key, event_id, order_id, sequence, event_type, payload, headers, created_at
          FROM dead_letter WHERE id = $1 AND group_name = $2 FOR UPDATE",
     )
     .bind(id)
@@ -169,112 +226,272 @@ pub async fn resolve(
             status: letter.status,
         });
     }
+    let order = letter
+        .order_id
+        .clone()
+        .or_else(|| letter.key.clone().and_then(|k| String::from_utf8(k).ok()))
+        .or_else(|| request.for_order.map(str::to_owned));
     let mut resolved = Resolved {
         id,
+        order_id: order.clone(),
         applied: false,
         released: 0,
         last_sequence: None,
     };
-    if let (Some(event_id), Some(order), Some(seq), Some(event_type)) = (
-        letter.event_id,
-        letter.order_id.clone(),
-        letter.sequence,
-        letter.event_type.clone(),
-    ) {
-        let last: i64 = sqlx::query_scalar(
-            "SELECT last_sequence FROM order_progress WHERE group_name = $1 AND order_id = $2 FOR UPDATE",
-        )
-        .bind(group)
-        .bind(&order)
-        .fetch_optional(&mut *tx)
-        .await?
-        .unwrap_or(0);
-        if seq != last + 1 {
-            return Err(ResolveError::EarlierPending {
-                order_id: order,
-                expected: last + 1,
-            });
+    // Recorded first, so the steps it causes come after it in the order's history.
+    sqlx::query(
+        "INSERT INTO operator_action (actor, action, reason, group_name, event_id, aggregate_id, detail)
+         VALUES ($1, $2, $3, $4, $5, $6, jsonb_build_object('dead_letter', $7::bigint, 'sequence', $8::bigint))",
+    )
+    .bind(request.actor)
+    .bind(how.action())
+    .bind(request.note)
+    .bind(group)
+    .bind(letter.event_id)
+    .bind(&order)
+    .bind(id)
+    .bind(letter.sequence)
+    .execute(&mut *tx)
+    .await?;
+    let parked: i64 = match &order {
+        Some(order) => {
+            sqlx::query_scalar(
+                "SELECT count(*) FROM parked_event WHERE group_name = $1 AND order_id = $2",
+            )
+            .bind(group)
+            .bind(order)
+            .fetch_one(&mut *tx)
+            .await?
         }
-        let mut state = BatchState::default();
-        let mut effects = handler.batch();
-        if how == Resolution::Replay {
-            let occurred_at = letter
-                .headers
-                .get(OCCURRED_AT)
-                .and_then(|v| v.as_str())
-                .and_then(|s| DateTime::parse_from_rfc3339(s).ok())
-                .map(|t| t.with_timezone(&Utc))
-                .unwrap_or(letter.created_at);
-            let payload = letter
-                .payload
-                .as_deref()
-                .and_then(|p| serde_json::from_slice(p).ok())
-                .ok_or(ResolveError::StillRejected("payload is not JSON".into()))?;
-            let event = Event {
-                envelope: Envelope {
-                    event_id,
-                    event_type,
-                    aggregate_id: order.clone(),
-                    sequence: seq,
-                    occurred_at,
-                    traceparent: None,
-                },
-                payload,
-            };
-            effects
-                .prepare(&mut tx, std::slice::from_ref(&event))
-                .await
-                .map_err(ProcessError::from)?;
-            apply_one(&mut tx, effects.as_mut(), &event)
-                .await?
-                .map_err(ResolveError::StillRejected)?;
-            state.effects.push(AppliedEffect::of(&event));
-            set_outcomes(&mut tx, group, &[(event_id, "applied")]).await?;
-            resolved.applied = true;
-        }
-        let mut report = BatchReport::default();
-        let last = release_parked(
-            &mut tx,
-            effects.as_mut(),
-            group,
-            &order,
-            seq,
-            &mut state,
-            &mut report,
-        )
-        .await?;
-        effects.flush(&mut tx).await.map_err(ProcessError::from)?;
-        let _ = state.advanced.insert(order, last);
-        record_applied(&mut tx, group, &state.effects, &state.advanced).await?;
-        if let (Some(sink), false) = (dead_letters, state.letters.is_empty()) {
-            sink.publish(group, &state.letters)
-                .await
-                .map_err(ProcessError::from)?;
-        }
-        resolved.released = report.released;
-        resolved.last_sequence = Some(last);
-    } else if how == Resolution::Replay {
-        return Err(ResolveError::Unreadable(id));
-    }
-    let status = match how {
-        Resolution::Replay => "replayed",
-        Resolution::Discard => "discarded",
+        None => 0,
     };
+    match (how, &order) {
+        (Resolution::Discard, Some(order)) if parked > 0 => {
+            return Err(ResolveError::HoldsParked {
+                id,
+                order_id: order.clone(),
+                parked,
+            })
+        }
+        (Resolution::Discard, _) => {}
+        (Resolution::Replay, _) => {
+            let event = readable(&letter).ok_or(ResolveError::Unreadable(id))?;
+            pass(
+                &mut tx,
+                handler,
+                dead_letters,
+                Some(&event),
+                &event.envelope.aggregate_id,
+                event.envelope.sequence,
+                &mut resolved,
+            )
+            .await?;
+        }
+        (Resolution::Skip, None) => return Err(ResolveError::NoOrder(id)),
+        (Resolution::Skip, Some(order)) => match (letter.sequence, readable(&letter)) {
+            (Some(seq), Some(_)) => {
+                pass(
+                    &mut tx,
+                    handler,
+                    dead_letters,
+                    None,
+                    order,
+                    seq,
+                    &mut resolved,
+                )
+                .await?;
+            }
+            // No readable event: move past the order's gap, up to its first parked event.
+            _ if parked > 0 => {
+                let first: i64 = sqlx::query_scalar(
+                    "SELECT min(sequence) FROM parked_event WHERE group_name = $1 AND order_id = $2",
+                )
+                .bind(group)
+                .bind(order)
+                .fetch_one(&mut *tx)
+                .await?;
+                let last = progress(&mut tx, group, order).await?;
+                let through = (first - 1).max(last);
+                pass_gap(
+                    &mut tx,
+                    handler,
+                    dead_letters,
+                    order,
+                    through,
+                    &mut resolved,
+                )
+                .await?;
+            }
+            _ => {}
+        },
+    }
     sqlx::query(
         "UPDATE dead_letter SET status = $2, resolved_at = clock_timestamp(), resolution = $3 WHERE id = $1",
     )
     .bind(id)
-    .bind(status)
-    .bind(note)
+    .bind(how.status())
+    .bind(request.note)
     .execute(&mut *tx)
     .await?;
     tx.commit().await?;
     tracing::info!(
         group,
         dead_letter = id,
-        status,
+        status = how.status(),
+        actor = request.actor,
         released = resolved.released,
         "dead letter resolved"
     );
     Ok(resolved)
+}
+
+/// The letter's event, when its record was readable.
+fn readable(letter: &Letter) -> Option<Event> {
+    let (Some(event_id), Some(order), Some(sequence), Some(event_type)) = (
+        letter.event_id,
+        letter.order_id.clone(),
+        letter.sequence,
+        letter.event_type.clone(),
+    ) else {
+        return None;
+    };
+    let occurred_at = letter
+        .headers
+        .get(OCCURRED_AT)
+        .and_then(|v| v.as_str())
+        .and_then(|s| DateTime::parse_from_rfc3339(s).ok())
+        .map(|t| t.with_timezone(&Utc))
+        .unwrap_or(letter.created_at);
+    let payload = letter
+        .payload
+        .as_deref()
+        .and_then(|p| serde_json::from_slice(p).ok())
+        .unwrap_or(serde_json::Value::Null);
+    Some(Event {
+        envelope: Envelope {
+            event_id,
+            event_type,
+            aggregate_id: order,
+            sequence,
+            occurred_at,
+            traceparent: None,
+        },
+        payload,
+    })
+}
+
+async fn progress(tx: &mut PgConnection, group: &str, order: &str) -> Result<i64, sqlx::Error> {
+    Ok(sqlx::query_scalar(
+        "SELECT last_sequence FROM order_progress WHERE group_name = $1 AND order_id = $2 FOR UPDATE",
+    )
+    .bind(group)
+    .bind(order)
+    .fetch_optional(&mut *tx)
+    .await?
+    .unwrap_or(0))
+}
+
+/// Moves `order` past sequence `seq` (the letter's): applies `event` first when replaying, then
+/// the parked events that follow.
+async fn pass(
+    tx: &mut Transaction<'_, Postgres>,
+    handler: &dyn Handler,
+    dead_letters: Option<&DeadLetterSink>,
+    event: Option<&Event>,
+    order: &str,
+    seq: i64,
+    resolved: &mut Resolved,
+) -> Result<(), ResolveError> {
+    let last = progress(tx, handler.group(), order).await?;
+    if seq != last + 1 {
+        return Err(ResolveError::EarlierPending {
+            order_id: order.to_owned(),
+            expected: last + 1,
+        });
+    }
+    let mut state = BatchState::default();
+    let mut effects = handler.batch();
+    if let Some(event) = event {
+        if event.payload.is_null() {
+            return Err(ResolveError::StillRejected("payload is not JSON".into()));
+        }
+        effects
+            .prepare(tx, std::slice::from_ref(event))
+            .await
+            .map_err(ProcessError::from)?;
+        apply_one(tx, effects.as_mut(), event)
+            .await?
+            .map_err(ResolveError::StillRejected)?;
+        state.effects.push(AppliedEffect::of(event));
+        set_outcomes(
+            tx,
+            handler.group(),
+            &[OutcomeChange::untracked(event.envelope.event_id, "applied")],
+        )
+        .await?;
+        resolved.applied = true;
+    }
+    release(
+        tx,
+        effects.as_mut(),
+        handler.group(),
+        dead_letters,
+        order,
+        seq,
+        state,
+        resolved,
+    )
+    .await
+}
+
+/// Moves `order` past its gap, through sequence `through`, then applies the parked events that
+/// follow.
+async fn pass_gap(
+    tx: &mut Transaction<'_, Postgres>,
+    handler: &dyn Handler,
+    dead_letters: Option<&DeadLetterSink>,
+    order: &str,
+    through: i64,
+    resolved: &mut Resolved,
+) -> Result<(), ResolveError> {
+    let mut effects = handler.batch();
+    release(
+        tx,
+        effects.as_mut(),
+        handler.group(),
+        dead_letters,
+        order,
+        through,
+        BatchState::default(),
+        resolved,
+    )
+    .await
+}
+
+/// Applies `order`'s parked events from `last + 1` on, records the effects and the progress, and
+/// publishes dead letters raised on the way.
+#[allow(clippy::too_many_arguments)]
+async fn release(
+    tx: &mut Transaction<'_, Postgres>,
+    effects: &mut dyn HandlerBatch,
+    group: &str,
+    dead_letters: Option<&DeadLetterSink>,
+    order: &str,
+    last: i64,
+    mut state: BatchState,
+    resolved: &mut Resolved,
+) -> Result<(), ResolveError> {
+    let mut report = BatchReport::default();
+    let last = release_parked(tx, effects, group, order, last, &mut state, &mut report).await?;
+    effects.flush(tx).await.map_err(ProcessError::from)?;
+    let _ = state.advanced.insert(order.to_owned(), last);
+    record_applied(tx, group, &state.effects, &state.advanced).await?;
+    if let (Some(sink), false) = (dead_letters, state.letters.is_empty()) {
+        sink.publish(group, &state.letters)
+            .await
+            .map_err(ProcessError::from)?;
+    }
+    resolved.released = report.released;
+    resolved.last_sequence = Some(last);
+    Ok(())
 }

@@ -4,6 +4,7 @@
 use std::collections::{HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
+use pipeline_core::envelope::Envelope;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
@@ -83,7 +84,8 @@ pub(crate) async fn plan_with_values(tx: &mut PgConnection) -> Result<(), sqlx::
 
 /// Opens a transaction's batches in one round trip: checks, with share locks held until the
 /// transaction ends, that this consumer still owns every partition in `fences`, inserts the
-/// `processed_message` rows of `valid` (the dedupe constraint decides which are new), and locks
+/// `processed_message` rows of `valid` (the dedupe constraint decides which are new; the others
+/// are recorded as `duplicate` steps of their events' history), and locks
 /// and reads the progress and parked events of `orders` (sorted). If any partition is no longer
 /// owned, nothing is inserted and the batch is reported as [`ProcessError::Fenced`].
 pub(crate) async fn start_batch(
@@ -100,6 +102,15 @@ pub(crate) async fn start_batch(
     let topics: Vec<&str> = valid.iter().map(|p| p.msg.topic.as_str()).collect();
     let partitions: Vec<i32> = valid.iter().map(|p| p.msg.partition).collect();
     let offsets: Vec<i64> = valid.iter().map(|p| p.msg.offset).collect();
+    let aggregates: Vec<&str> = valid
+        .iter()
+        .map(|p| p.event.envelope.aggregate_id.as_str())
+        .collect();
+    let sequences: Vec<i64> = valid.iter().map(|p| p.event.envelope.sequence).collect();
+    let types: Vec<&str> = valid
+        .iter()
+        .map(|p| p.event.envelope.event_type.as_str())
+        .collect();
     let fence_topics: Vec<&str> = fences.iter().map(|f| f.topic.as_str()).collect();
     let fence_partitions: Vec<i32> = fences.iter().map(|f| f.partition).collect();
     let fence_owners: Vec<Uuid> = fences.iter().map(|f| f.owner).collect();
@@ -121,6 +132,15 @@ pub(crate) async fn start_batch(
                  WHERE (SELECT owned FROM fence)
                  ON CONFLICT (group_name, event_id) DO NOTHING
                  RETURNING event_id),
+             duplicate AS (
+                 INSERT INTO group_transition (group_name, event_id, order_id, sequence,
+                                               event_type, transition, detail, topic, partition,
+                                               kafka_offset)
+                 SELECT $1, u.e, u.a, u.s, u.y, 'duplicate', 'already processed', u.t, u.p, u.o
+                 FROM unnest($2::uuid[], $3::text[], $4::int[], $5::bigint[], $10::text[],
+                             $11::bigint[], $12::text[]) AS u(e, t, p, o, a, s, y)
+                 WHERE (SELECT owned FROM fence)
+                   AND u.e NOT IN (SELECT event_id FROM new)),
              progress AS (
                  SELECT order_id, last_sequence FROM order_progress
                  WHERE group_name = $1 AND order_id = ANY($9) AND (SELECT owned FROM fence)
@@ -144,6 +164,9 @@ pub(crate) async fn start_batch(
     .bind(&fence_partitions)
     .bind(&fence_owners)
     .bind(orders)
+    .bind(&aggregates)
+    .bind(&sequences)
+    .bind(&types)
     .fetch_one(&mut *tx)
     .await?;
     if !owned {
@@ -220,23 +243,109 @@ pub(crate) async fn record_applied(
     Ok(())
 }
 
+/// A processed event's new outcome, and the step it adds to the event's history, if any (an
+/// outcome whose step is recorded elsewhere, with the parked row or the dead letter, adds none).
+pub(crate) struct OutcomeChange<'a> {
+    event_id: Uuid,
+    outcome: &'static str,
+    step: Option<Step<'a>>,
+}
+
+struct Step<'a> {
+    envelope: &'a Envelope,
+    transition: &'static str,
+    detail: Option<String>,
+}
+
+impl<'a> OutcomeChange<'a> {
+    /// The outcome alone.
+    pub(crate) fn untracked(event_id: Uuid, outcome: &'static str) -> Self {
+        OutcomeChange {
+            event_id,
+            outcome,
+            step: None,
+        }
+    }
+
+    /// The outcome, recorded as a step of the same name with `detail`.
+    pub(crate) fn tracked(envelope: &'a Envelope, outcome: &'static str, detail: String) -> Self {
+        OutcomeChange {
+            event_id: envelope.event_id,
+            outcome,
+            step: Some(Step {
+                envelope,
+                transition: outcome,
+                detail: Some(detail),
+            }),
+        }
+    }
+
+    /// A parked event applied once its gap closed: outcome `applied`, step `released`.
+    pub(crate) fn released(envelope: &'a Envelope) -> Self {
+        OutcomeChange {
+            event_id: envelope.event_id,
+            outcome: "applied",
+            step: Some(Step {
+                envelope,
+                transition: "released",
+                detail: None,
+            }),
+        }
+    }
+}
+
+/// Sets the outcome of processed events and records their steps in `group_transition`, in one
+/// statement.
 pub(crate) async fn set_outcomes(
     tx: &mut PgConnection,
     group: &str,
-    outcomes: &[(Uuid, &str)],
+    changes: &[OutcomeChange<'_>],
 ) -> Result<(), sqlx::Error> {
-    if outcomes.is_empty() {
+    if changes.is_empty() {
         return Ok(());
     }
-    let (ids, labels): (Vec<Uuid>, Vec<&str>) = outcomes.iter().copied().unzip();
+    let ids: Vec<Uuid> = changes.iter().map(|c| c.event_id).collect();
+    let outcomes: Vec<&str> = changes.iter().map(|c| c.outcome).collect();
+    let mut step_ids: Vec<Uuid> = Vec::new();
+    let mut step_orders: Vec<&str> = Vec::new();
+    let mut step_seqs: Vec<i64> = Vec::new();
+    let mut step_types: Vec<&str> = Vec::new();
+    let mut step_names: Vec<&str> = Vec::new();
+    let mut step_details: Vec<Option<&str>> = Vec::new();
+    for (c, s) in changes
+        .iter()
+        .filter_map(|c| c.step.as_ref().map(|s| (c, s)))
+    {
+        step_ids.push(c.event_id);
+        step_orders.push(&s.envelope.aggregate_id);
+        step_seqs.push(s.envelope.sequence);
+        step_types.push(&s.envelope.event_type);
+        step_names.push(s.transition);
+        step_details.push(s.detail.as_deref());
+    }
     sqlx::query(
-        "UPDATE processed_message m SET outcome = u.outcome
-         FROM unnest($2::uuid[], $3::text[]) AS u(event_id, outcome)
-         WHERE m.group_name = $1 AND m.event_id = u.event_id",
+        "WITH changed AS (
+             UPDATE processed_message m SET outcome = u.outcome
+             FROM unnest($2::uuid[], $3::text[]) AS u(event_id, outcome)
+             WHERE m.group_name = $1 AND m.event_id = u.event_id
+             RETURNING m.event_id, m.topic, m.partition, m.kafka_offset)
+         INSERT INTO group_transition (group_name, event_id, order_id, sequence, event_type,
+                                       transition, detail, topic, partition, kafka_offset)
+         SELECT $1, s.event_id, s.order_id, s.sequence, s.event_type, s.transition, s.detail,
+                c.topic, c.partition, c.kafka_offset
+         FROM unnest($4::uuid[], $5::text[], $6::bigint[], $7::text[], $8::text[], $9::text[])
+              AS s(event_id, order_id, sequence, event_type, transition, detail)
+         LEFT JOIN changed c ON c.event_id = s.event_id",
     )
     .bind(group)
     .bind(&ids)
-    .bind(&labels)
+    .bind(&outcomes)
+    .bind(&step_ids)
+    .bind(&step_orders)
+    .bind(&step_seqs)
+    .bind(&step_types)
+    .bind(&step_names)
+    .bind(&step_details)
     .execute(tx)
     .await?;
     Ok(())

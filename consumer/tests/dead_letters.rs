@@ -1,5 +1,5 @@
 //! Dead letters keep per-order order: later events of the order park until the dead letter is
-//! replayed or discarded; other orders flow. Real PostgreSQL (`#[sqlx::test]`, `DATABASE_URL`).
+//! replayed or skipped; other orders flow. Real PostgreSQL (`#[sqlx::test]`, `DATABASE_URL`).
 
 use chrono::Utc;
 use consumer::apply::{
@@ -7,13 +7,23 @@ use consumer::apply::{
     Outcome, ProcessError, CUSTOM_PLANS_UP_TO,
 };
 use consumer::inventory::Inventory;
-use consumer::resolve::{list, resolve, Resolution, ResolveError};
+use consumer::resolve::{list, resolve, Request, Resolution, ResolveError};
 use pipeline_core::envelope::Envelope;
 use pipeline_core::order_events::{OrderLine, OrderSnapshot, OrderStatus};
 use sqlx::PgPool;
 use uuid::Uuid;
 
 const GROUP: &str = "inventory";
+
+fn request(id: i64, how: Resolution, note: &str) -> Request<'_> {
+    Request {
+        id,
+        how,
+        actor: "test",
+        note,
+        for_order: None,
+    }
+}
 
 fn message(
     order_id: Uuid,
@@ -76,7 +86,7 @@ async fn parked(pool: &PgPool) -> i64 {
 }
 
 #[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
-async fn a_dead_letter_parks_its_orders_later_events_and_discard_releases_them(pool: PgPool) {
+async fn a_dead_letter_parks_its_orders_later_events_and_skip_releases_them(pool: PgPool) {
     setup(&pool).await;
     let handler = Inventory::new(GROUP);
     let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
@@ -121,9 +131,7 @@ async fn a_dead_letter_parks_its_orders_later_events_and_discard_releases_them(p
         &pool,
         &handler,
         None,
-        letters[0].id,
-        Resolution::Replay,
-        "retry",
+        request(letters[0].id, Resolution::Replay, "retry"),
     )
     .await;
     assert!(
@@ -136,12 +144,10 @@ async fn a_dead_letter_parks_its_orders_later_events_and_discard_releases_them(p
         &pool,
         &handler,
         None,
-        letters[0].id,
-        Resolution::Discard,
-        "bad line",
+        request(letters[0].id, Resolution::Skip, "bad line"),
     )
     .await
-    .expect("discard");
+    .expect("skip");
     assert!(!done.applied);
     assert_eq!((done.released, done.last_sequence), (2, Some(3)));
     assert_eq!(
@@ -154,7 +160,7 @@ async fn a_dead_letter_parks_its_orders_later_events_and_discard_releases_them(p
         .fetch_one(&pool)
         .await
         .expect("status");
-    assert_eq!(status, "discarded");
+    assert_eq!(status, "skipped");
     // The order's next event flows normally now.
     let report = process_batch(
         &pool,
@@ -198,9 +204,7 @@ async fn replay_after_fixing_the_data_applies_the_event_then_the_parked_ones(poo
         &pool,
         &handler,
         None,
-        id,
-        Resolution::Replay,
-        "fixed stale reservation",
+        request(id, Resolution::Replay, "fixed stale reservation"),
     )
     .await
     .expect("replay");
@@ -223,7 +227,13 @@ async fn replay_after_fixing_the_data_applies_the_event_then_the_parked_ones(poo
             .await
             .expect("outcomes");
     assert_eq!(outcomes, vec!["applied", "applied"]);
-    let again = resolve(&pool, &handler, None, id, Resolution::Replay, "twice").await;
+    let again = resolve(
+        &pool,
+        &handler,
+        None,
+        request(id, Resolution::Replay, "twice"),
+    )
+    .await;
     assert!(
         matches!(again, Err(ResolveError::AlreadyResolved { .. })),
         "{again:?}"

@@ -15,12 +15,17 @@ async fn tables(pool: &PgPool) -> Vec<String> {
     .expect("tables")
 }
 
-const PIPELINE_TABLES: [&str; 11] = [
+const PIPELINE_TABLES: [&str; 16] = [
     "applied_effect",
     "dead_letter",
+    "group_history",
+    "group_transition",
+    "operator_action",
     "order_progress",
     "outbox",
+    "outbox_attempt",
     "outbox_delivery",
+    "outbox_history",
     "outbox_sequence",
     "outbox_status",
     "outbox_unpublished",

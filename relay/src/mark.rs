@@ -79,7 +79,8 @@ pub async fn mark_published(
 }
 
 /// Records failed attempts: attempts counted, last error and next attempt time set, and the row
-/// marked `failed` when no attempt is left. Fenced like [`mark_published`].
+/// marked `failed` when no attempt is left. Each attempt is also kept in the event's history
+/// (`outbox_attempt`), by the same statement. Fenced like [`mark_published`].
 pub async fn record_failures(
     pool: &PgPool,
     fence: Fence,
@@ -105,8 +106,11 @@ pub async fn record_failures(
                       FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::bool[])
                            AS d(id, error, delay_ms, give_up)
                       WHERE o.id = d.id AND o.state = 'pending' AND EXISTS (SELECT 1 FROM lease)
-                      RETURNING 1)
-         SELECT EXISTS (SELECT 1 FROM lease), (SELECT count(*) FROM upd)",
+                      RETURNING o.id, o.attempts, o.state, d.error),
+              history AS (INSERT INTO outbox_attempt (event, attempt, error, gave_up, relay_epoch)
+                          SELECT id, attempts, error, state = 'failed', $6 FROM upd
+                          RETURNING 1)
+         SELECT EXISTS (SELECT 1 FROM lease), (SELECT count(*) FROM history)",
     )
     .bind(&ids)
     .bind(&errors)

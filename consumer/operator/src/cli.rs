@@ -1,0 +1,272 @@
+//! The command line of `pipeline`; every shared flag also reads an environment variable.
+
+use clap::{Parser, Subcommand};
+use pipeline_core::kafka::KafkaArgs;
+use pipeline_core::order_events::ORDER_EVENTS_TOPIC;
+
+use crate::error::BadInput;
+
+/// Operate the pipeline: see where events are, follow one order, release what is stuck.
+#[derive(Debug, Parser)]
+#[command(name = "pipeline", version, about)]
+pub struct Cli {
+    /// Where the outbox, the groups and Kafka are.
+    #[command(flatten)]
+    pub targets: TargetArgs,
+    /// Print JSON instead of tables, for scripts.
+    #[arg(long, global = true, env = "PIPELINE_JSON", default_value_t = false)]
+    pub json: bool,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The databases and the Kafka cluster the commands read and change.
+#[derive(Debug, clap::Args)]
+pub struct TargetArgs {
+    /// The outbox's database (the order service's and the relay's).
+    #[arg(
+        long,
+        global = true,
+        env = "DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/pipeline?sslmode=disable"
+    )]
+    pub database_url: String,
+    /// A group whose tables live in a database of its own, as NAME=URL; repeatable (comma
+    /// separated in the environment). A group not listed uses --database-url.
+    #[arg(long = "group-database", global = true, env = "PIPELINE_GROUP_DATABASES", value_delimiter = ',',
+          value_parser = parse_group_database)]
+    pub group_databases: Vec<(String, String)>,
+    /// The groups to show or act on (names without the prefix): `status` and `trace` show
+    /// these (default: every group that owns a partition in the databases given);
+    /// `dead-letters` and `reprocess` act on one.
+    #[arg(
+        long = "group",
+        global = true,
+        env = "CONSUMER_GROUPS",
+        value_delimiter = ','
+    )]
+    pub groups: Vec<String>,
+    /// Prefix of the Kafka group ids and of the groups' rows, as given to `consumer run`.
+    #[arg(long, global = true, env = "CONSUMER_GROUP_PREFIX", default_value = "")]
+    pub group_prefix: String,
+    /// Topics the groups consume.
+    #[arg(long = "topic", global = true, env = "CONSUMER_TOPICS", value_delimiter = ',', default_value = ORDER_EVENTS_TOPIC)]
+    pub topics: Vec<String>,
+    /// The Kafka cluster.
+    #[command(flatten)]
+    pub kafka: KafkaArgs,
+}
+
+fn parse_group_database(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((name, url)) if !name.trim().is_empty() && !url.trim().is_empty() => {
+            Ok((name.trim().to_owned(), url.trim().to_owned()))
+        }
+        _ => Err(format!("`{s}` is not GROUP=URL")),
+    }
+}
+
+/// The commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// One screen: the outbox's queue, the active relay, each group's lag, dead letters and
+    /// parked orders. Reads a bounded amount whatever the tables' size.
+    Status,
+    /// The history of an order's events (or of one event), in time order: written, each publish
+    /// attempt, published (partition, offset), and what each group did with it, with every
+    /// operator action.
+    Trace {
+        /// An order id, or an event id (a UUID).
+        id: String,
+    },
+    /// A group's (`--group G`) dead letters: list, show, replay, skip or discard.
+    DeadLetters(DeadLetterArgs),
+    /// The outbox's failed events.
+    Outbox {
+        /// What to do.
+        #[command(subcommand)]
+        action: OutboxAction,
+    },
+    /// Move a stopped group (`--group G`) back so it reads old events again.
+    Reprocess(ReprocessArgs),
+}
+
+/// Who makes a change and why; recorded with it and shown by `trace`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Change {
+    /// Who acts (default: $USER).
+    #[arg(long, env = "PIPELINE_ACTOR")]
+    pub actor: Option<String>,
+    /// Why: kept with the change.
+    #[arg(long)]
+    pub note: String,
+}
+
+impl Change {
+    /// The actor: the flag, else `$PIPELINE_ACTOR`, else `$USER`.
+    pub fn actor(&self) -> Result<String, BadInput> {
+        self.actor
+            .clone()
+            .or_else(|| std::env::var("USER").ok())
+            .filter(|a| !a.trim().is_empty())
+            .ok_or(BadInput::NoActor)
+    }
+}
+
+/// `pipeline outbox …`
+#[derive(Debug, Subcommand)]
+pub enum OutboxAction {
+    /// Set failed events back to pending: the relay publishes them, then their orders' held
+    /// events, in sequence order.
+    Requeue(RequeueArgs),
+}
+
+/// Which failed events to requeue: at least one filter.
+#[derive(Debug, clap::Args)]
+pub struct RequeueArgs {
+    /// This event (its event id); repeatable.
+    #[arg(long = "event")]
+    pub events: Vec<uuid::Uuid>,
+    /// The failed events of this order.
+    #[arg(long)]
+    pub order: Option<String>,
+    /// Failed events whose last error contains this text.
+    #[arg(long)]
+    pub error: Option<String>,
+    /// Every failed event.
+    #[arg(long, conflicts_with_all = ["events", "order", "error"])]
+    pub all: bool,
+    /// Who and why.
+    #[command(flatten)]
+    pub change: Change,
+}
+
+/// `pipeline dead-letters --group G …`
+#[derive(Debug, clap::Args)]
+pub struct DeadLetterArgs {
+    /// Dead-letter topic template, as given to `consumer run`; empty: do not publish dead
+    /// letters raised while releasing parked events.
+    #[arg(long, env = "DEAD_LETTER_TOPIC", default_value = "{topic}.dlq")]
+    pub dead_letter_topic: String,
+    /// What to do.
+    #[command(subcommand)]
+    pub action: DeadLetterAction,
+}
+
+/// Which dead letters: one id, or all that match the filters.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct LetterFilter {
+    /// Only this dead letter.
+    #[arg(long)]
+    pub id: Option<i64>,
+    /// Only letters whose reason contains this text.
+    #[arg(long)]
+    pub reason: Option<String>,
+    /// Only letters recorded at or after this time (RFC 3339, e.g. 2026-11-25T03:00:00Z).
+    #[arg(long, value_parser = parse_time)]
+    pub since: Option<chrono::DateTime<chrono::Utc>>,
+    /// Only letters recorded before this time (RFC 3339).
+    #[arg(long, value_parser = parse_time)]
+    pub until: Option<chrono::DateTime<chrono::Utc>>,
+    /// Only this order's letters.
+    #[arg(long)]
+    pub order: Option<String>,
+}
+
+impl LetterFilter {
+    /// True when no filter is given: an action then needs `--all`.
+    pub fn is_empty(&self) -> bool {
+        self.id.is_none()
+            && self.reason.is_none()
+            && self.since.is_none()
+            && self.until.is_none()
+            && self.order.is_none()
+    }
+}
+
+/// `pipeline dead-letters --group G <action>`
+#[derive(Debug, Subcommand)]
+pub enum DeadLetterAction {
+    /// List letters, oldest first.
+    List {
+        /// Which letters.
+        #[command(flatten)]
+        filter: LetterFilter,
+        /// Only letters in this state: open, replayed, skipped or discarded (default: open).
+        #[arg(long, default_value = "open")]
+        status: String,
+    },
+    /// One letter whole: its record, reason, attempts and the events parked behind it.
+    Show {
+        /// The dead letter's id.
+        id: i64,
+    },
+    /// Apply the events again (after fixing their cause), then their orders' parked events.
+    Replay(LetterAction),
+    /// Pass over the events for good: their orders move past them and their parked events
+    /// are applied in sequence. Works for unreadable records too.
+    Skip(LetterAction),
+    /// Close letters that hold no order back (nothing parked behind them).
+    Discard(LetterAction),
+}
+
+/// The letters a changing action takes, and who and why.
+#[derive(Debug, clap::Args)]
+pub struct LetterAction {
+    /// Which open letters.
+    #[command(flatten)]
+    pub filter: LetterFilter,
+    /// Every open letter of the group (when no filter is given).
+    #[arg(long)]
+    pub all: bool,
+    /// For an unreadable record without a key: the order it belongs to (`skip` only).
+    #[arg(long = "for-order")]
+    pub for_order: Option<String>,
+    /// Who and why.
+    #[command(flatten)]
+    pub change: Change,
+}
+
+/// `pipeline reprocess --group G --from …`
+#[derive(Debug, clap::Args)]
+pub struct ReprocessArgs {
+    /// Where to start again: a time (RFC 3339) or an offset (applied to every partition).
+    #[arg(long, value_parser = parse_position)]
+    pub from: Position,
+    /// Also forget that the group processed the events from there on (their dedupe rows, and
+    /// each order's progress back to before its first such event), so their effects are applied
+    /// a second time. Without it, old events are recognised and skipped: effects stay once-only.
+    #[arg(long, default_value_t = false)]
+    pub clear_dedupe: bool,
+    /// Who and why.
+    #[command(flatten)]
+    pub change: Change,
+}
+
+/// Where `reprocess` starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Position {
+    /// The first record at or after this time, in each partition.
+    Time(chrono::DateTime<chrono::Utc>),
+    /// This offset in each partition.
+    Offset(i64),
+}
+
+fn parse_time(s: &str) -> Result<chrono::DateTime<chrono::Utc>, String> {
+    chrono::DateTime::parse_from_rfc3339(s)
+        .map(|t| t.with_timezone(&chrono::Utc))
+        .map_err(|e| format!("`{s}` is not an RFC 3339 time (e.g. 2026-11-25T03:00:00Z): {e}"))
+}
+
+fn parse_position(s: &str) -> Result<Position, String> {
+    if let Ok(offset) = s.parse::<i64>() {
+        if offset < 0 {
+            return Err(format!("offset {offset} is negative"));
+        }
+        return Ok(Position::Offset(offset));
+    }
+    parse_time(s)
+        .map(Position::Time)
+        .map_err(|_| format!("`{s}` is neither an offset nor an RFC 3339 time"))
+}

@@ -1,0 +1,391 @@
+//! `pipeline dead-letters --group G list | show | replay | skip | discard`.
+//!
+//! Changing actions take one letter (`--id`) or every open letter the filters match, and act on
+//! them one by one in each order's sequence, each in a transaction of its own that also records
+//! who acted and why. They are idempotent: a letter already settled is reported and left as it
+//! is, so a run that stopped half-way can be run again.
+
+use chrono::{DateTime, Utc};
+use consumer::resolve::{self, Resolution, ResolveError};
+use consumer::Groups;
+use serde::Serialize;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::cli::{DeadLetterAction, DeadLetterArgs, LetterAction, LetterFilter};
+use crate::error::BadInput;
+use crate::output::{cell, table};
+use crate::targets::Targets;
+
+/// A dead letter as listed.
+#[derive(Debug, Serialize, sqlx::FromRow)]
+pub struct Letter {
+    /// The id the actions take.
+    pub id: i64,
+    /// The event, when the record was readable.
+    pub event_id: Option<Uuid>,
+    /// Its order: from the event, else from the record's key.
+    pub order_id: Option<String>,
+    /// Its sequence, when readable.
+    pub sequence: Option<i64>,
+    /// Its type, when readable.
+    pub event_type: Option<String>,
+    /// The record's topic.
+    pub topic: String,
+    /// The record's partition.
+    pub partition: i32,
+    /// The record's offset.
+    pub kafka_offset: i64,
+    /// Why it was dead-lettered.
+    pub reason: String,
+    /// How many times it was tried.
+    pub attempts: i32,
+    /// open, replayed, skipped or discarded.
+    pub status: String,
+    /// When it was recorded.
+    pub created_at: DateTime<Utc>,
+    /// When it was settled, if it was.
+    pub resolved_at: Option<DateTime<Utc>>,
+    /// The note it was settled with.
+    pub resolution: Option<String>,
+    /// Events of its order parked behind it.
+    pub parked_behind: i64,
+}
+
+/// One letter whole.
+#[derive(Debug, Serialize)]
+pub struct ShownLetter {
+    /// The listed fields.
+    #[serde(flatten)]
+    pub letter: Letter,
+    /// The record's headers.
+    pub headers: serde_json::Value,
+    /// The record's value, as text when it is UTF-8.
+    pub payload: Option<String>,
+    /// The record's key, as text when it is UTF-8.
+    pub key: Option<String>,
+    /// The sequences parked behind it.
+    pub parked_sequences: Vec<i64>,
+}
+
+/// What an action did to one letter.
+#[derive(Debug, Serialize)]
+pub struct Outcome {
+    /// The letter.
+    pub id: i64,
+    /// Its order, when known.
+    pub order_id: Option<String>,
+    /// replayed, skipped, discarded, or already-… when it was settled before.
+    pub outcome: String,
+    /// Parked events applied after it.
+    pub released: usize,
+}
+
+const LETTER_COLUMNS: &str = "d.id, d.event_id,
+    COALESCE(d.order_id, convert_from(d.key, 'UTF8')) AS order_id, d.sequence, d.event_type,
+    d.topic, d.partition, d.kafka_offset, d.reason, d.attempts, d.status, d.created_at,
+    d.resolved_at, d.resolution,
+    (SELECT count(*) FROM parked_event p
+     WHERE p.group_name = d.group_name
+       AND p.order_id = COALESCE(d.order_id, convert_from(d.key, 'UTF8'))) AS parked_behind";
+
+/// Letters of `group` matching `filter` and `status`, in each order's sequence.
+pub async fn list(
+    pool: &PgPool,
+    group: &str,
+    filter: &LetterFilter,
+    status: Option<&str>,
+) -> anyhow::Result<Vec<Letter>> {
+    if let Some(s) = status {
+        if !["open", "replayed", "skipped", "discarded"].contains(&s) {
+            return Err(BadInput::Refused(format!(
+                "unknown status {s}: open, replayed, skipped or discarded"
+            ))
+            .into());
+        }
+    }
+    if let (Some(since), Some(until)) = (filter.since, filter.until) {
+        if since >= until {
+            return Err(BadInput::Refused(format!(
+                "--since {since} is not before --until {until}"
+            ))
+            .into());
+        }
+    }
+    Ok(sqlx::query_as(&format!(
+        "SELECT {LETTER_COLUMNS} FROM dead_letter d
+         WHERE d.group_name = $1 AND ($2::text IS NULL OR d.status = $2)
+           AND ($3::bigint IS NULL OR d.id = $3)
+           AND ($4::text IS NULL OR strpos(d.reason, $4) > 0)
+           AND ($5::timestamptz IS NULL OR d.created_at >= $5)
+           AND ($6::timestamptz IS NULL OR d.created_at < $6)
+           AND ($7::text IS NULL OR COALESCE(d.order_id, convert_from(d.key, 'UTF8')) = $7)
+         ORDER BY COALESCE(d.order_id, convert_from(d.key, 'UTF8')), d.sequence NULLS FIRST, d.id
+         LIMIT 10000"
+    ))
+    .bind(group)
+    .bind(status)
+    .bind(filter.id)
+    .bind(&filter.reason)
+    .bind(filter.since)
+    .bind(filter.until)
+    .bind(&filter.order)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// Runs a `dead-letters` command and prints its result.
+pub async fn run(
+    targets: &Targets,
+    args: &DeadLetterArgs,
+    groups: &Groups,
+    json: bool,
+) -> anyhow::Result<()> {
+    let group = targets.one_group()?;
+    let pool = targets.group(&group).await?;
+    let name = targets.qualified(&group);
+    match &args.action {
+        DeadLetterAction::List { filter, status } => {
+            let letters = list(&pool, &name, filter, Some(status)).await?;
+            if json {
+                crate::output::json(&letters)
+            } else {
+                print_list(&letters);
+                Ok(())
+            }
+        }
+        DeadLetterAction::Show { id } => {
+            let shown = show(&pool, &name, *id).await?;
+            if json {
+                crate::output::json(&shown)
+            } else {
+                print_shown(&shown);
+                Ok(())
+            }
+        }
+        DeadLetterAction::Replay(action) => {
+            act(targets, args, groups, action, Resolution::Replay, json).await
+        }
+        DeadLetterAction::Skip(action) => {
+            act(targets, args, groups, action, Resolution::Skip, json).await
+        }
+        DeadLetterAction::Discard(action) => {
+            act(targets, args, groups, action, Resolution::Discard, json).await
+        }
+    }
+}
+
+async fn show(pool: &PgPool, group: &str, id: i64) -> anyhow::Result<ShownLetter> {
+    let filter = LetterFilter {
+        id: Some(id),
+        ..LetterFilter::default()
+    };
+    let letter = list(pool, group, &filter, None)
+        .await?
+        .into_iter()
+        .next()
+        .ok_or_else(|| BadInput::NotFound {
+            what: "dead letter",
+            id: format!("{id} in group {group}"),
+        })?;
+    let (headers, payload, key): (serde_json::Value, Option<Vec<u8>>, Option<Vec<u8>>) =
+        sqlx::query_as("SELECT headers, payload, key FROM dead_letter WHERE id = $1")
+            .bind(id)
+            .fetch_one(pool)
+            .await?;
+    let parked_sequences: Vec<i64> = sqlx::query_scalar(
+        "SELECT sequence FROM parked_event WHERE group_name = $1 AND order_id = $2 ORDER BY sequence",
+    )
+    .bind(group)
+    .bind(&letter.order_id)
+    .fetch_all(pool)
+    .await?;
+    let text = |b: Option<Vec<u8>>| {
+        b.map(|b| {
+            String::from_utf8(b)
+                .unwrap_or_else(|e| format!("(not UTF-8: {} bytes)", e.as_bytes().len()))
+        })
+    };
+    Ok(ShownLetter {
+        letter,
+        headers,
+        payload: text(payload),
+        key: text(key),
+        parked_sequences,
+    })
+}
+
+async fn act(
+    targets: &Targets,
+    args: &DeadLetterArgs,
+    groups: &Groups,
+    action: &LetterAction,
+    how: Resolution,
+    json: bool,
+) -> anyhow::Result<()> {
+    let (verb, settled) = match how {
+        Resolution::Replay => ("replay", "replayed"),
+        Resolution::Skip => ("skip", "skipped"),
+        Resolution::Discard => ("discard", "discarded"),
+    };
+    if action.filter.is_empty() && !action.all {
+        return Err(BadInput::NoFilter(verb).into());
+    }
+    let actor = action.change.actor()?;
+    let group = targets.one_group()?;
+    let pool = targets.group(&group).await?;
+    let name = targets.qualified(&group);
+    let handler = groups
+        .handler(&group, name.clone())
+        .map_err(|e| BadInput::UnknownGroup(group.clone(), e.to_string()))?;
+    let sink = if args.dead_letter_topic.is_empty() {
+        None
+    } else {
+        Some(consumer::dead_letter::DeadLetterSink::new(
+            &targets.args.kafka,
+            &args.dead_letter_topic,
+        )?)
+    };
+    // An id names one letter, settled or not; filters select the open ones.
+    let status = if action.filter.id.is_some() {
+        None
+    } else {
+        Some("open")
+    };
+    let letters = list(&pool, &name, &action.filter, status).await?;
+    if letters.is_empty() {
+        return match action.filter.id {
+            Some(id) => Err(BadInput::NotFound {
+                what: "dead letter",
+                id: format!("{id} in group {group}"),
+            }
+            .into()),
+            None => {
+                println!("no open dead letter of {group} matches: nothing to do");
+                Ok(())
+            }
+        };
+    }
+    let mut outcomes = Vec::new();
+    let mut failure = None;
+    for letter in &letters {
+        if letter.status != "open" {
+            outcomes.push(Outcome {
+                id: letter.id,
+                order_id: letter.order_id.clone(),
+                outcome: format!("already {}", letter.status),
+                released: 0,
+            });
+            continue;
+        }
+        let request = resolve::Request {
+            id: letter.id,
+            how,
+            actor: &actor,
+            note: &action.change.note,
+            for_order: action.for_order.as_deref(),
+        };
+        match resolve::resolve(&pool, handler.as_ref(), sink.as_ref(), request).await {
+            Ok(done) => outcomes.push(Outcome {
+                id: letter.id,
+                order_id: done.order_id,
+                outcome: settled.to_owned(),
+                released: done.released,
+            }),
+            Err(e @ ResolveError::Process(_)) => {
+                failure = Some(anyhow::Error::from(e));
+                break;
+            }
+            Err(e) => {
+                failure = Some(BadInput::Refused(format!("dead letter {}: {e}", letter.id)).into());
+                break;
+            }
+        }
+    }
+    if json {
+        crate::output::json(&outcomes)?;
+    } else {
+        let mut t = table(&["dead letter", "order", "outcome", "parked events released"]);
+        for o in &outcomes {
+            let _ = t.add_row(vec![
+                o.id.to_string(),
+                cell(o.order_id.as_ref()),
+                o.outcome.clone(),
+                o.released.to_string(),
+            ]);
+        }
+        println!("{t}");
+    }
+    match failure {
+        Some(e) => Err(e.context(format!(
+            "stopped after {} of {} letter(s); the rest are untouched",
+            outcomes.len(),
+            letters.len()
+        ))),
+        None => Ok(()),
+    }
+}
+
+fn print_list(letters: &[Letter]) {
+    let mut t = table(&[
+        "id",
+        "order",
+        "seq",
+        "type",
+        "partition/offset",
+        "reason",
+        "attempts",
+        "status",
+        "recorded",
+        "parked behind",
+    ]);
+    for l in letters {
+        let _ = t.add_row(vec![
+            l.id.to_string(),
+            cell(l.order_id.as_ref()),
+            cell(l.sequence),
+            cell(l.event_type.as_ref()),
+            format!("{}/{}", l.partition, l.kafka_offset),
+            l.reason.clone(),
+            l.attempts.to_string(),
+            l.status.clone(),
+            l.created_at.format("%Y-%m-%d %H:%M:%S").to_string(),
+            l.parked_behind.to_string(),
+        ]);
+    }
+    println!("{t}");
+    println!("{} letter(s)", letters.len());
+}
+
+fn print_shown(s: &ShownLetter) {
+    let l = &s.letter;
+    let mut t = table(&["field", "value"]);
+    let rows: Vec<(&str, String)> = vec![
+        ("id", l.id.to_string()),
+        ("status", l.status.clone()),
+        ("order", cell(l.order_id.as_ref())),
+        ("sequence", cell(l.sequence)),
+        ("event", cell(l.event_id)),
+        ("type", cell(l.event_type.as_ref())),
+        (
+            "record",
+            format!(
+                "{} partition {} offset {}",
+                l.topic, l.partition, l.kafka_offset
+            ),
+        ),
+        ("reason", l.reason.clone()),
+        ("attempts", l.attempts.to_string()),
+        ("recorded", l.created_at.to_rfc3339()),
+        ("settled", cell(l.resolved_at.map(|t| t.to_rfc3339()))),
+        ("note", cell(l.resolution.as_ref())),
+        ("key", cell(s.key.as_ref())),
+        ("headers", s.headers.to_string()),
+        ("payload", cell(s.payload.as_ref())),
+        ("parked behind", format!("{:?}", s.parked_sequences)),
+    ];
+    for (k, v) in rows {
+        let _ = t.add_row(vec![k.to_owned(), v]);
+    }
+    println!("{t}");
+}

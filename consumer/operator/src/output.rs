@@ -1,0 +1,56 @@
+//! How results are printed: tables for people, JSON for scripts.
+
+use comfy_table::presets::UTF8_FULL_CONDENSED;
+use comfy_table::{ContentArrangement, Table};
+use serde::Serialize;
+
+/// A table with `header`, laid out to the terminal's width.
+pub fn table(header: &[&str]) -> Table {
+    let mut table = Table::new();
+    let _ = table
+        .load_preset(UTF8_FULL_CONDENSED)
+        .set_content_arrangement(ContentArrangement::Dynamic)
+        .set_header(header.to_vec());
+    table
+}
+
+/// Prints `value` as pretty JSON.
+pub fn json<T: Serialize>(value: &T) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(value)?);
+    Ok(())
+}
+
+/// An optional value for a table cell: `-` when absent.
+pub fn cell<T: std::fmt::Display>(value: Option<T>) -> String {
+    value.map_or_else(|| "-".to_owned(), |v| v.to_string())
+}
+
+/// A count read with a cap: `≥cap` when it reached it.
+pub fn capped(count: i64, cap: i64) -> String {
+    if count >= cap {
+        format!("≥{cap}")
+    } else {
+        count.to_string()
+    }
+}
+
+/// A duration in seconds, short: 850ms, 12.3s, 4m05s, 2h13m.
+pub fn age(seconds: f64) -> String {
+    if seconds < 1.0 {
+        format!("{:.0}ms", seconds * 1000.0)
+    } else if seconds < 60.0 {
+        format!("{seconds:.1}s")
+    } else if seconds < 3600.0 {
+        format!(
+            "{}m{:02}s",
+            (seconds / 60.0) as i64,
+            (seconds % 60.0) as i64
+        )
+    } else {
+        format!(
+            "{}h{:02}m",
+            (seconds / 3600.0) as i64,
+            ((seconds % 3600.0) / 60.0) as i64
+        )
+    }
+}

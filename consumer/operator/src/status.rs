@@ -1,0 +1,258 @@
+//! `pipeline status`: the outbox's queue, the relay lease, and each group's lag, dead letters
+//! and parked orders. Every count stops at [`CAP`] and every read uses an index, so the command
+//! costs the same on a database of a thousand events and one of a billion.
+
+use std::time::Duration;
+
+use consumer::lag::read_group;
+use pipeline_core::kafka::offsets_reader;
+use rdkafka::consumer::BaseConsumer;
+use serde::Serialize;
+
+use crate::output::{age, capped, cell, table};
+use crate::targets::Targets;
+
+/// Counts stop here: beyond it, the figure shows as `≥CAP`.
+pub const CAP: i64 = 100_000;
+
+/// The outbox's queue.
+#[derive(Debug, Serialize)]
+pub struct OutboxQueue {
+    /// Events waiting for their first publish attempt (up to [`CAP`]).
+    pub pending: i64,
+    /// Events that failed an attempt and wait for the next one (up to [`CAP`]).
+    pub retrying: i64,
+    /// Events that failed for good and hold their orders' later events (up to [`CAP`]).
+    pub failed: i64,
+    /// Age of the oldest event not yet published, in seconds.
+    pub oldest_unpublished_seconds: Option<f64>,
+}
+
+/// The relay lease: who publishes.
+#[derive(Debug, Serialize, sqlx::FromRow)]
+pub struct RelayLease {
+    /// The lease's key (one lease per outbox).
+    pub lease_key: i64,
+    /// Grows on every takeover.
+    pub epoch: i64,
+    /// The holder's id, if any.
+    pub holder: Option<uuid::Uuid>,
+    /// The holder's renewing session.
+    pub holder_pid: Option<i32>,
+    /// True while the lease is unexpired.
+    pub held: bool,
+    /// True while the holder's renewing session exists.
+    pub holder_connected: bool,
+    /// Seconds since the last renewal.
+    pub renewed_seconds_ago: Option<f64>,
+}
+
+/// One group.
+#[derive(Debug, Serialize)]
+pub struct GroupStatus {
+    /// The group's name (without the prefix).
+    pub group: String,
+    /// Members in the Kafka group, when Kafka answered.
+    pub members: Option<usize>,
+    /// Messages between the committed and end offsets, over partitions with a commit.
+    pub lag_messages: Option<i64>,
+    /// Age of the oldest unprocessed event over the group's partitions, in seconds.
+    pub lag_seconds: Option<f64>,
+    /// Partitions holding data where the group has not committed yet.
+    pub uncommitted_partitions: Option<usize>,
+    /// Open dead letters (up to [`CAP`]).
+    pub dead_letters_open: i64,
+    /// Orders with parked events (up to [`CAP`] parked events read).
+    pub orders_parked: i64,
+    /// Why Kafka's figures are missing, if they are.
+    pub kafka_error: Option<String>,
+}
+
+/// The whole screen.
+#[derive(Debug, Serialize)]
+pub struct Status {
+    /// The outbox's queue.
+    pub outbox: OutboxQueue,
+    /// The relay lease(s).
+    pub relay: Vec<RelayLease>,
+    /// Each group.
+    pub groups: Vec<GroupStatus>,
+}
+
+/// Reads the status.
+pub async fn read(targets: &Targets) -> anyhow::Result<Status> {
+    let outbox = targets.outbox().await?;
+    let (pending_all, retrying, failed, oldest): (i64, i64, i64, Option<f64>) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM (SELECT 1 FROM outbox_unpublished
+                                       WHERE state = 'pending' LIMIT $1) x),
+                (SELECT count(*) FROM (SELECT 1 FROM outbox_unpublished
+                                       WHERE state = 'pending' AND attempts > 0 LIMIT $1) x),
+                (SELECT count(*) FROM (SELECT 1 FROM outbox_unpublished
+                                       WHERE state = 'failed' AND attempts > 0 LIMIT $1) x),
+                (SELECT EXTRACT(EPOCH FROM clock_timestamp() - created_at)::float8
+                 FROM outbox_unpublished ORDER BY id LIMIT 1)",
+    )
+    .bind(CAP)
+    .fetch_one(&outbox)
+    .await?;
+    let relay: Vec<RelayLease> = sqlx::query_as(
+        "SELECT lease_key, epoch, holder, holder_pid, expires_at > clock_timestamp() AS held,
+                EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = l.holder_pid) AS holder_connected,
+                EXTRACT(EPOCH FROM clock_timestamp() - renewed_at)::float8 AS renewed_seconds_ago
+         FROM relay_lease l ORDER BY lease_key",
+    )
+    .fetch_all(&outbox)
+    .await?;
+    let mut groups = Vec::new();
+    for group in targets.groups().await? {
+        groups.push(group_status(targets, &group).await?);
+    }
+    Ok(Status {
+        outbox: OutboxQueue {
+            pending: (pending_all - retrying).max(0),
+            retrying,
+            failed,
+            oldest_unpublished_seconds: oldest,
+        },
+        relay,
+        groups,
+    })
+}
+
+async fn group_status(targets: &Targets, group: &str) -> anyhow::Result<GroupStatus> {
+    let pool = targets.group(group).await?;
+    let name = targets.qualified(group);
+    let (dead_letters_open, orders_parked): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM (SELECT 1 FROM dead_letter
+                                       WHERE group_name = $1 AND status = 'open' LIMIT $2) x),
+                (SELECT count(DISTINCT order_id) FROM (SELECT order_id FROM parked_event
+                                                       WHERE group_name = $1 LIMIT $2) x)",
+    )
+    .bind(&name)
+    .bind(CAP)
+    .fetch_one(&pool)
+    .await?;
+    let kafka = targets.args.kafka.clone();
+    let topics = targets.args.topics.clone();
+    let kafka_group = name.clone();
+    let lag = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
+        let reader = offsets_reader(&kafka, &kafka_group)?;
+        let peeker: BaseConsumer = kafka
+            .client_config()
+            .set("group.id", "pipeline-operator-status")
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .create()?;
+        read_group(
+            &reader,
+            &peeker,
+            &kafka_group,
+            &topics,
+            Duration::from_secs(5),
+        )
+    })
+    .await?;
+    let mut status = GroupStatus {
+        group: group.to_owned(),
+        members: None,
+        lag_messages: None,
+        lag_seconds: None,
+        uncommitted_partitions: None,
+        dead_letters_open,
+        orders_parked,
+        kafka_error: None,
+    };
+    match lag {
+        Ok(snapshot) => {
+            status.members = snapshot.members;
+            status.lag_messages = Some(snapshot.partitions.iter().filter_map(|p| p.lag()).sum());
+            status.uncommitted_partitions = Some(
+                snapshot
+                    .partitions
+                    .iter()
+                    .filter(|p| p.committed.is_none() && p.end > 0)
+                    .count(),
+            );
+            status.lag_seconds = Some(
+                snapshot
+                    .first_unprocessed_age
+                    .values()
+                    .copied()
+                    .fold(0.0, f64::max),
+            );
+        }
+        Err(e) => status.kafka_error = Some(format!("{e:#}")),
+    }
+    Ok(status)
+}
+
+/// Prints the status as tables.
+pub fn print(status: &Status) {
+    let o = &status.outbox;
+    let mut outbox = table(&[
+        "outbox",
+        "pending",
+        "retrying",
+        "failed",
+        "oldest unpublished",
+    ]);
+    let _ = outbox.add_row(vec![
+        "queue".to_owned(),
+        capped(o.pending, CAP),
+        capped(o.retrying, CAP),
+        capped(o.failed, CAP),
+        cell(o.oldest_unpublished_seconds.map(age)),
+    ]);
+    println!("{outbox}");
+    let mut relay = table(&["relay lease", "epoch", "holder", "state", "renewed"]);
+    for l in &status.relay {
+        let state = match (l.held, l.holder_connected) {
+            (true, true) => "active",
+            (true, false) => "held, holder's session gone",
+            (false, true) => "expired (holder frozen or cut off?)",
+            (false, false) => "vacant",
+        };
+        let _ = relay.add_row(vec![
+            l.lease_key.to_string(),
+            l.epoch.to_string(),
+            cell(
+                l.holder
+                    .map(|h| format!("{h} (pid {})", cell(l.holder_pid))),
+            ),
+            state.to_owned(),
+            cell(l.renewed_seconds_ago.map(|s| format!("{} ago", age(s)))),
+        ]);
+    }
+    if status.relay.is_empty() {
+        let _ = relay.add_row(vec!["-", "-", "no relay has run", "vacant", "-"]);
+    }
+    println!("{relay}");
+    let mut groups = table(&[
+        "group",
+        "members",
+        "lag (messages)",
+        "lag (age)",
+        "uncommitted partitions",
+        "dead letters open",
+        "orders parked",
+    ]);
+    for g in &status.groups {
+        let _ = groups.add_row(vec![
+            g.group.clone(),
+            cell(g.members),
+            cell(g.lag_messages),
+            cell(g.lag_seconds.map(age)),
+            cell(g.uncommitted_partitions),
+            capped(g.dead_letters_open, CAP),
+            capped(g.orders_parked, CAP),
+        ]);
+    }
+    println!("{groups}");
+    for g in status.groups.iter().filter(|g| g.kafka_error.is_some()) {
+        println!(
+            "{}: Kafka did not answer: {}",
+            g.group,
+            cell(g.kafka_error.as_ref())
+        );
+    }
+}

@@ -1,0 +1,147 @@
+//! `pipeline trace <order id | event id>`: every state change of an order's events (or of one
+//! event), in time order: written by the service, each failed publish attempt, published with
+//! its partition and offset, and each group's outcome, with the operators' actions among them.
+//! Reads the outbox's history (`outbox_history`) and each group's (`group_history`) by index.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use uuid::Uuid;
+
+use crate::error::BadInput;
+use crate::output::{cell, table};
+use crate::targets::Targets;
+
+/// One state change.
+#[derive(Debug, Serialize, sqlx::FromRow)]
+pub struct Step {
+    /// When it happened (each database's clock).
+    pub at: DateTime<Utc>,
+    /// Where: `outbox`, or a group's name.
+    #[sqlx(default)]
+    pub place: String,
+    /// What happened: written, attempt_failed, failed, requeued, published; applied, duplicate,
+    /// parked, released, stale, dead_lettered; operator actions by name.
+    pub transition: String,
+    /// The event, when known.
+    pub event_id: Option<Uuid>,
+    /// Its sequence within the order.
+    pub sequence: Option<i64>,
+    /// Its type.
+    pub event_type: Option<String>,
+    /// The error, the reason or the operator's note.
+    pub detail: Option<String>,
+    /// The Kafka partition, where it concerns a record.
+    pub kafka_partition: Option<i32>,
+    /// The Kafka offset, where it concerns a record.
+    pub kafka_offset: Option<i64>,
+}
+
+/// The trace of one order or event.
+#[derive(Debug, Serialize)]
+pub struct Trace {
+    /// The order.
+    pub order_id: String,
+    /// The event, when one was asked for.
+    pub event_id: Option<Uuid>,
+    /// Every step, oldest first.
+    pub steps: Vec<Step>,
+}
+
+/// Reads the trace of `id`: an event id (a UUID the outbox knows) or an order id.
+pub async fn read(targets: &Targets, id: &str) -> anyhow::Result<Trace> {
+    let outbox = targets.outbox().await?;
+    let event_id = Uuid::parse_str(id).ok();
+    let order_id = match event_id {
+        Some(event) => {
+            sqlx::query_scalar::<_, String>("SELECT aggregate_id FROM outbox WHERE event_id = $1")
+                .bind(event)
+                .fetch_optional(&outbox)
+                .await?
+        }
+        None => None,
+    };
+    let (order_id, event_id) = match (order_id, event_id) {
+        (Some(order), Some(event)) => (order, Some(event)),
+        _ => (id.to_owned(), None),
+    };
+    let mut steps: Vec<Step> = sqlx::query_as(
+        "SELECT at, 'outbox' AS place, transition, event_id, sequence, event_type, detail,
+                kafka_partition, kafka_offset
+         FROM outbox_history
+         WHERE aggregate_id = $1 AND ($2::uuid IS NULL OR event_id = $2)",
+    )
+    .bind(&order_id)
+    .bind(event_id)
+    .fetch_all(&outbox)
+    .await?;
+    for group in targets.groups().await? {
+        let pool = targets.group(&group).await?;
+        let mut rows: Vec<Step> = sqlx::query_as(
+            "SELECT at, transition, event_id, sequence, event_type, detail,
+                    partition AS kafka_partition, kafka_offset
+             FROM group_history
+             WHERE group_name = $1 AND order_id = $2 AND ($3::uuid IS NULL OR event_id = $3)",
+        )
+        .bind(targets.qualified(&group))
+        .bind(&order_id)
+        .bind(event_id)
+        .fetch_all(&pool)
+        .await?;
+        for row in &mut rows {
+            row.place.clone_from(&group);
+        }
+        steps.extend(rows);
+    }
+    if steps.is_empty() {
+        return Err(BadInput::NotFound {
+            what: "order or event",
+            id: id.to_owned(),
+        }
+        .into());
+    }
+    // Time order; within one instant, the outbox's steps before the groups', then by sequence.
+    steps.sort_by(|a, b| {
+        (a.at, a.place != "outbox", a.sequence).cmp(&(b.at, b.place != "outbox", b.sequence))
+    });
+    Ok(Trace {
+        order_id,
+        event_id,
+        steps,
+    })
+}
+
+/// Prints the trace as a table.
+pub fn print(trace: &Trace) {
+    match trace.event_id {
+        Some(e) => println!("event {e} of order {}", trace.order_id),
+        None => println!("order {}", trace.order_id),
+    }
+    let mut t = table(&[
+        "at",
+        "where",
+        "what",
+        "seq",
+        "event",
+        "partition/offset",
+        "detail",
+    ]);
+    for s in &trace.steps {
+        let _ = t.add_row(vec![
+            s.at.format("%Y-%m-%d %H:%M:%S%.3f").to_string(),
+            s.place.clone(),
+            s.transition.clone(),
+            cell(s.sequence),
+            cell(
+                s.event_type
+                    .clone()
+                    .or_else(|| s.event_id.map(|e| e.to_string())),
+            ),
+            match (s.kafka_partition, s.kafka_offset) {
+                (Some(p), Some(o)) => format!("{p}/{o}"),
+                _ => "-".to_owned(),
+            },
+            s.detail.clone().unwrap_or_default(),
+        ]);
+    }
+    println!("{t}");
+}
