@@ -16,16 +16,13 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::RunArgs;
-use crate::dead_letter::DeadLetterSink;
-use crate::groups::Groups;
-use crate::lag::{self, LagCollector};
+use crate::handlers::{Groups, SCHEMA};
+use crate::kafka::{probe, run_collector, run_group, LagCollector, Reachability};
 use crate::metrics::ConsumerMetrics;
-use crate::reachability::{self, Reachability};
-use crate::shared_tx::{SharedTransactions, SharedTxSettings};
-use crate::worker::{FatalSignal, WorkerShared};
-use crate::{group, SCHEMA};
+use crate::partition::{FatalSignal, WorkerShared};
+use crate::transaction::{DeadLetterSink, SharedTransactions, SharedTxSettings};
 
-/// How often the database probe runs (see [`crate::reachability`]).
+/// How often the database probe runs (see [`Reachability`]).
 const PROBE_EVERY: Duration = Duration::from_secs(1);
 
 /// A running consumer process: its groups' poll threads and what runs beside them.
@@ -167,7 +164,7 @@ impl Runtime {
             .name("lag-collector".into())
             .spawn(move || {
                 if let Err(e) =
-                    lag::run_collector(&kafka, &expected, &topics, interval, &collector, &stop)
+                    run_collector(&kafka, &expected, &topics, interval, &collector, &stop)
                 {
                     tracing::error!(error = %e, "lag collector stopped");
                 }
@@ -180,7 +177,7 @@ impl Runtime {
     /// The probe that tells the poll loops how long the database has been out of reach.
     fn probe_database(&mut self, parts: &Parts) -> Reachability {
         let reachability = Reachability::default();
-        self.background.push(tokio::spawn(reachability::probe(
+        self.background.push(tokio::spawn(probe(
             parts.options.clone(),
             PROBE_EVERY,
             reachability.clone(),
@@ -248,7 +245,7 @@ impl Runtime {
             let thread = std::thread::Builder::new()
                 .name(format!("poll-{name}"))
                 .spawn(move || {
-                    group::run_group(
+                    run_group(
                         &kafka,
                         &settings,
                         shared,

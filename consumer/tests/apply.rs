@@ -4,15 +4,14 @@
 use chrono::Utc;
 use std::sync::Arc;
 
-use consumer::apply::{
-    claim_partition, process_batch, process_batches, BatchContext, Fence, InboundMessage, Outcome,
-    PartitionBatch, ProcessError, CUSTOM_PLANS_UP_TO,
-};
-use consumer::handler::{Event, Handler};
-use consumer::inventory::Inventory;
+use consumer::handlers::inventory::Inventory;
+use consumer::handlers::notification::Notifications;
 use consumer::metrics::ConsumerMetrics;
-use consumer::notification::Notifications;
-use consumer::shared_tx::{SharedTransactions, SharedTxSettings};
+use consumer::transaction::{
+    claim_partition, process_batch, process_batches, BatchContext, Fence, InboundMessage, Outcome,
+    PartitionBatch, ProcessError, SharedTransactions, SharedTxSettings, CUSTOM_PLANS_UP_TO,
+};
+use consumer::{Event, Handler};
 use pipeline_core::envelope::{Envelope, EnvelopeError};
 use pipeline_core::order_events::{OrderLine, OrderSnapshot, OrderStatus};
 use prometheus::Registry;
@@ -380,10 +379,10 @@ struct FlakySender {
     attempts: std::sync::Mutex<Vec<std::time::Instant>>,
 }
 
-impl consumer::notification::NotificationSender for FlakySender {
+impl consumer::handlers::notification::NotificationSender for FlakySender {
     fn send<'a>(
         &'a self,
-        n: &'a consumer::notification::Notification,
+        n: &'a consumer::handlers::notification::Notification,
     ) -> futures::future::BoxFuture<'a, Result<(), String>> {
         Box::pin(async move {
             if n.recipient == "down@example.com" {
@@ -399,8 +398,8 @@ impl consumer::notification::NotificationSender for FlakySender {
     }
 }
 
-fn dispatch_settings() -> consumer::notification::DispatchSettings {
-    consumer::notification::DispatchSettings {
+fn dispatch_settings() -> consumer::handlers::notification::DispatchSettings {
+    consumer::handlers::notification::DispatchSettings {
         retry_base: std::time::Duration::from_millis(200),
         retry_max: std::time::Duration::from_millis(400),
         ..Default::default()
@@ -421,7 +420,7 @@ async fn dispatch_records_each_outcome_backs_off_and_gives_up_after_ten_attempts
     .expect("notifications");
     let sender = FlakySender::default();
     let settings = dispatch_settings();
-    let dispatch = || consumer::notification::dispatch_batch(&pool, &sender, &settings);
+    let dispatch = || consumer::handlers::notification::dispatch_batch(&pool, &sender, &settings);
     assert_eq!(dispatch().await.expect("dispatch"), 3);
     let rows: Vec<(String, String, i32, Option<String>, bool)> = sqlx::query_as(
         "SELECT order_id, status, attempts, last_error, sent_at IS NOT NULL
@@ -495,10 +494,10 @@ struct SlowSender {
     sending: tokio::sync::Notify,
 }
 
-impl consumer::notification::NotificationSender for SlowSender {
+impl consumer::handlers::notification::NotificationSender for SlowSender {
     fn send<'a>(
         &'a self,
-        _: &'a consumer::notification::Notification,
+        _: &'a consumer::handlers::notification::Notification,
     ) -> futures::future::BoxFuture<'a, Result<(), String>> {
         Box::pin(async move {
             self.sending.notify_one();
@@ -524,8 +523,12 @@ async fn dispatch_holds_no_lock_while_it_sends(pool: PgPool) {
     let dispatching = {
         let (pool, sender) = (pool.clone(), sender.clone());
         tokio::spawn(async move {
-            consumer::notification::dispatch_batch(&pool, sender.as_ref(), &dispatch_settings())
-                .await
+            consumer::handlers::notification::dispatch_batch(
+                &pool,
+                sender.as_ref(),
+                &dispatch_settings(),
+            )
+            .await
         })
     };
     sender.sending.notified().await;
@@ -537,7 +540,7 @@ async fn dispatch_holds_no_lock_while_it_sends(pool: PgPool) {
         .expect("the row is not locked while it is sent");
     tx.rollback().await.expect("rollback");
     assert_eq!(
-        consumer::notification::dispatch_batch(
+        consumer::handlers::notification::dispatch_batch(
             &pool,
             &FlakySender::default(),
             &dispatch_settings()

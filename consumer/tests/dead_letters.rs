@@ -2,12 +2,12 @@
 //! replayed or discarded; other orders flow. Real PostgreSQL (`#[sqlx::test]`, `DATABASE_URL`).
 
 use chrono::Utc;
-use consumer::apply::{
+use consumer::handlers::inventory::Inventory;
+use consumer::operator::dead_letters::{list, resolve, Resolution, ResolveError};
+use consumer::transaction::{
     claim_partition, process_batch, process_batch_with, BatchContext, Fence, InboundMessage,
     Outcome, ProcessError, CUSTOM_PLANS_UP_TO,
 };
-use consumer::inventory::Inventory;
-use consumer::resolve::{list, resolve, Resolution, ResolveError};
 use pipeline_core::envelope::Envelope;
 use pipeline_core::order_events::{OrderLine, OrderSnapshot, OrderStatus};
 use sqlx::PgPool;

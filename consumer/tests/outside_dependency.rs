@@ -8,10 +8,10 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use consumer::apply::InboundMessage;
-use consumer::handler::{Event, Handler, HandlerBatch, HandlerError};
 use consumer::metrics::ConsumerMetrics;
-use consumer::worker::{FatalSignal, PartitionWorker, Progress, WorkerShared};
+use consumer::partition::{FatalSignal, PartitionWorker, Progress, WorkerShared};
+use consumer::transaction::InboundMessage;
+use consumer::{Event, Handler, HandlerBatch, HandlerError};
 use futures::future::BoxFuture;
 use pipeline_core::envelope::Envelope;
 use prometheus::Registry;

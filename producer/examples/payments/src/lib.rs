@@ -11,7 +11,7 @@
 //!
 //! `tests/end_to_end.rs` runs both with the relay on the real broker and PostgreSQL.
 
-use consumer::handler::{Event, Handler, HandlerBatch, HandlerError};
+use consumer::{Event, Handler, HandlerBatch, HandlerError};
 use futures::future::BoxFuture;
 use outbox::{enqueue, EnqueueError, Enqueued, NewEvent};
 use sqlx::migrate::Migrator;

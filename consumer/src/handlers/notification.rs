@@ -15,7 +15,8 @@ use sqlx::{PgConnection, PgPool};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::handler::{order_snapshot, Event, Handler, HandlerBatch, HandlerError};
+use super::handler::{order_snapshot, Event, Handler, HandlerBatch, HandlerError};
+use crate::backoff::backoff;
 
 /// A notification to deliver.
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -207,7 +208,7 @@ impl DispatchSettings {
     /// equal jitter so notifications that failed together do not retry together.
     pub fn retry_delay(&self, attempts: i32) -> Duration {
         let attempt = u32::try_from(attempts.max(1)).unwrap_or(u32::MAX);
-        crate::backoff::backoff(self.retry_base, self.retry_max, attempt)
+        backoff(self.retry_base, self.retry_max, attempt)
     }
 }
 

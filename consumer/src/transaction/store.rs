@@ -7,9 +7,9 @@ use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use crate::handler::Event;
-use crate::message::{Fence, Pending};
-use crate::process_error::ProcessError;
+use super::error::ProcessError;
+use super::message::{Fence, Pending};
+use crate::handlers::Event;
 
 pub(crate) async fn check_owner(
     tx: &mut PgConnection,

@@ -19,11 +19,11 @@ use sqlx::PgPool;
 use tokio::sync::{mpsc, oneshot, Mutex};
 use tokio_util::sync::CancellationToken;
 
-use crate::apply::{
-    process_batches, BatchContext, BatchReport, Fence, InboundMessage, PartitionBatch, ProcessError,
-};
-use crate::dead_letter::DeadLetterSink;
-use crate::handler::Handler;
+use super::apply::{process_batches, BatchContext, PartitionBatch};
+use super::dead_letter::DeadLetterSink;
+use super::error::ProcessError;
+use super::message::{BatchReport, Fence, InboundMessage};
+use crate::handlers::Handler;
 use crate::metrics::ConsumerMetrics;
 
 /// What a shared transaction's runner needs.

@@ -1,15 +1,15 @@
 //! What a batch decides as it goes: the handler's effects of one event, and the batch's working
-//! state (progress per aggregate, effects and dead letters to write). Shared by the batch
-//! transaction ([`crate::apply`]) and the release of parked events ([`crate::parking`]).
+//! state (progress per aggregate, effects and dead letters to write). Read by the batch
+//! transaction, the release of parked events and the resolution of dead letters.
 
 use std::collections::{HashMap, HashSet};
 
 use sqlx::{Postgres, Transaction};
 
-use crate::dead_letter::DeadLetter;
-use crate::handler::{Event, HandlerBatch, HandlerError};
-use crate::process_error::{is_rejection, ProcessError};
-use crate::store::AppliedEffect;
+use super::dead_letter::DeadLetter;
+use super::error::{is_rejection, ProcessError};
+use super::store::AppliedEffect;
+use crate::handlers::{Event, HandlerBatch, HandlerError};
 
 /// What a batch has learned so far about the orders it touches.
 #[derive(Default)]

@@ -1,30 +1,27 @@
-//! Applying a batch of one partition's messages (or the batches of several partitions, see
-//! [`crate::shared_tx`]) in one database transaction.
+//! Applying a batch of one partition's messages (or the batches of several partitions of one
+//! group) in one database transaction.
 //!
 //! For every message the transaction inserts the group's `processed_message` row (the dedupe
-//! constraint) and, only when that row is new, applies the handler's effects. Events of an order
-//! are applied strictly in sequence: one that arrives ahead of its predecessor is parked and
-//! released, in order, when the gap closes. The caller commits the Kafka offset only after this
+//! constraint) and, only when that row is new, applies the handler's effects, in the order of
+//! its order's sequence (see `sequence`). The caller commits the Kafka offset only after this
 //! transaction has committed.
 
 use std::collections::HashSet;
 
 use chrono::{DateTime, Utc};
-use sqlx::{PgPool, Postgres, Transaction};
+use sqlx::PgPool;
 use tracing::Instrument;
 use uuid::Uuid;
 
-use crate::dead_letter::{self, DeadLetter, DeadLetterSink};
-use crate::effects::{apply_one, BatchState};
-use crate::handler::{Event, Handler, HandlerBatch};
-use crate::message::Pending;
-pub use crate::message::{BatchReport, Fence, InboundMessage, Outcome, RecordHeaders};
-use crate::parking::{park, release_parked};
-pub use crate::process_error::ProcessError;
-use crate::store::{
-    check_owner, plan_with_values, record_applied, set_outcomes, start_batch, AppliedEffect,
+use super::dead_letter::{self, DeadLetter, DeadLetterSink};
+use super::effects::BatchState;
+use super::error::ProcessError;
+use super::message::{read_event, BatchReport, Fence, InboundMessage, Outcome, Pending};
+use super::sequence::handle_event;
+use super::store::{
+    check_owner, plan_with_values, record_applied, start_batch, CUSTOM_PLANS_UP_TO,
 };
-pub use crate::store::{claim_partition, CUSTOM_PLANS_UP_TO};
+use crate::handlers::{Event, Handler};
 
 /// What a batch runs with.
 pub struct BatchContext<'a> {
@@ -37,7 +34,7 @@ pub struct BatchContext<'a> {
     /// When set, dead letters are also published to the dead-letter topic before commit.
     pub dead_letters: Option<&'a DeadLetterSink>,
     /// Transactions of at most this many messages plan with their values (see
-    /// [`crate::store::CUSTOM_PLANS_UP_TO`]).
+    /// [`CUSTOM_PLANS_UP_TO`]).
     pub custom_plans_up_to: usize,
 }
 
@@ -246,67 +243,6 @@ pub async fn process_batches(
         .collect())
 }
 
-/// Applies, parks or skips one new event according to its order's next expected sequence.
-async fn handle_event(
-    tx: &mut Transaction<'_, Postgres>,
-    effects: &mut dyn HandlerBatch,
-    group: &str,
-    state: &mut BatchState,
-    report: &mut BatchReport,
-    p: &Pending<'_>,
-) -> Result<Outcome, ProcessError> {
-    let env = &p.event.envelope;
-    let last = state.progress.get(&env.aggregate_id).copied().unwrap_or(0);
-    if env.sequence == last + 1 {
-        return match apply_one(tx, effects, &p.event).await? {
-            Ok(()) => {
-                state.effects.push(AppliedEffect::of(&p.event));
-                let mut last = env.sequence;
-                if state.parked_orders.contains(&env.aggregate_id) {
-                    last =
-                        release_parked(tx, effects, group, &env.aggregate_id, last, state, report)
-                            .await?;
-                }
-                let _ = state.progress.insert(env.aggregate_id.clone(), last);
-                let _ = state.advanced.insert(env.aggregate_id.clone(), last);
-                tracing::debug!("event applied");
-                Ok(Outcome::Applied)
-            }
-            Err(reason) => {
-                let letter = DeadLetter::now(p.msg, Some(&p.event), &reason);
-                dead_letter::record(tx, group, &letter).await?;
-                state.letters.push(letter);
-                set_outcomes(tx, group, &[(env.event_id, "dead_lettered")]).await?;
-                Ok(Outcome::DeadLettered)
-            }
-        };
-    }
-    report.out_of_sequence += 1;
-    if env.sequence <= last {
-        tracing::warn!(
-            last_applied = last,
-            "event sequence already applied under another event id; not applied"
-        );
-        set_outcomes(tx, group, &[(env.event_id, "stale")]).await?;
-        return Ok(Outcome::Stale);
-    }
-    tracing::warn!(
-        expected = last + 1,
-        "event ahead of its order's next sequence; parked until the gap closes"
-    );
-    park(
-        tx,
-        group,
-        p.msg,
-        &p.event,
-        &format!("waiting for sequence {}", last + 1),
-    )
-    .await?;
-    let _ = state.parked_orders.insert(env.aggregate_id.clone());
-    set_outcomes(tx, group, &[(env.event_id, "parked")]).await?;
-    Ok(Outcome::Parked)
-}
-
 /// Dead-letters one message on its own, when it kept failing past the retry budget: records it
 /// processed (outcome `dead_lettered`) and in `dead_letter`, publishes it, and commits. A message
 /// this group already processed is left alone.
@@ -354,12 +290,4 @@ pub async fn dead_letter_alone(
     }
     tx.commit().await?;
     Ok(Outcome::DeadLettered)
-}
-
-fn read_event(msg: &InboundMessage) -> Result<Event, String> {
-    let envelope = msg.envelope.clone().map_err(|e| e.to_string())?;
-    let payload = msg.payload.as_deref().ok_or("record has no payload")?;
-    let payload: serde_json::Value =
-        serde_json::from_slice(payload).map_err(|e| format!("payload is not JSON: {e}"))?;
-    Ok(Event { envelope, payload })
 }

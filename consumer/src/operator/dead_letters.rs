@@ -1,6 +1,6 @@
-//! Resolving dead letters: replay one (apply it again, e.g. after fixing the handler or the data)
-//! or discard it deliberately. Either way the order's events parked behind it are then applied in
-//! sequence order, in the same transaction.
+//! `consumer dead-letters`: list a group's dead letters, or resolve one: replay it (apply it
+//! again, e.g. after fixing the handler or the data) or discard it deliberately. Either way the
+//! order's events parked behind it are then applied in sequence order, in the same transaction.
 
 use chrono::{DateTime, Utc};
 use pipeline_core::envelope::{Envelope, OCCURRED_AT};
@@ -8,13 +8,12 @@ use serde::Serialize;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::dead_letter::DeadLetterSink;
-use crate::effects::{apply_one, BatchState};
-use crate::handler::{Event, Handler};
-use crate::message::BatchReport;
-use crate::parking::release_parked;
-use crate::process_error::ProcessError;
-use crate::store::{record_applied, set_outcomes, AppliedEffect};
+use crate::config::{DeadLetterAction, DeadLetterArgs};
+use crate::handlers::{Event, Groups, Handler, SCHEMA};
+use crate::transaction::{
+    apply_one, record_applied, release_parked, set_outcomes, AppliedEffect, BatchReport,
+    BatchState, DeadLetterSink, ProcessError,
+};
 
 /// What to do with a dead letter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -277,4 +276,30 @@ pub async fn resolve(
         "dead letter resolved"
     );
     Ok(resolved)
+}
+
+/// Runs a `dead-letters` subcommand; replaying or discarding needs the group's handler from
+/// `groups`, listing works for any group name.
+pub async fn run(args: DeadLetterArgs, groups: &Groups) -> anyhow::Result<()> {
+    let pool = args.db.connect(&SCHEMA).await?;
+    let group = format!("{}{}", args.group_prefix, args.group);
+    let (id, how, note) = match &args.action {
+        DeadLetterAction::List { status } => {
+            for row in list(&pool, &group, status.as_deref()).await? {
+                println!("{}", serde_json::to_string(&row)?);
+            }
+            return Ok(());
+        }
+        DeadLetterAction::Replay { id, note } => (*id, Resolution::Replay, note),
+        DeadLetterAction::Discard { id, note } => (*id, Resolution::Discard, note),
+    };
+    let handler = groups.handler(&args.group, group.clone())?;
+    let sink = if args.dead_letter_topic.is_empty() {
+        None
+    } else {
+        Some(DeadLetterSink::new(&args.kafka, &args.dead_letter_topic)?)
+    };
+    let resolved = resolve(&pool, handler.as_ref(), sink.as_ref(), id, how, note).await?;
+    println!("{}", serde_json::to_string(&resolved)?);
+    Ok(())
 }
