@@ -9,7 +9,7 @@ use pipeline_core::kafka::KafkaArgs;
 use pipeline_core::order_events::ORDER_EVENTS_TOPIC;
 use pipeline_core::telemetry::LogArgs;
 
-use crate::kafka::GroupSettings;
+use crate::kafka::MemberSettings;
 use crate::transaction::CUSTOM_PLANS_UP_TO;
 
 /// Applies order events exactly once, in order per order, for one or more consumer groups.
@@ -230,8 +230,8 @@ pub struct RunArgs {
 impl RunArgs {
     /// The Kafka consumer settings every group runs with, the durations converted from
     /// milliseconds (`--leave-after-database-unreachable-ms` 0: the session timeout).
-    pub fn group_settings(&self) -> GroupSettings {
-        GroupSettings {
+    pub fn member_settings(&self) -> MemberSettings {
+        MemberSettings {
             topics: self.topics.clone(),
             assignment_strategy: self.assignment_strategy.clone(),
             session_timeout: Duration::from_millis(self.session_timeout_ms),

@@ -3,21 +3,21 @@
 //!
 //! ```no_run
 //! use consumer::config::RunArgs;
-//! use consumer::{Event, Handler, HandlerBatch, HandlerError};
+//! use consumer::{Event, Handler, HandlerTransaction, HandlerError};
 //! use futures::future::BoxFuture;
 //! use sqlx::PgConnection;
 //!
 //! /// Counts events per aggregate: its effects commit in the transaction that records each
 //! /// event processed, so each counts once.
 //! struct Tally { group: String }
-//! struct TallyBatch;
+//! struct TallyTransaction;
 //!
 //! impl Handler for Tally {
 //!     fn group(&self) -> &str { &self.group }
-//!     fn batch(&self) -> Box<dyn HandlerBatch + '_> { Box::new(TallyBatch) }
+//!     fn transaction(&self) -> Box<dyn HandlerTransaction + '_> { Box::new(TallyTransaction) }
 //! }
 //!
-//! impl HandlerBatch for TallyBatch {
+//! impl HandlerTransaction for TallyTransaction {
 //!     fn apply<'a>(&'a mut self, conn: &'a mut PgConnection, event: &'a Event)
 //!         -> BoxFuture<'a, Result<(), HandlerError>> {
 //!         Box::pin(async move {
@@ -67,6 +67,23 @@
 //! Beside the path: [`operator`], the `dead-letters` and `report` commands (they use the
 //! transaction and the handlers); [`config`], the command line; [`metrics`]; and [`runtime`],
 //! the composition root that [`run`] starts.
+//!
+//! # Words
+//!
+//! - *group*: a consumer group: a [`Handler`] registered in [`Groups`] under a name and run as
+//!   the Kafka consumer group whose id is `--group-prefix` + name; the id is also its dedupe
+//!   scope (the tables' `group_name`).
+//! - *member*: this process's part in a group: a poll thread, its rebalance callbacks, its
+//!   partition tasks and offset commits.
+//! - *batch*: messages of one partition, in offset order, that the partition's task hands over
+//!   together (up to `--max-batch`); its offset is committed only after the transaction that
+//!   applied it.
+//! - *transaction*: one database transaction applying one or more batches of a group (the batch
+//!   transaction); the handler's part of it is a [`HandlerTransaction`].
+//! - *shared transaction*: a transaction applying the batches of several partitions of a group
+//!   ([`transaction::SharedTransactions`], `--group-transactions`).
+//! - *finished offset*: the offset after a batch whose transaction committed, for the member to
+//!   commit to Kafka; an order's *progress* is its last applied sequence (`order_progress`).
 
 #![warn(missing_docs)]
 
@@ -84,7 +101,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::RunArgs;
 pub use crate::handlers::{
-    demo_groups, Event, Groups, Handler, HandlerBatch, HandlerError, UnknownGroup, SCHEMA,
+    demo_groups, Event, Groups, Handler, HandlerError, HandlerTransaction, UnknownGroup, SCHEMA,
 };
 
 /// The consumer library's migrations: what any group needs besides its own effect tables

@@ -5,8 +5,8 @@ use chrono::Utc;
 use consumer::handlers::inventory::Inventory;
 use consumer::operator::dead_letters::{list, resolve, Resolution, ResolveError};
 use consumer::transaction::{
-    claim_partition, process_batch, process_batch_with, BatchContext, Fence, InboundMessage,
-    Outcome, ProcessError, CUSTOM_PLANS_UP_TO,
+    claim_partition, process_batch, process_batch_with, Fence, InboundMessage, Outcome,
+    ProcessError, TransactionContext, CUSTOM_PLANS_UP_TO,
 };
 use pipeline_core::envelope::Envelope;
 use pipeline_core::order_events::{OrderLine, OrderSnapshot, OrderStatus};
@@ -249,7 +249,7 @@ async fn a_consumer_that_lost_its_partition_applies_nothing(pool: PgPool) {
         .expect("takeover");
 
     let a = Uuid::new_v4();
-    let ctx = BatchContext {
+    let ctx = TransactionContext {
         pool: &pool,
         handler: &handler,
         fence: Some(&zombie),
@@ -265,7 +265,7 @@ async fn a_consumer_that_lost_its_partition_applies_nothing(pool: PgPool) {
         .expect("count");
     assert_eq!(processed, 0, "not even recorded");
 
-    let ctx = BatchContext {
+    let ctx = TransactionContext {
         fence: Some(&successor),
         ..ctx
     };

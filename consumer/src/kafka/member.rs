@@ -1,8 +1,8 @@
-//! One consumer group: a thread that polls Kafka, hands each partition's messages to that
-//! partition's task, and commits offsets the tasks report after their database commits. All Kafka
-//! calls happen on this one thread, rebalance callbacks included (see `rebalance`). Cut off from
-//! the database for too long (see `reachability`), it leaves the group, and joins again once the
-//! database answers.
+//! This process's member of one consumer group: a thread that polls Kafka, hands each
+//! partition's messages to that partition's task, and commits offsets the tasks report after
+//! their database commits. All Kafka calls happen on this one thread, rebalance callbacks
+//! included (see `rebalance`). Cut off from the database for too long (see `reachability`), it
+//! leaves the group, and joins again once the database answers.
 
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -13,12 +13,12 @@ use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use tokio_util::sync::CancellationToken;
 
 use super::reachability::Reachability;
-use super::rebalance::GroupContext;
-use crate::partition::{Progress, WorkerShared};
+use super::rebalance::MemberContext;
+use crate::partition::{FinishedOffset, TaskContext};
 
-/// Settings of one group's Kafka consumer.
+/// Settings of a member's Kafka consumer.
 #[derive(Debug, Clone)]
-pub struct GroupSettings {
+pub struct MemberSettings {
     /// Topics the group subscribes to.
     pub topics: Vec<String>,
     /// `partition.assignment.strategy`.
@@ -39,22 +39,22 @@ pub struct GroupSettings {
     pub leave_after_database_unreachable: Duration,
 }
 
-/// Runs one group's poll loop on the current (dedicated) thread until `shutdown`.
-pub fn run_group(
+/// Runs a member's poll loop on the current (dedicated) thread until `shutdown`.
+pub fn run_member(
     kafka: &KafkaArgs,
-    settings: &GroupSettings,
-    shared: WorkerShared,
-    progress_rx: mpsc::Receiver<Progress>,
+    settings: &MemberSettings,
+    context: TaskContext,
+    finished_rx: mpsc::Receiver<FinishedOffset>,
     reachability: &Reachability,
     runtime: tokio::runtime::Handle,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let group = shared.handler.group().to_owned();
-    let context = GroupContext::new(
+    let group = context.handler.group().to_owned();
+    let context = MemberContext::new(
         group.clone(),
         runtime,
-        shared,
-        progress_rx,
+        context,
+        finished_rx,
         settings.revoke_timeout,
     );
     let mut config = kafka.client_config();
@@ -89,7 +89,7 @@ pub fn run_group(
             config.set(k, v);
         }
     }
-    let consumer: BaseConsumer<GroupContext> = config
+    let consumer: BaseConsumer<MemberContext> = config
         .create_with_context(context)
         .with_context(|| format!("creating Kafka consumer for group {group}"))?;
     let topics: Vec<&str> = settings.topics.iter().map(String::as_str).collect();
@@ -152,7 +152,7 @@ pub fn run_group(
         // Offsets finished since the last commit go out together: one request per interval
         // instead of one per batch.
         if last_commit.elapsed() >= settings.commit_interval {
-            ctx.offsets.collect_progress();
+            ctx.offsets.collect_finished();
             let finished = ctx.offsets.take_pending(None);
             ctx.offsets
                 .commit(&consumer, &ctx.tasks, &finished, CommitMode::Async);
@@ -168,7 +168,7 @@ pub fn run_group(
     // Shutdown: let in-flight batches finish, then commit what they own, synchronously.
     let keys = ctx.tasks.keys();
     ctx.tasks.stop(&keys);
-    ctx.offsets.collect_progress();
+    ctx.offsets.collect_finished();
     let finished = ctx.offsets.take_pending(None);
     ctx.offsets
         .commit(&consumer, &ctx.tasks, &finished, CommitMode::Sync);

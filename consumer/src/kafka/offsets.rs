@@ -13,13 +13,13 @@ use rdkafka::{Offset, TopicPartitionList};
 
 use super::tasks::{lock, PartitionKey, PartitionTasks};
 use crate::metrics::ConsumerMetrics;
-use crate::partition::Progress;
+use crate::partition::FinishedOffset;
 
 /// Offsets finished by the member's tasks, and those it asked Kafka to commit.
 pub(crate) struct Offsets {
     group: String,
     metrics: ConsumerMetrics,
-    progress: Mutex<mpsc::Receiver<Progress>>,
+    finished: Mutex<mpsc::Receiver<FinishedOffset>>,
     /// Offsets finished by tasks and not yet committed.
     pending: Mutex<HashMap<PartitionKey, i64>>,
     /// The offset of the latest commit asked for, per partition: only its failure is retried,
@@ -28,24 +28,24 @@ pub(crate) struct Offsets {
 }
 
 impl Offsets {
-    /// Nothing finished yet; tasks report to the sender of `progress`.
+    /// Nothing finished yet; tasks report to the sender of `finished`.
     pub(crate) fn new(
         group: String,
         metrics: ConsumerMetrics,
-        progress: mpsc::Receiver<Progress>,
+        finished: mpsc::Receiver<FinishedOffset>,
     ) -> Self {
         Offsets {
             group,
             metrics,
-            progress: Mutex::new(progress),
+            finished: Mutex::new(finished),
             pending: Mutex::new(HashMap::new()),
             requested: Mutex::new(HashMap::new()),
         }
     }
 
     /// Moves finished offsets reported by tasks into `pending`.
-    pub(crate) fn collect_progress(&self) {
-        let rx = lock(&self.progress);
+    pub(crate) fn collect_finished(&self) {
+        let rx = lock(&self.finished);
         let mut pending = lock(&self.pending);
         while let Ok(p) = rx.try_recv() {
             let slot = pending

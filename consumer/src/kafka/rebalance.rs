@@ -16,10 +16,10 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use super::offsets::Offsets;
 use super::tasks::{PartitionKey, PartitionTasks};
 use crate::metrics::ConsumerMetrics;
-use crate::partition::{Progress, WorkerShared};
+use crate::partition::{FinishedOffset, TaskContext};
 
 /// Rebalance callbacks and the state they share with the poll loop.
-pub(crate) struct GroupContext {
+pub(crate) struct MemberContext {
     group: String,
     metrics: ConsumerMetrics,
     /// The member's partition tasks.
@@ -28,7 +28,7 @@ pub(crate) struct GroupContext {
     pub(crate) offsets: Offsets,
 }
 
-impl ClientContext for GroupContext {
+impl ClientContext for MemberContext {
     fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
         match level {
             RDKafkaLogLevel::Emerg
@@ -45,7 +45,7 @@ impl ClientContext for GroupContext {
     }
 }
 
-impl ConsumerContext for GroupContext {
+impl ConsumerContext for MemberContext {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         match rebalance {
             Rebalance::Revoke(tpl) => {
@@ -58,7 +58,7 @@ impl ConsumerContext for GroupContext {
                 let keys = partition_keys(tpl);
                 tracing::info!(group = %self.group, partitions = keys.len(), lost, "partitions revoked");
                 self.tasks.stop(&keys);
-                self.offsets.collect_progress();
+                self.offsets.collect_finished();
                 let finished = self.offsets.take_pending(Some(&keys));
                 if lost {
                     if !finished.is_empty() {
@@ -134,18 +134,18 @@ impl ConsumerContext for GroupContext {
     }
 }
 
-impl GroupContext {
+impl MemberContext {
     pub(crate) fn new(
         group: String,
         runtime: tokio::runtime::Handle,
-        shared: WorkerShared,
-        progress: mpsc::Receiver<Progress>,
+        context: TaskContext,
+        finished: mpsc::Receiver<FinishedOffset>,
         revoke_timeout: Duration,
     ) -> Self {
-        let metrics = shared.metrics.clone();
-        GroupContext {
-            offsets: Offsets::new(group.clone(), metrics.clone(), progress),
-            tasks: PartitionTasks::new(group.clone(), runtime, shared, revoke_timeout),
+        let metrics = context.metrics.clone();
+        MemberContext {
+            offsets: Offsets::new(group.clone(), metrics.clone(), finished),
+            tasks: PartitionTasks::new(group.clone(), runtime, context, revoke_timeout),
             group,
             metrics,
         }

@@ -15,13 +15,13 @@ use rdkafka::TopicPartitionList;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 use tokio_util::sync::CancellationToken;
 
-use crate::partition::{PartitionWorker, WorkerShared};
+use crate::partition::{PartitionTask, TaskContext};
 use crate::transaction::{InboundMessage, RecordHeaders};
 
 pub(crate) type PartitionKey = (String, i32);
 
 /// A running partition task, as the member sees it.
-pub(crate) struct PartitionTask {
+pub(crate) struct TaskHandle {
     sender: UnboundedSender<InboundMessage>,
     queued: Arc<AtomicUsize>,
     stop: CancellationToken,
@@ -33,8 +33,8 @@ pub(crate) struct PartitionTask {
 pub(crate) struct PartitionTasks {
     group: String,
     runtime: tokio::runtime::Handle,
-    shared: WorkerShared,
-    tasks: Mutex<HashMap<PartitionKey, PartitionTask>>,
+    context: TaskContext,
+    tasks: Mutex<HashMap<PartitionKey, TaskHandle>>,
     revoke_timeout: Duration,
 }
 
@@ -44,24 +44,24 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl PartitionTasks {
-    /// No tasks yet; each one started gets `shared` and runs on `runtime`.
+    /// No tasks yet; each one started gets `context` and runs on `runtime`.
     pub(crate) fn new(
         group: String,
         runtime: tokio::runtime::Handle,
-        shared: WorkerShared,
+        context: TaskContext,
         revoke_timeout: Duration,
     ) -> Self {
         PartitionTasks {
             group,
             runtime,
-            shared,
+            context,
             tasks: Mutex::new(HashMap::new()),
             revoke_timeout,
         }
     }
 
     /// The running tasks, locked. Whoever also locks the member's offsets takes this lock first.
-    pub(crate) fn running(&self) -> MutexGuard<'_, HashMap<PartitionKey, PartitionTask>> {
+    pub(crate) fn running(&self) -> MutexGuard<'_, HashMap<PartitionKey, TaskHandle>> {
         lock(&self.tasks)
     }
 
@@ -74,18 +74,18 @@ impl PartitionTasks {
         let (sender, rx) = unbounded_channel();
         let queued = Arc::new(AtomicUsize::new(0));
         let stop = CancellationToken::new();
-        let worker = PartitionWorker::new(
-            self.shared.clone(),
+        let task = PartitionTask::new(
+            self.context.clone(),
             key.0.clone(),
             key.1,
             rx,
             queued.clone(),
             stop.clone(),
         );
-        let done = self.runtime.spawn(worker.run());
+        let done = self.runtime.spawn(task.run());
         let _ = tasks.insert(
             key.clone(),
-            PartitionTask {
+            TaskHandle {
                 sender: sender.clone(),
                 queued,
                 stop,
@@ -123,8 +123,8 @@ impl PartitionTasks {
     }
 
     /// Takes the tasks of `keys` out of the member and tells each to stop.
-    fn cancel(&self, keys: &[PartitionKey]) -> Vec<PartitionTask> {
-        let cancelled: Vec<PartitionTask> = {
+    fn cancel(&self, keys: &[PartitionKey]) -> Vec<TaskHandle> {
+        let cancelled: Vec<TaskHandle> = {
             let mut tasks = lock(&self.tasks);
             keys.iter().filter_map(|k| tasks.remove(k)).collect()
         };

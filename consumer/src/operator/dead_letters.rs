@@ -12,7 +12,7 @@ use crate::config::{DeadLetterAction, DeadLetterArgs};
 use crate::handlers::{Event, Groups, Handler, SCHEMA};
 use crate::transaction::{
     apply_one, record_applied, release_parked, set_outcomes, AppliedEffect, BatchReport,
-    BatchState, DeadLetterSink, ProcessError,
+    DeadLetterSink, ProcessError, TransactionState,
 };
 
 /// What to do with a dead letter.
@@ -194,8 +194,8 @@ pub async fn resolve(
                 expected: last + 1,
             });
         }
-        let mut state = BatchState::default();
-        let mut effects = handler.batch();
+        let mut state = TransactionState::default();
+        let mut effects = handler.transaction();
         if how == Resolution::Replay {
             let occurred_at = letter
                 .headers

@@ -11,9 +11,10 @@ use crate::handlers::Handler;
 use crate::metrics::ConsumerMetrics;
 use crate::transaction::{DeadLetterSink, SharedTransactions};
 
-/// A batch committed: the group may commit `next_offset` for this partition.
+/// A finished offset: a batch's transaction committed, so the member may commit `next_offset`
+/// for this partition to Kafka.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Progress {
+pub struct FinishedOffset {
     /// Topic of the partition.
     pub topic: String,
     /// The partition.
@@ -45,9 +46,10 @@ impl FatalSignal {
     }
 }
 
-/// What every partition task of a group shares.
+/// What a partition task runs with: the group's database, handler and settings, the same for
+/// every task of the group.
 #[derive(Clone)]
-pub struct WorkerShared {
+pub struct TaskContext {
     /// The group's database.
     pub pool: PgPool,
     /// The group's handler.
@@ -57,10 +59,10 @@ pub struct WorkerShared {
     /// Where batches, outcomes, retries and delays are counted.
     pub metrics: ConsumerMetrics,
     /// Where tasks report a batch's offset to commit, only after its database commit.
-    pub progress: mpsc::Sender<Progress>,
+    pub finished: mpsc::Sender<FinishedOffset>,
     /// Raised on an error no retry fixes, to stop the whole process.
     pub fatal: FatalSignal,
-    /// Most messages in one batch transaction.
+    /// Most messages in one batch.
     pub max_batch: usize,
     /// Transactions of at most this many messages plan with their values.
     pub custom_plans_up_to: usize,

@@ -6,5 +6,5 @@
 mod context;
 mod task;
 
-pub use context::{FatalSignal, Progress, WorkerShared};
-pub use task::PartitionWorker;
+pub use context::{FatalSignal, FinishedOffset, TaskContext};
+pub use task::PartitionTask;

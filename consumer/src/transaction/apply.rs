@@ -14,20 +14,20 @@ use tracing::Instrument;
 use uuid::Uuid;
 
 use super::dead_letter::{self, DeadLetter, DeadLetterSink};
-use super::effects::BatchState;
+use super::effects::TransactionState;
 use super::error::ProcessError;
 use super::message::{read_event, BatchReport, Fence, InboundMessage, Outcome, Pending};
 use super::sequence::handle_event;
 use super::store::{
-    check_owner, plan_with_values, record_applied, start_batch, CUSTOM_PLANS_UP_TO,
+    check_owner, plan_with_values, record_applied, start_transaction, CUSTOM_PLANS_UP_TO,
 };
 use crate::handlers::{Event, Handler};
 
-/// What a batch runs with.
-pub struct BatchContext<'a> {
-    /// The group's database, where each batch's transaction runs.
+/// What a transaction runs with.
+pub struct TransactionContext<'a> {
+    /// The group's database, where the transaction runs.
     pub pool: &'a PgPool,
-    /// The group's handler, whose effects commit in the batch's transaction.
+    /// The group's handler, whose effects commit in the transaction.
     pub handler: &'a dyn Handler,
     /// When set, the batch applies nothing unless this consumer still owns the partition.
     pub fence: Option<&'a Fence>,
@@ -45,7 +45,7 @@ pub async fn process_batch(
     handler: &dyn Handler,
     messages: &[InboundMessage],
 ) -> Result<BatchReport, ProcessError> {
-    let ctx = BatchContext {
+    let ctx = TransactionContext {
         pool,
         handler,
         fence: None,
@@ -57,7 +57,7 @@ pub async fn process_batch(
 
 /// Processes `messages` (one partition, in offset order) in one transaction and commits it.
 pub async fn process_batch_with(
-    ctx: &BatchContext<'_>,
+    ctx: &TransactionContext<'_>,
     messages: &[InboundMessage],
 ) -> Result<BatchReport, ProcessError> {
     let batch = PartitionBatch {
@@ -79,7 +79,7 @@ pub struct PartitionBatch<'a> {
 }
 
 /// One partition batch's messages sorted out before the transaction.
-struct Member<'m> {
+struct SortedBatch<'m> {
     fence: Option<&'m Fence>,
     messages: &'m [InboundMessage],
     outcomes: Vec<Option<Outcome>>,
@@ -94,7 +94,7 @@ struct Member<'m> {
 /// rolls back every batch. `ctx.fence` is ignored: each batch carries its own. One report per
 /// batch, in the order given.
 pub async fn process_batches(
-    ctx: &BatchContext<'_>,
+    ctx: &TransactionContext<'_>,
     batches: &[PartitionBatch<'_>],
 ) -> Result<Vec<BatchReport>, ProcessError> {
     let handler = ctx.handler;
@@ -102,10 +102,10 @@ pub async fn process_batches(
 
     // Sort out records that are not readable events; keep the first copy of each event id.
     let mut seen: HashSet<Uuid> = HashSet::new();
-    let mut members: Vec<Member<'_>> = batches
+    let mut sorted_batches: Vec<SortedBatch<'_>> = batches
         .iter()
         .map(|b| {
-            let mut member = Member {
+            let mut sorted = SortedBatch {
                 fence: b.fence,
                 messages: b.messages,
                 outcomes: vec![None; b.messages.len()],
@@ -116,13 +116,13 @@ pub async fn process_batches(
             for (i, msg) in b.messages.iter().enumerate() {
                 match read_event(msg) {
                     Ok(event) if seen.insert(event.envelope.event_id) => {
-                        member.valid.push((i, Pending { msg, event }));
+                        sorted.valid.push((i, Pending { msg, event }));
                     }
-                    Ok(_) => member.outcomes[i] = Some(Outcome::Duplicate),
-                    Err(reason) => member.unreadable.push((i, reason)),
+                    Ok(_) => sorted.outcomes[i] = Some(Outcome::Duplicate),
+                    Err(reason) => sorted.unreadable.push((i, reason)),
                 }
             }
-            member
+            sorted
         })
         .collect();
 
@@ -134,8 +134,8 @@ pub async fn process_batches(
     }
     // One round trip for all batches: the ownership fences, the dedupe constraint (only rows
     // inserted now are new to this group), and the orders' progress and parked events.
-    let fences: Vec<&Fence> = members.iter().filter_map(|m| m.fence).collect();
-    let valid: Vec<&Pending<'_>> = members
+    let fences: Vec<&Fence> = sorted_batches.iter().filter_map(|m| m.fence).collect();
+    let valid: Vec<&Pending<'_>> = sorted_batches
         .iter()
         .flat_map(|m| m.valid.iter().map(|(_, p)| p))
         .collect();
@@ -145,15 +145,15 @@ pub async fn process_batches(
         .collect();
     orders.sort();
     orders.dedup();
-    let start = start_batch(&mut tx, group, &fences, &valid, &orders).await?;
+    let start = start_transaction(&mut tx, group, &fences, &valid, &orders).await?;
     drop(valid);
-    let mut state = BatchState {
+    let mut state = TransactionState {
         progress: start.progress,
         parked_orders: start.parked_orders,
-        ..BatchState::default()
+        ..TransactionState::default()
     };
-    let mut fresh: Vec<Vec<(usize, Pending<'_>)>> = Vec::with_capacity(members.len());
-    for m in &mut members {
+    let mut fresh: Vec<Vec<(usize, Pending<'_>)>> = Vec::with_capacity(sorted_batches.len());
+    for m in &mut sorted_batches {
         for (i, reason) in std::mem::take(&mut m.unreadable) {
             let letter = DeadLetter::now(&m.messages[i], None, &reason);
             dead_letter::record(&mut tx, group, &letter).await?;
@@ -176,11 +176,11 @@ pub async fn process_batches(
         .flatten()
         .map(|(_, p)| p.event.clone())
         .collect();
-    let mut effects_batch = handler.batch();
-    effects_batch.prepare(&mut tx, &events).await?;
+    let mut handler_tx = handler.transaction();
+    handler_tx.prepare(&mut tx, &events).await?;
     // Which of `state.effects` each batch applied.
-    let mut applied: Vec<std::ops::Range<usize>> = Vec::with_capacity(members.len());
-    for (m, new) in members.iter_mut().zip(&fresh) {
+    let mut applied: Vec<std::ops::Range<usize>> = Vec::with_capacity(sorted_batches.len());
+    for (m, new) in sorted_batches.iter_mut().zip(&fresh) {
         let first = state.effects.len();
         for (i, p) in new {
             let env = &p.event.envelope;
@@ -197,7 +197,7 @@ pub async fn process_batches(
             );
             let outcome = handle_event(
                 &mut tx,
-                effects_batch.as_mut(),
+                handler_tx.as_mut(),
                 group,
                 &mut state,
                 &mut m.report,
@@ -209,7 +209,7 @@ pub async fn process_batches(
         }
         applied.push(first..state.effects.len());
     }
-    let BatchState {
+    let TransactionState {
         advanced,
         effects,
         letters,
@@ -222,11 +222,11 @@ pub async fn process_batches(
     }
     // The effects last: a handler may lock rows other transactions share when it writes them
     // (the inventory's stock), and those locks are then held only until the commit.
-    effects_batch.flush(&mut tx).await?;
+    handler_tx.flush(&mut tx).await?;
     tx.commit().await?;
     let transaction_duration = began.elapsed();
 
-    Ok(members
+    Ok(sorted_batches
         .into_iter()
         .zip(applied)
         .map(|(m, range)| {
@@ -247,7 +247,7 @@ pub async fn process_batches(
 /// processed (outcome `dead_lettered`) and in `dead_letter`, publishes it, and commits. A message
 /// this group already processed is left alone.
 pub async fn dead_letter_alone(
-    ctx: &BatchContext<'_>,
+    ctx: &TransactionContext<'_>,
     msg: &InboundMessage,
     reason: &str,
     attempts: i32,

@@ -21,14 +21,14 @@ mod shared;
 mod store;
 
 pub use apply::{
-    dead_letter_alone, process_batch, process_batch_with, process_batches, BatchContext,
-    PartitionBatch,
+    dead_letter_alone, process_batch, process_batch_with, process_batches, PartitionBatch,
+    TransactionContext,
 };
 pub use dead_letter::{DeadLetter, DeadLetterSink};
-pub(crate) use effects::{apply_one, BatchState};
+pub(crate) use effects::{apply_one, TransactionState};
 pub use error::ProcessError;
 pub use message::{BatchReport, Fence, InboundMessage, Outcome, RecordHeaders};
 pub(crate) use sequence::release_parked;
-pub use shared::{SharedResult, SharedTransactions, SharedTxSettings};
+pub use shared::{SharedResult, SharedTransactionSettings, SharedTransactions};
 pub use store::{claim_partition, CUSTOM_PLANS_UP_TO};
 pub(crate) use store::{record_applied, set_outcomes, AppliedEffect};

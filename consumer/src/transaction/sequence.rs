@@ -8,18 +8,18 @@ use sqlx::{PgConnection, Postgres, Transaction};
 use uuid::Uuid;
 
 use super::dead_letter::{self, DeadLetter};
-use super::effects::{apply_one, BatchState};
+use super::effects::{apply_one, TransactionState};
 use super::error::ProcessError;
 use super::message::{BatchReport, InboundMessage, Outcome, Pending};
 use super::store::{set_outcomes, AppliedEffect};
-use crate::handlers::{Event, HandlerBatch};
+use crate::handlers::{Event, HandlerTransaction};
 
 /// Applies, parks or skips one new event according to its order's next expected sequence.
 pub(crate) async fn handle_event(
     tx: &mut Transaction<'_, Postgres>,
-    effects: &mut dyn HandlerBatch,
+    effects: &mut dyn HandlerTransaction,
     group: &str,
-    state: &mut BatchState,
+    state: &mut TransactionState,
     report: &mut BatchReport,
     p: &Pending<'_>,
 ) -> Result<Outcome, ProcessError> {
@@ -78,11 +78,11 @@ pub(crate) async fn handle_event(
 /// Applies parked events of `order` that now follow `last` without a gap. Returns the new last.
 pub(crate) async fn release_parked(
     tx: &mut Transaction<'_, Postgres>,
-    effects: &mut dyn HandlerBatch,
+    effects: &mut dyn HandlerTransaction,
     group: &str,
     order: &str,
     mut last: i64,
-    state: &mut BatchState,
+    state: &mut TransactionState,
     report: &mut BatchReport,
 ) -> Result<i64, ProcessError> {
     loop {

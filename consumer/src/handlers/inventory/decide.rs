@@ -5,11 +5,11 @@ use std::collections::BTreeMap;
 
 use pipeline_core::order_events::OrderSnapshot;
 
-use super::{Decision, InventoryBatch, Reservation};
+use super::{Decision, InventoryTransaction, Reservation};
 use crate::handlers::HandlerError;
 
-impl InventoryBatch {
-    /// Makes `decision` on the batch's view (everything it needs is read) and remembers it.
+impl InventoryTransaction {
+    /// Makes `decision` on the transaction's view (everything it needs is read) and remembers it.
     pub(super) fn decide(&mut self, decision: Decision) {
         match &decision {
             Decision::Reserve { order_id, wanted } => self.reserve(order_id, wanted),

@@ -2,13 +2,13 @@
 //! cancelled, and settles it when the order ships. Insufficient stock is a business outcome (the
 //! reservation is rejected), not an error.
 //!
-//! A batch locks the reservations its events touch (in key order) and reads the stock rows without
-//! locking them, keeps both in memory while deciding each event, and locks the stock rows only at
-//! the end, in the statement before the write (see `InventoryBatch::lock_stock`): stock rows are
-//! shared by every order, so a lock taken at the start of the transaction made the group's
-//! concurrent transactions run one after the other. When another transaction changed a stock row
-//! in between, the batch's decisions are made again, in the same order, on the locked values, so
-//! the outcome is the one the batch would have had holding the lock from the start.
+//! A transaction locks the reservations its events touch (in key order) and reads the stock rows
+//! without locking them, keeps both in memory while deciding each event (`decide`), and locks the
+//! stock rows only at the end, in the statement before the write (`rows`): stock rows are shared
+//! by every order, so a lock taken at the start of the transaction made the group's concurrent
+//! transactions run one after the other. When another transaction changed a stock row in
+//! between, the transaction's decisions are made again, in the same order, on the locked values,
+//! so the outcome is the one it would have had holding the lock from the start.
 
 mod decide;
 mod rows;
@@ -22,7 +22,7 @@ use pipeline_core::order_events::{
 };
 use sqlx::{PgConnection, PgPool};
 
-use super::handler::{order_snapshot, Event, Handler, HandlerBatch, HandlerError};
+use super::handler::{order_snapshot, Event, Handler, HandlerError, HandlerTransaction};
 use decide::quantities;
 
 /// The inventory handler.
@@ -44,8 +44,8 @@ impl Handler for Inventory {
         &self.group
     }
 
-    fn batch(&self) -> Box<dyn HandlerBatch + '_> {
-        Box::<InventoryBatch>::default()
+    fn transaction(&self) -> Box<dyn HandlerTransaction + '_> {
+        Box::<InventoryTransaction>::default()
     }
 }
 
@@ -60,11 +60,11 @@ struct Reservation {
     status: &'static str,
     reason: Option<String>,
     lines: BTreeMap<String, i32>,
-    /// Lines not yet written (a reservation made by this batch).
+    /// Lines not yet written (a reservation made by this transaction).
     new_lines: bool,
 }
 
-/// A decision the batch made, kept so that it can be made again on other stock values.
+/// A decision the transaction made, kept so that it can be made again on other stock values.
 #[derive(Debug, Clone)]
 enum Decision {
     /// Reserve these quantities for the order, or reject the reservation when stock is short.
@@ -76,9 +76,9 @@ enum Decision {
     Close { order_id: String, to: &'static str },
 }
 
-/// One batch's view of the stock and reservations it touches.
+/// One transaction's view of the stock and reservations it touches.
 #[derive(Default)]
-struct InventoryBatch {
+struct InventoryTransaction {
     /// Stock rows as decided so far; a product without a row has no stock.
     stock: BTreeMap<String, Option<Stock>>,
     /// Stock rows as read (not locked) before any decision.
@@ -93,7 +93,7 @@ struct InventoryBatch {
     decisions: Vec<Decision>,
 }
 
-impl HandlerBatch for InventoryBatch {
+impl HandlerTransaction for InventoryTransaction {
     fn prepare<'a>(
         &'a mut self,
         conn: &'a mut PgConnection,
@@ -109,7 +109,7 @@ impl HandlerBatch for InventoryBatch {
                 .iter()
                 .flat_map(|s| s.lines.iter().map(|l| l.product_id.clone()))
                 .collect();
-            // With the products of the reservations the batch may release or settle.
+            // With the products of the reservations the transaction may release or settle.
             self.load(conn, orders, products).await
         })
     }
@@ -157,7 +157,7 @@ impl HandlerBatch for InventoryBatch {
     }
 }
 
-impl InventoryBatch {
+impl InventoryTransaction {
     /// Reads what closing `order_id`'s reservation needs, then decides it.
     async fn close(
         &mut self,

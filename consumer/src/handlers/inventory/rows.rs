@@ -6,10 +6,10 @@ use std::collections::BTreeMap;
 
 use sqlx::PgConnection;
 
-use super::{InventoryBatch, Reservation, Stock};
+use super::{InventoryTransaction, Reservation, Stock};
 use crate::handlers::HandlerError;
 
-impl InventoryBatch {
+impl InventoryTransaction {
     /// Reads the stock rows of `products` not read yet.
     pub(super) async fn load_stock(
         &mut self,
@@ -31,7 +31,7 @@ impl InventoryBatch {
 
     /// Reads, in one statement, the reservations (with lines) of `orders`, locked in key order,
     /// and the stock rows of `products` and of those reservations' lines, not locked, skipping
-    /// what the batch read already.
+    /// what the transaction read already.
     pub(super) async fn load(
         &mut self,
         conn: &mut PgConnection,
@@ -50,7 +50,7 @@ impl InventoryBatch {
         let read: Vec<&str> = self.stock.keys().map(String::as_str).collect();
         let rows: Vec<LoadRow> = sqlx::query_as(
             // The lines' own `= ANY` lets their primary key find them: the planner does not carry
-            // it over the join (seen: every batch reading the whole line table).
+            // it over the join (seen: every transaction reading the whole line table).
             "WITH r AS (
                  SELECT order_id, status, reason FROM inventory_reservation
                  WHERE order_id = ANY($1) ORDER BY order_id FOR UPDATE),
@@ -117,9 +117,9 @@ impl InventoryBatch {
         Ok(())
     }
 
-    /// Locks, in key order, the stock rows the batch's decisions read, and reads them again. A row
-    /// another transaction changed since the batch read it means the decisions were made on old
-    /// values: they are made again, in the same order, from the reservations as read and the
+    /// Locks, in key order, the stock rows the transaction's decisions read, and reads them again.
+    /// A row another transaction changed since this one read it means the decisions were made on
+    /// old values: they are made again, in the same order, from the reservations as read and the
     /// locked stock. Held until commit, the locks make the written values final.
     pub(super) async fn lock_stock(&mut self, conn: &mut PgConnection) -> Result<(), HandlerError> {
         if self.decisions.is_empty() {
@@ -216,7 +216,7 @@ impl InventoryBatch {
     }
 }
 
-/// A row of [`InventoryBatch::load`]: a reservation joined with one of its lines (none for a
+/// A row of [`InventoryTransaction::load`]: a reservation joined with one of its lines (none for a
 /// rejected reservation): `(true, order, status, reason, product, quantity, None)`; or a stock
 /// row: `(false, product, None, None, None, available, reserved)`.
 type LoadRow = (
