@@ -9,7 +9,8 @@ use pipeline_core::kafka::KafkaArgs;
 use pipeline_core::order_events::ORDER_EVENTS_TOPIC;
 use pipeline_core::telemetry::LogArgs;
 
-use crate::group::GroupSettings;
+use crate::kafka::MemberSettings;
+use crate::transaction::CUSTOM_PLANS_UP_TO;
 
 /// Applies order events exactly once, in order per order, for one or more consumer groups.
 #[derive(Debug, Parser)]
@@ -44,7 +45,7 @@ pub enum Command {
     Report(Box<ReportArgs>),
 }
 
-/// Arguments of `consumer run`, also what [`crate::run`] takes.
+/// Arguments of `consumer run`, also what `consumer::run` takes.
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
     /// The groups' database.
@@ -91,7 +92,7 @@ pub struct RunArgs {
     /// Transactions of at most this many messages plan their statements with their parameter
     /// values (`plan_cache_mode=force_custom_plan`); larger ones use PostgreSQL's cached generic
     /// plans. 0: always generic.
-    #[arg(long, env = "CONSUMER_CUSTOM_PLANS_UP_TO", default_value_t = crate::store::CUSTOM_PLANS_UP_TO)]
+    #[arg(long, env = "CONSUMER_CUSTOM_PLANS_UP_TO", default_value_t = CUSTOM_PLANS_UP_TO)]
     pub custom_plans_up_to: usize,
     /// Messages queued for one partition's task before the partition is paused; it resumes once
     /// half of them are done. Bounds memory at about partitions × this × message size; with too
@@ -174,8 +175,8 @@ pub struct RunArgs {
 impl RunArgs {
     /// The Kafka consumer settings every group runs with, the durations converted from
     /// milliseconds (`--leave-after-database-unreachable-ms` 0: the session timeout).
-    pub fn group_settings(&self) -> GroupSettings {
-        GroupSettings {
+    pub fn member_settings(&self) -> MemberSettings {
+        MemberSettings {
             topics: self.topics.clone(),
             assignment_strategy: self.assignment_strategy.clone(),
             session_timeout: Duration::from_millis(self.session_timeout_ms),

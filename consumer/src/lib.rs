@@ -1,23 +1,23 @@
 //! The consumer runtime: consumer groups that apply events exactly once and in order per
-//! aggregate, each a [`Handler`](handler::Handler) a program registers by name.
+//! aggregate, each a [`Handler`] a program registers by name.
 //!
 //! ```no_run
 //! use consumer::config::RunArgs;
-//! use consumer::handler::{Event, Handler, HandlerBatch, HandlerError};
+//! use consumer::{Event, Handler, HandlerTransaction, HandlerError};
 //! use futures::future::BoxFuture;
 //! use sqlx::PgConnection;
 //!
 //! /// Counts events per aggregate: its effects commit in the transaction that records each
 //! /// event processed, so each counts once.
 //! struct Tally { group: String }
-//! struct TallyBatch;
+//! struct TallyTransaction;
 //!
 //! impl Handler for Tally {
 //!     fn group(&self) -> &str { &self.group }
-//!     fn batch(&self) -> Box<dyn HandlerBatch + '_> { Box::new(TallyBatch) }
+//!     fn transaction(&self) -> Box<dyn HandlerTransaction + '_> { Box::new(TallyTransaction) }
 //! }
 //!
-//! impl HandlerBatch for TallyBatch {
+//! impl HandlerTransaction for TallyTransaction {
 //!     fn apply<'a>(&'a mut self, conn: &'a mut PgConnection, event: &'a Event)
 //!         -> BoxFuture<'a, Result<(), HandlerError>> {
 //!         Box::pin(async move {
@@ -45,48 +45,64 @@
 //! predecessor parked until it is applied; messages that cannot be applied dead-lettered with
 //! their reason; a retry budget for batches that keep failing while the database answers; no
 //! dead letter at all while the database or an outside dependency is down
-//! ([`HandlerError::Unavailable`](handler::HandlerError::Unavailable)); ownership fencing, so a
-//! member that lost its partitions (frozen, or cut off from its database) applies nothing;
-//! rebalance-safe commits; shared transactions; metrics and lag.
+//! ([`HandlerError::Unavailable`]); ownership fencing, so a member that lost its partitions
+//! (frozen, or cut off from its database) applies nothing; rebalance-safe commits; shared
+//! transactions; metrics and lag.
+//!
+//! # Layout
+//!
+//! The modules follow the data's path, and each uses only the stages below it:
+//!
+//! - [`kafka`]: this process's member of each Kafka consumer group: a poll thread whose
+//!   rebalance callbacks start and stop the partition tasks, offsets committed only after the
+//!   database commits, leaving the group while the database is out of reach; and the lag
+//!   collector.
+//! - [`partition`]: one task per assigned partition: takes its messages in order, hands them as
+//!   batches to a transaction, retries, isolates a failing message, reports the offset to commit.
+//! - [`transaction`]: the batch transaction: the message types, dedupe rows, per-order sequence
+//!   with parking, dead letters, shared transactions of several partitions' batches.
+//! - [`handlers`]: what a group does with an event ([`Handler`]), the registry of the groups a
+//!   program runs ([`Groups`]), and the demonstration's inventory and notification groups.
+//!
+//! Beside the path: [`operator`], the `dead-letters` and `report` commands (they use the
+//! transaction and the handlers); [`config`], the command line; [`metrics`]; and [`runtime`],
+//! the composition root that [`run`] starts.
+//!
+//! # Words
+//!
+//! - *group*: a consumer group: a [`Handler`] registered in [`Groups`] under a name and run as
+//!   the Kafka consumer group whose id is `--group-prefix` + name; the id is also its dedupe
+//!   scope (the tables' `group_name`).
+//! - *member*: this process's part in a group: a poll thread, its rebalance callbacks, its
+//!   partition tasks and offset commits.
+//! - *batch*: messages of one partition, in offset order, that the partition's task hands over
+//!   together (up to `--max-batch`); its offset is committed only after the transaction that
+//!   applied it.
+//! - *transaction*: one database transaction applying one or more batches of a group (the batch
+//!   transaction); the handler's part of it is a [`HandlerTransaction`].
+//! - *shared transaction*: a transaction applying the batches of several partitions of a group
+//!   ([`transaction::SharedTransactions`], `--group-transactions`).
+//! - *finished offset*: the offset after a batch whose transaction committed, for the member to
+//!   commit to Kafka; an order's *progress* is its last applied sequence (`order_progress`).
 
 #![warn(missing_docs)]
 
-pub mod apply;
-pub(crate) mod backoff;
+mod backoff;
 pub mod config;
-pub mod dead_letter;
-pub(crate) mod effects;
-pub mod group;
-pub mod groups;
-pub mod handler;
-pub mod inventory;
-pub mod lag;
-pub mod message;
+pub mod handlers;
+pub mod kafka;
 pub mod metrics;
-pub mod notification;
-pub mod parking;
-pub mod process_error;
-pub mod reachability;
-pub mod rebalance;
-pub mod report;
-pub mod resolve;
+pub mod operator;
+pub mod partition;
 pub mod runtime;
-pub mod shared_tx;
-pub mod store;
-pub mod worker;
+pub mod transaction;
 
-use anyhow::Context;
-use pipeline_core::db::{CONSUMER_MIGRATOR, DEMO_GROUPS_MIGRATOR};
-use pipeline_core::order_events::demo_product_id;
-use sqlx::migrate::Migrator;
-use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::RunArgs;
-pub use crate::groups::{demo_groups, Groups, UnknownGroup};
-
-/// The tables this program uses: the groups' bookkeeping and the demonstration groups' effects.
-pub const SCHEMA: [&Migrator; 2] = [&CONSUMER_MIGRATOR, &DEMO_GROUPS_MIGRATOR];
+pub use crate::handlers::{
+    demo_groups, Event, Groups, Handler, HandlerError, HandlerTransaction, UnknownGroup, SCHEMA,
+};
 
 /// The consumer library's migrations: what any group needs besides its own effect tables
 /// (dedupe rows, progress, parked events, dead letters, effect history, partition ownership).
@@ -103,20 +119,4 @@ pub async fn run(
         .await?
         .wait()
         .await
-}
-
-/// Sets the available stock of products 1..=`products` of the demonstration catalogue.
-pub async fn seed_stock(pool: &PgPool, products: u32, quantity: i32) -> anyhow::Result<()> {
-    let ids: Vec<String> = (1..=products).map(demo_product_id).collect();
-    sqlx::query(
-        "INSERT INTO inventory_stock (product_id, available)
-         SELECT p, $2 FROM unnest($1::text[]) AS p
-         ON CONFLICT (product_id) DO UPDATE SET available = EXCLUDED.available",
-    )
-    .bind(&ids)
-    .bind(quantity)
-    .execute(pool)
-    .await
-    .context("seeding stock")?;
-    Ok(())
 }

@@ -1,7 +1,9 @@
 use std::sync::Arc;
 
 use consumer::config::{Cli, Command};
-use consumer::notification::LoggingSender;
+use consumer::handlers::inventory::seed_stock;
+use consumer::handlers::notification::LoggingSender;
+use consumer::operator;
 use pipeline_core::telemetry;
 
 #[tokio::main]
@@ -20,28 +22,10 @@ async fn main() -> anyhow::Result<()> {
             quantity,
         } => {
             let pool = db.connect(&consumer::SCHEMA).await?;
-            consumer::seed_stock(&pool, products, quantity).await?;
+            seed_stock(&pool, products, quantity).await?;
             println!("stocked {products} products with {quantity} each");
             Ok(())
         }
-        Command::Report(args) => {
-            // Reads only: it changes no table, migrations included.
-            let pool = args.db.connect(&[]).await?;
-            let groups: Vec<(String, String)> = args
-                .groups
-                .iter()
-                .map(|g| {
-                    let id = format!("{}{g}", args.group_prefix);
-                    (id.clone(), id)
-                })
-                .collect();
-            let report = consumer::report::build(&pool, &args.kafka, &groups, &args.topics).await?;
-            if args.json {
-                println!("{}", serde_json::to_string_pretty(&report)?);
-            } else {
-                print!("{report}");
-            }
-            Ok(())
-        }
+        Command::Report(args) => operator::report::run(*args).await,
     }
 }

@@ -16,16 +16,13 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::RunArgs;
-use crate::dead_letter::DeadLetterSink;
-use crate::groups::Groups;
-use crate::lag::{self, LagCollector};
+use crate::handlers::{Groups, SCHEMA};
+use crate::kafka::{probe, run_collector, run_member, LagCollector, Reachability};
 use crate::metrics::ConsumerMetrics;
-use crate::reachability::{self, Reachability};
-use crate::shared_tx::{SharedTransactions, SharedTxSettings};
-use crate::worker::{FatalSignal, WorkerShared};
-use crate::{group, SCHEMA};
+use crate::partition::{FatalSignal, TaskContext};
+use crate::transaction::{DeadLetterSink, SharedTransactionSettings, SharedTransactions};
 
-/// How often the database probe runs (see [`crate::reachability`]).
+/// How often the database probe runs (see [`Reachability`]).
 const PROBE_EVERY: Duration = Duration::from_secs(1);
 
 /// A running consumer process: its groups' poll threads and what runs beside them.
@@ -167,7 +164,7 @@ impl Runtime {
             .name("lag-collector".into())
             .spawn(move || {
                 if let Err(e) =
-                    lag::run_collector(&kafka, &expected, &topics, interval, &collector, &stop)
+                    run_collector(&kafka, &expected, &topics, interval, &collector, &stop)
                 {
                     tracing::error!(error = %e, "lag collector stopped");
                 }
@@ -180,7 +177,7 @@ impl Runtime {
     /// The probe that tells the poll loops how long the database has been out of reach.
     fn probe_database(&mut self, parts: &Parts) -> Reachability {
         let reachability = Reachability::default();
-        self.background.push(tokio::spawn(reachability::probe(
+        self.background.push(tokio::spawn(probe(
             parts.options.clone(),
             PROBE_EVERY,
             reachability.clone(),
@@ -190,8 +187,8 @@ impl Runtime {
         reachability
     }
 
-    /// One poll thread per group, with its partition tasks' shared settings and the tasks the
-    /// group registered to run beside it.
+    /// One member (a poll thread) per group, with what its partition tasks run with, and the
+    /// tasks the group registered to run beside it.
     fn start_groups(
         &mut self,
         args: &RunArgs,
@@ -199,16 +196,16 @@ impl Runtime {
         parts: &Parts,
         reachability: &Reachability,
     ) -> anyhow::Result<()> {
-        let settings = args.group_settings();
+        let settings = args.member_settings();
         for group in &args.groups {
             let name = format!("{}{group}", args.group_prefix);
             let handler = groups.handler(group, name.clone())?;
             parts.metrics.init_group(&name);
-            let (progress_tx, progress_rx) = mpsc::channel();
+            let (finished_tx, finished_rx) = mpsc::channel();
             let shared_transactions =
                 (args.group_transactions > 0 && args.max_batch > 1).then(|| {
                     Arc::new(SharedTransactions::start(
-                        SharedTxSettings {
+                        SharedTransactionSettings {
                             pool: parts.pool.clone(),
                             handler: handler.clone(),
                             dead_letters: parts.dead_letters.clone(),
@@ -221,12 +218,12 @@ impl Runtime {
                         self.stop.clone(),
                     ))
                 });
-            let shared = WorkerShared {
+            let context = TaskContext {
                 pool: parts.pool.clone(),
                 handler,
                 dead_letters: parts.dead_letters.clone(),
                 metrics: parts.metrics.clone(),
-                progress: progress_tx,
+                finished: finished_tx,
                 fatal: self.fatal.clone(),
                 max_batch: args.max_batch,
                 custom_plans_up_to: args.custom_plans_up_to,
@@ -248,11 +245,11 @@ impl Runtime {
             let thread = std::thread::Builder::new()
                 .name(format!("poll-{name}"))
                 .spawn(move || {
-                    group::run_group(
+                    run_member(
                         &kafka,
                         &settings,
-                        shared,
-                        progress_rx,
+                        context,
+                        finished_rx,
                         &reachability,
                         runtime,
                         stop,

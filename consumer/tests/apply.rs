@@ -4,15 +4,15 @@
 use chrono::Utc;
 use std::sync::Arc;
 
-use consumer::apply::{
-    claim_partition, process_batch, process_batches, BatchContext, Fence, InboundMessage, Outcome,
-    PartitionBatch, ProcessError, CUSTOM_PLANS_UP_TO,
-};
-use consumer::handler::{Event, Handler};
-use consumer::inventory::Inventory;
+use consumer::handlers::inventory::Inventory;
+use consumer::handlers::notification::Notifications;
 use consumer::metrics::ConsumerMetrics;
-use consumer::notification::Notifications;
-use consumer::shared_tx::{SharedTransactions, SharedTxSettings};
+use consumer::transaction::{
+    claim_partition, process_batch, process_batches, Fence, InboundMessage, Outcome,
+    PartitionBatch, ProcessError, SharedTransactionSettings, SharedTransactions,
+    TransactionContext, CUSTOM_PLANS_UP_TO,
+};
+use consumer::{Event, Handler};
 use pipeline_core::envelope::{Envelope, EnvelopeError};
 use pipeline_core::order_events::{OrderLine, OrderSnapshot, OrderStatus};
 use prometheus::Registry;
@@ -292,18 +292,18 @@ fn event_of(msg: &InboundMessage) -> Event {
     }
 }
 
-/// An inventory batch that has read and decided `msgs` in its own open transaction, waiting to
-/// be flushed; meanwhile `other` (a placed event of another order) is applied and committed by a
-/// second batch. The second batch must not wait for the first: stock rows are locked only when
-/// written. Returns the stock the first batch wrote.
+/// An inventory transaction that has read and decided `msgs`, waiting to be flushed; meanwhile
+/// `other` (a placed event of another order) is applied and committed by a second transaction.
+/// The second must not wait for the first: stock rows are locked only when written. Returns the
+/// stock the first transaction wrote.
 async fn interleave(pool: &PgPool, msgs: &[InboundMessage], other: InboundMessage) -> (i32, i32) {
     let handler = Inventory::new(GROUP);
     let events: Vec<Event> = msgs.iter().map(event_of).collect();
     let mut tx = pool.begin().await.expect("begin");
-    let mut batch = handler.batch();
-    batch.prepare(&mut tx, &events).await.expect("prepare");
+    let mut handler_tx = handler.transaction();
+    handler_tx.prepare(&mut tx, &events).await.expect("prepare");
     for e in &events {
-        batch.apply(&mut tx, e).await.expect("apply");
+        handler_tx.apply(&mut tx, e).await.expect("apply");
     }
     let report = tokio::time::timeout(
         std::time::Duration::from_secs(10),
@@ -313,8 +313,8 @@ async fn interleave(pool: &PgPool, msgs: &[InboundMessage], other: InboundMessag
     .expect("the other batch waited for the first one's stock locks")
     .expect("other batch");
     assert_eq!(report.outcomes, vec![Outcome::Applied]);
-    batch.flush(&mut tx).await.expect("flush");
-    drop(batch);
+    handler_tx.flush(&mut tx).await.expect("flush");
+    drop(handler_tx);
     tx.commit().await.expect("commit");
     available(pool).await
 }
@@ -380,10 +380,10 @@ struct FlakySender {
     attempts: std::sync::Mutex<Vec<std::time::Instant>>,
 }
 
-impl consumer::notification::NotificationSender for FlakySender {
+impl consumer::handlers::notification::NotificationSender for FlakySender {
     fn send<'a>(
         &'a self,
-        n: &'a consumer::notification::Notification,
+        n: &'a consumer::handlers::notification::Notification,
     ) -> futures::future::BoxFuture<'a, Result<(), String>> {
         Box::pin(async move {
             if n.recipient == "down@example.com" {
@@ -399,8 +399,8 @@ impl consumer::notification::NotificationSender for FlakySender {
     }
 }
 
-fn dispatch_settings() -> consumer::notification::DispatchSettings {
-    consumer::notification::DispatchSettings {
+fn dispatch_settings() -> consumer::handlers::notification::DispatchSettings {
+    consumer::handlers::notification::DispatchSettings {
         retry_base: std::time::Duration::from_millis(200),
         retry_max: std::time::Duration::from_millis(400),
         ..Default::default()
@@ -421,7 +421,7 @@ async fn dispatch_records_each_outcome_backs_off_and_gives_up_after_ten_attempts
     .expect("notifications");
     let sender = FlakySender::default();
     let settings = dispatch_settings();
-    let dispatch = || consumer::notification::dispatch_batch(&pool, &sender, &settings);
+    let dispatch = || consumer::handlers::notification::dispatch_due(&pool, &sender, &settings);
     assert_eq!(dispatch().await.expect("dispatch"), 3);
     let rows: Vec<(String, String, i32, Option<String>, bool)> = sqlx::query_as(
         "SELECT order_id, status, attempts, last_error, sent_at IS NOT NULL
@@ -495,10 +495,10 @@ struct SlowSender {
     sending: tokio::sync::Notify,
 }
 
-impl consumer::notification::NotificationSender for SlowSender {
+impl consumer::handlers::notification::NotificationSender for SlowSender {
     fn send<'a>(
         &'a self,
-        _: &'a consumer::notification::Notification,
+        _: &'a consumer::handlers::notification::Notification,
     ) -> futures::future::BoxFuture<'a, Result<(), String>> {
         Box::pin(async move {
             self.sending.notify_one();
@@ -524,8 +524,12 @@ async fn dispatch_holds_no_lock_while_it_sends(pool: PgPool) {
     let dispatching = {
         let (pool, sender) = (pool.clone(), sender.clone());
         tokio::spawn(async move {
-            consumer::notification::dispatch_batch(&pool, sender.as_ref(), &dispatch_settings())
-                .await
+            consumer::handlers::notification::dispatch_due(
+                &pool,
+                sender.as_ref(),
+                &dispatch_settings(),
+            )
+            .await
         })
     };
     sender.sending.notified().await;
@@ -537,7 +541,7 @@ async fn dispatch_holds_no_lock_while_it_sends(pool: PgPool) {
         .expect("the row is not locked while it is sent");
     tx.rollback().await.expect("rollback");
     assert_eq!(
-        consumer::notification::dispatch_batch(
+        consumer::handlers::notification::dispatch_due(
             &pool,
             &FlakySender::default(),
             &dispatch_settings()
@@ -599,7 +603,7 @@ async fn batches_of_several_partitions_in_one_transaction_keep_dedupe_and_order(
         on_partition(message(b, 3, OrderStatus::Shipped, 21), 1),
         on_partition(message(b, 2, OrderStatus::Cancelled, 22), 1),
     ];
-    let ctx = BatchContext {
+    let ctx = TransactionContext {
         pool: &pool,
         handler: &handler,
         fence: None,
@@ -678,7 +682,7 @@ async fn a_fenced_batch_rolls_back_the_shared_transaction(pool: PgPool) {
         message(Uuid::new_v4(), 1, OrderStatus::Placed, 0),
         1,
     )];
-    let ctx = BatchContext {
+    let ctx = TransactionContext {
         pool: &pool,
         handler: &handler,
         fence: None,
@@ -706,7 +710,7 @@ async fn a_fenced_batch_rolls_back_the_shared_transaction(pool: PgPool) {
 
 fn shared(pool: &PgPool, transactions: usize, metrics: &ConsumerMetrics) -> SharedTransactions {
     SharedTransactions::start(
-        SharedTxSettings {
+        SharedTransactionSettings {
             pool: pool.clone(),
             handler: Arc::new(Inventory::new(GROUP)),
             dead_letters: None,

@@ -2,12 +2,12 @@
 //! replayed or skipped; other orders flow. Real PostgreSQL (`#[sqlx::test]`, `DATABASE_URL`).
 
 use chrono::Utc;
-use consumer::apply::{
-    claim_partition, process_batch, process_batch_with, BatchContext, Fence, InboundMessage,
-    Outcome, ProcessError, CUSTOM_PLANS_UP_TO,
+use consumer::handlers::inventory::Inventory;
+use consumer::operator::dead_letters::{list, resolve, Request, Resolution, ResolveError};
+use consumer::transaction::{
+    claim_partition, process_batch, process_batch_with, Fence, InboundMessage, Outcome,
+    ProcessError, TransactionContext, CUSTOM_PLANS_UP_TO,
 };
-use consumer::inventory::Inventory;
-use consumer::resolve::{list, resolve, Request, Resolution, ResolveError};
 use pipeline_core::envelope::Envelope;
 use pipeline_core::order_events::{OrderLine, OrderSnapshot, OrderStatus};
 use sqlx::PgPool;
@@ -259,7 +259,7 @@ async fn a_consumer_that_lost_its_partition_applies_nothing(pool: PgPool) {
         .expect("takeover");
 
     let a = Uuid::new_v4();
-    let ctx = BatchContext {
+    let ctx = TransactionContext {
         pool: &pool,
         handler: &handler,
         fence: Some(&zombie),
@@ -275,7 +275,7 @@ async fn a_consumer_that_lost_its_partition_applies_nothing(pool: PgPool) {
         .expect("count");
     assert_eq!(processed, 0, "not even recorded");
 
-    let ctx = BatchContext {
+    let ctx = TransactionContext {
         fence: Some(&successor),
         ..ctx
     };

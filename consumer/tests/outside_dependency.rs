@@ -8,10 +8,10 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use consumer::apply::InboundMessage;
-use consumer::handler::{Event, Handler, HandlerBatch, HandlerError};
 use consumer::metrics::ConsumerMetrics;
-use consumer::worker::{FatalSignal, PartitionWorker, Progress, WorkerShared};
+use consumer::partition::{FatalSignal, FinishedOffset, PartitionTask, TaskContext};
+use consumer::transaction::InboundMessage;
+use consumer::{Event, Handler, HandlerError, HandlerTransaction};
 use futures::future::BoxFuture;
 use pipeline_core::envelope::Envelope;
 use prometheus::Registry;
@@ -27,7 +27,7 @@ struct Ledger {
     calls: Arc<AtomicUsize>,
 }
 
-struct LedgerBatch<'h> {
+struct LedgerTransaction<'h> {
     ledger: &'h Ledger,
 }
 
@@ -36,12 +36,12 @@ impl Handler for Ledger {
         GROUP
     }
 
-    fn batch(&self) -> Box<dyn HandlerBatch + '_> {
-        Box::new(LedgerBatch { ledger: self })
+    fn transaction(&self) -> Box<dyn HandlerTransaction + '_> {
+        Box::new(LedgerTransaction { ledger: self })
     }
 }
 
-impl HandlerBatch for LedgerBatch<'_> {
+impl HandlerTransaction for LedgerTransaction<'_> {
     fn apply<'a>(
         &'a mut self,
         _: &'a mut PgConnection,
@@ -93,8 +93,8 @@ async fn a_dependency_that_is_down_makes_the_partition_wait_and_resume_by_itself
     let down = Arc::new(AtomicBool::new(true));
     let calls = Arc::new(AtomicUsize::new(0));
     let metrics = ConsumerMetrics::register(&Registry::new()).expect("metrics");
-    let (progress_tx, progress_rx) = mpsc::channel::<Progress>();
-    let shared = WorkerShared {
+    let (finished_tx, finished_rx) = mpsc::channel::<FinishedOffset>();
+    let context = TaskContext {
         pool: pool.clone(),
         handler: Arc::new(Ledger {
             down: down.clone(),
@@ -102,7 +102,7 @@ async fn a_dependency_that_is_down_makes_the_partition_wait_and_resume_by_itself
         }),
         dead_letters: None,
         metrics: metrics.clone(),
-        progress: progress_tx,
+        finished: finished_tx,
         fatal: FatalSignal::default(),
         max_batch: 100,
         custom_plans_up_to: 0,
@@ -115,9 +115,9 @@ async fn a_dependency_that_is_down_makes_the_partition_wait_and_resume_by_itself
     };
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let stop = CancellationToken::new();
-    let worker = tokio::spawn(
-        PartitionWorker::new(
-            shared,
+    let task = tokio::spawn(
+        PartitionTask::new(
+            context,
             "payments".into(),
             0,
             rx,
@@ -139,7 +139,7 @@ async fn a_dependency_that_is_down_makes_the_partition_wait_and_resume_by_itself
     let outage = Instant::now();
     while outage.elapsed() < Duration::from_millis(1_500) {
         tokio::time::sleep(Duration::from_millis(50)).await;
-        assert!(!worker.is_finished(), "the partition task stopped");
+        assert!(!task.is_finished(), "the partition task stopped");
     }
     let tries = calls.load(Ordering::SeqCst);
     let retries = metrics.batch_retries.with_label_values(&[GROUP]).get();
@@ -161,7 +161,7 @@ async fn a_dependency_that_is_down_makes_the_partition_wait_and_resume_by_itself
         );
     }
     assert!(
-        progress_rx.try_recv().is_err(),
+        finished_rx.try_recv().is_err(),
         "an offset moved during the outage"
     );
 
@@ -204,11 +204,11 @@ async fn a_dependency_that_is_down_makes_the_partition_wait_and_resume_by_itself
         .await,
         0
     );
-    let last = progress_rx
+    let last = finished_rx
         .recv_timeout(Duration::from_secs(5))
         .expect("offset reported after the commit");
     assert!(last.next_offset >= 1);
     stop.cancel();
     drop(tx);
-    let _ = tokio::time::timeout(Duration::from_secs(10), worker).await;
+    let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
 }

@@ -37,7 +37,7 @@ async fn the_requests_traceparent_reaches_the_consumers_event_span() -> anyhow::
         ],
         &[
             ("LOG_JSON", "true"),
-            ("RUST_LOG", "info,consumer::apply=debug"),
+            ("RUST_LOG", "info,consumer::transaction::sequence=debug"),
         ],
     )?;
 

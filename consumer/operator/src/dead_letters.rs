@@ -6,7 +6,7 @@
 //! is, so a run that stopped half-way can be run again.
 
 use chrono::{DateTime, Utc};
-use consumer::resolve::{self, Resolution, ResolveError};
+use consumer::operator::dead_letters::{self as resolve, Resolution, ResolveError};
 use consumer::Groups;
 use serde::Serialize;
 use sqlx::PgPool;
@@ -241,7 +241,7 @@ async fn act(
     let sink = if args.dead_letter_topic.is_empty() {
         None
     } else {
-        Some(consumer::dead_letter::DeadLetterSink::new(
+        Some(consumer::transaction::DeadLetterSink::new(
             &targets.args.kafka,
             &args.dead_letter_topic,
         )?)

@@ -1,6 +1,6 @@
 use std::sync::Arc;
 
-use consumer::notification::LoggingSender;
+use consumer::handlers::notification::LoggingSender;
 use operator::cli::Cli;
 use operator::error::exit_code;
 use pipeline_core::telemetry::{self, LogArgs};

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use consumer::lag::read_group;
+use consumer::kafka::read_group;
 use pipeline_core::kafka::offsets_reader;
 use rdkafka::consumer::BaseConsumer;
 use serde::Serialize;

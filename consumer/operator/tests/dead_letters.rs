@@ -7,8 +7,8 @@ mod common;
 
 use chrono::Utc;
 use common::pipeline;
-use consumer::apply::{process_batch, InboundMessage, Outcome};
-use consumer::inventory::Inventory;
+use consumer::handlers::inventory::Inventory;
+use consumer::transaction::{process_batch, InboundMessage, Outcome};
 use pipeline_core::envelope::Envelope;
 use pipeline_core::order_events::{OrderLine, OrderSnapshot, OrderStatus};
 use sqlx::PgPool;

@@ -69,7 +69,7 @@ pub struct VerifyArgs {
     #[arg(long, env = "VERIFY_CONSUMER_FETCH_WAIT_MS", default_value_t = 500)]
     pub consumer_fetch_wait_ms: u64,
     /// Extra environment of the consumer processes, KEY=VALUE, repeatable: e.g.
-    /// `KAFKA_OPTIONS=debug=cgrp,fetch` with `RUST_LOG=info,consumer::rebalance=debug` to trace
+    /// `KAFKA_OPTIONS=debug=cgrp,fetch` with `RUST_LOG=info,consumer::kafka=debug` to trace
     /// librdkafka's group and fetch decisions while investigating.
     #[arg(long = "consumer-env", value_parser = parse_env_pair)]
     pub consumer_env: Vec<(String, String)>,

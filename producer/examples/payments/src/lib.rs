@@ -11,7 +11,7 @@
 //!
 //! `tests/end_to_end.rs` runs both with the relay on the real broker and PostgreSQL.
 
-use consumer::handler::{Event, Handler, HandlerBatch, HandlerError};
+use consumer::{Event, Handler, HandlerError, HandlerTransaction};
 use futures::future::BoxFuture;
 use outbox::{enqueue, EnqueueError, Enqueued, NewEvent};
 use sqlx::migrate::Migrator;
@@ -108,20 +108,20 @@ impl Handler for Shipping {
         &self.group
     }
 
-    fn batch(&self) -> Box<dyn HandlerBatch + '_> {
-        Box::new(ShippingBatch::default())
+    fn transaction(&self) -> Box<dyn HandlerTransaction + '_> {
+        Box::new(ShippingTransaction::default())
     }
 }
 
-/// One batch's log lines, written together by `flush`.
+/// One transaction's log lines, written together by `flush`.
 #[derive(Default)]
-struct ShippingBatch {
+struct ShippingTransaction {
     payments: Vec<String>,
     sequences: Vec<i64>,
     actions: Vec<&'static str>,
 }
 
-impl HandlerBatch for ShippingBatch {
+impl HandlerTransaction for ShippingTransaction {
     fn apply<'a>(
         &'a mut self,
         _: &'a mut PgConnection,

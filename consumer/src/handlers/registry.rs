@@ -10,9 +10,9 @@ use futures::future::BoxFuture;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-use crate::handler::Handler;
-use crate::inventory::Inventory;
-use crate::notification::{self, DispatchSettings, NotificationSender, Notifications};
+use super::handler::Handler;
+use super::inventory::Inventory;
+use super::notification::{self, DispatchSettings, NotificationSender, Notifications};
 
 type MakeHandler = Arc<dyn Fn(String) -> Arc<dyn Handler> + Send + Sync>;
 type BesideTask = Arc<dyn Fn(PgPool, CancellationToken) -> BoxFuture<'static, ()> + Send + Sync>;

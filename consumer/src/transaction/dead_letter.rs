@@ -17,8 +17,8 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use sqlx::PgConnection;
 
-use crate::handler::Event;
-use crate::message::InboundMessage;
+use super::message::InboundMessage;
+use crate::handlers::Event;
 
 /// Header names of dead-letter records.
 pub mod headers {

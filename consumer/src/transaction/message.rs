@@ -6,7 +6,7 @@ use chrono::{DateTime, Utc};
 use pipeline_core::envelope::{Envelope, EnvelopeError};
 use uuid::Uuid;
 
-use crate::handler::Event;
+use crate::handlers::Event;
 
 /// A record as read from Kafka, owned so it can cross to the partition's task.
 #[derive(Debug, Clone)]
@@ -114,9 +114,19 @@ pub struct BatchReport {
     pub transaction_duration: std::time::Duration,
 }
 
+/// A readable message of a batch and the event read from it.
 pub(crate) struct Pending<'m> {
     pub(crate) msg: &'m InboundMessage,
     pub(crate) event: Event,
+}
+
+/// The event a message carries, or why it is not one (then it is dead-lettered).
+pub(crate) fn read_event(msg: &InboundMessage) -> Result<Event, String> {
+    let envelope = msg.envelope.clone().map_err(|e| e.to_string())?;
+    let payload = msg.payload.as_deref().ok_or("record has no payload")?;
+    let payload: serde_json::Value =
+        serde_json::from_slice(payload).map_err(|e| format!("payload is not JSON: {e}"))?;
+    Ok(Event { envelope, payload })
 }
 
 /// The partition a batch belongs to and the token this consumer owns it with.

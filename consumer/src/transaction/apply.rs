@@ -1,44 +1,40 @@
-//! Applying a batch of one partition's messages (or the batches of several partitions, see
-//! [`crate::shared_tx`]) in one database transaction.
+//! Applying a batch of one partition's messages (or the batches of several partitions of one
+//! group) in one database transaction.
 //!
 //! For every message the transaction inserts the group's `processed_message` row (the dedupe
-//! constraint) and, only when that row is new, applies the handler's effects. Events of an order
-//! are applied strictly in sequence: one that arrives ahead of its predecessor is parked and
-//! released, in order, when the gap closes. The caller commits the Kafka offset only after this
+//! constraint) and, only when that row is new, applies the handler's effects, in the order of
+//! its order's sequence (see `sequence`). The caller commits the Kafka offset only after this
 //! transaction has committed.
 
 use std::collections::HashSet;
 
 use chrono::{DateTime, Utc};
-use sqlx::{PgPool, Postgres, Transaction};
+use sqlx::PgPool;
 use tracing::Instrument;
 use uuid::Uuid;
 
-use crate::dead_letter::{self, DeadLetter, DeadLetterSink};
-use crate::effects::{apply_one, BatchState};
-use crate::handler::{Event, Handler, HandlerBatch};
-use crate::message::Pending;
-pub use crate::message::{BatchReport, Fence, InboundMessage, Outcome, RecordHeaders};
-use crate::parking::{park, release_parked};
-pub use crate::process_error::ProcessError;
-use crate::store::{
-    check_owner, plan_with_values, record_applied, set_outcomes, start_batch, AppliedEffect,
-    OutcomeChange,
+use super::dead_letter::{self, DeadLetter, DeadLetterSink};
+use super::effects::TransactionState;
+use super::error::ProcessError;
+use super::message::{read_event, BatchReport, Fence, InboundMessage, Outcome, Pending};
+use super::sequence::handle_event;
+use super::store::{
+    check_owner, plan_with_values, record_applied, start_transaction, CUSTOM_PLANS_UP_TO,
 };
-pub use crate::store::{claim_partition, CUSTOM_PLANS_UP_TO};
+use crate::handlers::{Event, Handler};
 
-/// What a batch runs with.
-pub struct BatchContext<'a> {
-    /// The group's database, where each batch's transaction runs.
+/// What a transaction runs with.
+pub struct TransactionContext<'a> {
+    /// The group's database, where the transaction runs.
     pub pool: &'a PgPool,
-    /// The group's handler, whose effects commit in the batch's transaction.
+    /// The group's handler, whose effects commit in the transaction.
     pub handler: &'a dyn Handler,
     /// When set, the batch applies nothing unless this consumer still owns the partition.
     pub fence: Option<&'a Fence>,
     /// When set, dead letters are also published to the dead-letter topic before commit.
     pub dead_letters: Option<&'a DeadLetterSink>,
     /// Transactions of at most this many messages plan with their values (see
-    /// [`crate::store::CUSTOM_PLANS_UP_TO`]).
+    /// [`CUSTOM_PLANS_UP_TO`]).
     pub custom_plans_up_to: usize,
 }
 
@@ -49,7 +45,7 @@ pub async fn process_batch(
     handler: &dyn Handler,
     messages: &[InboundMessage],
 ) -> Result<BatchReport, ProcessError> {
-    let ctx = BatchContext {
+    let ctx = TransactionContext {
         pool,
         handler,
         fence: None,
@@ -61,7 +57,7 @@ pub async fn process_batch(
 
 /// Processes `messages` (one partition, in offset order) in one transaction and commits it.
 pub async fn process_batch_with(
-    ctx: &BatchContext<'_>,
+    ctx: &TransactionContext<'_>,
     messages: &[InboundMessage],
 ) -> Result<BatchReport, ProcessError> {
     let batch = PartitionBatch {
@@ -83,7 +79,7 @@ pub struct PartitionBatch<'a> {
 }
 
 /// One partition batch's messages sorted out before the transaction.
-struct Member<'m> {
+struct SortedBatch<'m> {
     fence: Option<&'m Fence>,
     messages: &'m [InboundMessage],
     outcomes: Vec<Option<Outcome>>,
@@ -98,7 +94,7 @@ struct Member<'m> {
 /// rolls back every batch. `ctx.fence` is ignored: each batch carries its own. One report per
 /// batch, in the order given.
 pub async fn process_batches(
-    ctx: &BatchContext<'_>,
+    ctx: &TransactionContext<'_>,
     batches: &[PartitionBatch<'_>],
 ) -> Result<Vec<BatchReport>, ProcessError> {
     let handler = ctx.handler;
@@ -106,10 +102,10 @@ pub async fn process_batches(
 
     // Sort out records that are not readable events; keep the first copy of each event id.
     let mut seen: HashSet<Uuid> = HashSet::new();
-    let mut members: Vec<Member<'_>> = batches
+    let mut sorted_batches: Vec<SortedBatch<'_>> = batches
         .iter()
         .map(|b| {
-            let mut member = Member {
+            let mut sorted = SortedBatch {
                 fence: b.fence,
                 messages: b.messages,
                 outcomes: vec![None; b.messages.len()],
@@ -120,13 +116,13 @@ pub async fn process_batches(
             for (i, msg) in b.messages.iter().enumerate() {
                 match read_event(msg) {
                     Ok(event) if seen.insert(event.envelope.event_id) => {
-                        member.valid.push((i, Pending { msg, event }));
+                        sorted.valid.push((i, Pending { msg, event }));
                     }
-                    Ok(_) => member.outcomes[i] = Some(Outcome::Duplicate),
-                    Err(reason) => member.unreadable.push((i, reason)),
+                    Ok(_) => sorted.outcomes[i] = Some(Outcome::Duplicate),
+                    Err(reason) => sorted.unreadable.push((i, reason)),
                 }
             }
-            member
+            sorted
         })
         .collect();
 
@@ -138,8 +134,8 @@ pub async fn process_batches(
     }
     // One round trip for all batches: the ownership fences, the dedupe constraint (only rows
     // inserted now are new to this group), and the orders' progress and parked events.
-    let fences: Vec<&Fence> = members.iter().filter_map(|m| m.fence).collect();
-    let valid: Vec<&Pending<'_>> = members
+    let fences: Vec<&Fence> = sorted_batches.iter().filter_map(|m| m.fence).collect();
+    let valid: Vec<&Pending<'_>> = sorted_batches
         .iter()
         .flat_map(|m| m.valid.iter().map(|(_, p)| p))
         .collect();
@@ -149,15 +145,15 @@ pub async fn process_batches(
         .collect();
     orders.sort();
     orders.dedup();
-    let start = start_batch(&mut tx, group, &fences, &valid, &orders).await?;
+    let start = start_transaction(&mut tx, group, &fences, &valid, &orders).await?;
     drop(valid);
-    let mut state = BatchState {
+    let mut state = TransactionState {
         progress: start.progress,
         parked_orders: start.parked_orders,
-        ..BatchState::default()
+        ..TransactionState::default()
     };
-    let mut fresh: Vec<Vec<(usize, Pending<'_>)>> = Vec::with_capacity(members.len());
-    for m in &mut members {
+    let mut fresh: Vec<Vec<(usize, Pending<'_>)>> = Vec::with_capacity(sorted_batches.len());
+    for m in &mut sorted_batches {
         for (i, reason) in std::mem::take(&mut m.unreadable) {
             let letter = DeadLetter::now(&m.messages[i], None, &reason);
             dead_letter::record(&mut tx, group, &letter).await?;
@@ -180,11 +176,11 @@ pub async fn process_batches(
         .flatten()
         .map(|(_, p)| p.event.clone())
         .collect();
-    let mut effects_batch = handler.batch();
-    effects_batch.prepare(&mut tx, &events).await?;
+    let mut handler_tx = handler.transaction();
+    handler_tx.prepare(&mut tx, &events).await?;
     // Which of `state.effects` each batch applied.
-    let mut applied: Vec<std::ops::Range<usize>> = Vec::with_capacity(members.len());
-    for (m, new) in members.iter_mut().zip(&fresh) {
+    let mut applied: Vec<std::ops::Range<usize>> = Vec::with_capacity(sorted_batches.len());
+    for (m, new) in sorted_batches.iter_mut().zip(&fresh) {
         let first = state.effects.len();
         for (i, p) in new {
             let env = &p.event.envelope;
@@ -201,7 +197,7 @@ pub async fn process_batches(
             );
             let outcome = handle_event(
                 &mut tx,
-                effects_batch.as_mut(),
+                handler_tx.as_mut(),
                 group,
                 &mut state,
                 &mut m.report,
@@ -213,7 +209,7 @@ pub async fn process_batches(
         }
         applied.push(first..state.effects.len());
     }
-    let BatchState {
+    let TransactionState {
         advanced,
         effects,
         letters,
@@ -226,11 +222,11 @@ pub async fn process_batches(
     }
     // The effects last: a handler may lock rows other transactions share when it writes them
     // (the inventory's stock), and those locks are then held only until the commit.
-    effects_batch.flush(&mut tx).await?;
+    handler_tx.flush(&mut tx).await?;
     tx.commit().await?;
     let transaction_duration = began.elapsed();
 
-    Ok(members
+    Ok(sorted_batches
         .into_iter()
         .zip(applied)
         .map(|(m, range)| {
@@ -247,91 +243,11 @@ pub async fn process_batches(
         .collect())
 }
 
-/// Applies, parks or skips one new event according to its order's next expected sequence.
-async fn handle_event(
-    tx: &mut Transaction<'_, Postgres>,
-    effects: &mut dyn HandlerBatch,
-    group: &str,
-    state: &mut BatchState,
-    report: &mut BatchReport,
-    p: &Pending<'_>,
-) -> Result<Outcome, ProcessError> {
-    let env = &p.event.envelope;
-    let last = state.progress.get(&env.aggregate_id).copied().unwrap_or(0);
-    if env.sequence == last + 1 {
-        return match apply_one(tx, effects, &p.event).await? {
-            Ok(()) => {
-                state.effects.push(AppliedEffect::of(&p.event));
-                let mut last = env.sequence;
-                if state.parked_orders.contains(&env.aggregate_id) {
-                    last =
-                        release_parked(tx, effects, group, &env.aggregate_id, last, state, report)
-                            .await?;
-                }
-                let _ = state.progress.insert(env.aggregate_id.clone(), last);
-                let _ = state.advanced.insert(env.aggregate_id.clone(), last);
-                tracing::debug!("event applied");
-                Ok(Outcome::Applied)
-            }
-            Err(reason) => {
-                let letter = DeadLetter::now(p.msg, Some(&p.event), &reason);
-                dead_letter::record(tx, group, &letter).await?;
-                state.letters.push(letter);
-                set_outcomes(
-                    tx,
-                    group,
-                    &[OutcomeChange::untracked(env.event_id, "dead_lettered")],
-                )
-                .await?;
-                Ok(Outcome::DeadLettered)
-            }
-        };
-    }
-    report.out_of_sequence += 1;
-    if env.sequence <= last {
-        tracing::warn!(
-            last_applied = last,
-            "event sequence already applied under another event id; not applied"
-        );
-        set_outcomes(
-            tx,
-            group,
-            &[OutcomeChange::tracked(
-                env,
-                "stale",
-                format!("order already at sequence {last}"),
-            )],
-        )
-        .await?;
-        return Ok(Outcome::Stale);
-    }
-    tracing::warn!(
-        expected = last + 1,
-        "event ahead of its order's next sequence; parked until the gap closes"
-    );
-    park(
-        tx,
-        group,
-        p.msg,
-        &p.event,
-        &format!("waiting for sequence {}", last + 1),
-    )
-    .await?;
-    let _ = state.parked_orders.insert(env.aggregate_id.clone());
-    set_outcomes(
-        tx,
-        group,
-        &[OutcomeChange::untracked(env.event_id, "parked")],
-    )
-    .await?;
-    Ok(Outcome::Parked)
-}
-
 /// Dead-letters one message on its own, when it kept failing past the retry budget: records it
 /// processed (outcome `dead_lettered`) and in `dead_letter`, publishes it, and commits. A message
 /// this group already processed is left alone.
 pub async fn dead_letter_alone(
-    ctx: &BatchContext<'_>,
+    ctx: &TransactionContext<'_>,
     msg: &InboundMessage,
     reason: &str,
     attempts: i32,
@@ -374,12 +290,4 @@ pub async fn dead_letter_alone(
     }
     tx.commit().await?;
     Ok(Outcome::DeadLettered)
-}
-
-fn read_event(msg: &InboundMessage) -> Result<Event, String> {
-    let envelope = msg.envelope.clone().map_err(|e| e.to_string())?;
-    let payload = msg.payload.as_deref().ok_or("record has no payload")?;
-    let payload: serde_json::Value =
-        serde_json::from_slice(payload).map_err(|e| format!("payload is not JSON: {e}"))?;
-    Ok(Event { envelope, payload })
 }

@@ -1,22 +1,22 @@
-//! What a batch decides as it goes: the handler's effects of one event, and the batch's working
-//! state (progress per aggregate, effects and dead letters to write). Shared by the batch
-//! transaction ([`crate::apply`]) and the release of parked events ([`crate::parking`]).
+//! What a transaction decides as it goes: the handler's effects of one event, and the
+//! transaction's working state (progress per order, effects and dead letters to write). Read by
+//! the transaction of batches, the release of parked events and the resolution of dead letters.
 
 use std::collections::{HashMap, HashSet};
 
 use sqlx::{Postgres, Transaction};
 
-use crate::dead_letter::DeadLetter;
-use crate::handler::{Event, HandlerBatch, HandlerError};
-use crate::process_error::{is_rejection, ProcessError};
-use crate::store::AppliedEffect;
+use super::dead_letter::DeadLetter;
+use super::error::{is_rejection, ProcessError};
+use super::store::AppliedEffect;
+use crate::handlers::{Event, HandlerError, HandlerTransaction};
 
-/// What a batch has learned so far about the orders it touches.
+/// What a transaction has learned so far about the orders it touches.
 #[derive(Default)]
-pub(crate) struct BatchState {
+pub(crate) struct TransactionState {
     /// Last applied sequence per order, as read at the start and advanced since.
     pub(crate) progress: HashMap<String, i64>,
-    /// Orders whose last applied sequence this batch moved, with the new value.
+    /// Orders whose last applied sequence this transaction moved, with the new value.
     pub(crate) advanced: HashMap<String, i64>,
     /// Orders with parked events.
     pub(crate) parked_orders: HashSet<String>,
@@ -29,7 +29,7 @@ pub(crate) struct BatchState {
 /// database raised about this event) is returned as the dead-letter reason.
 pub(crate) async fn apply_one(
     tx: &mut Transaction<'_, Postgres>,
-    effects: &mut dyn HandlerBatch,
+    effects: &mut dyn HandlerTransaction,
     event: &Event,
 ) -> Result<Result<(), String>, ProcessError> {
     match effects.apply(tx, event).await {

@@ -8,9 +8,9 @@ use pipeline_core::envelope::Envelope;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use crate::handler::Event;
-use crate::message::{Fence, Pending};
-use crate::process_error::ProcessError;
+use super::error::ProcessError;
+use super::message::{Fence, Pending};
+use crate::handlers::Event;
 
 pub(crate) async fn check_owner(
     tx: &mut PgConnection,
@@ -47,18 +47,19 @@ pub async fn claim_partition(pool: &PgPool, group: &str, fence: &Fence) -> Resul
     Ok(())
 }
 
-/// What a batch transaction learns from its first statement.
+/// What a transaction learns from its first statement.
 #[derive(Debug, Default)]
-pub(crate) struct BatchStart {
-    /// Event ids whose `processed_message` row this batch inserted: the events new to the group.
+pub(crate) struct TransactionStart {
+    /// Event ids whose `processed_message` row this transaction inserted: the events new to the
+    /// group.
     pub(crate) new_ids: HashSet<Uuid>,
-    /// Last applied sequence of the batch's orders that have one, locked for this transaction.
+    /// Last applied sequence of the transaction's orders that have one, locked for it.
     pub(crate) progress: HashMap<String, i64>,
-    /// The batch's orders with parked events.
+    /// The transaction's orders with parked events.
     pub(crate) parked_orders: HashSet<String>,
 }
 
-type BatchStartRow = (bool, Vec<Uuid>, Vec<String>, Vec<i64>, Vec<String>);
+type TransactionStartRow = (bool, Vec<Uuid>, Vec<String>, Vec<i64>, Vec<String>);
 
 /// Transactions of at most this many messages plan their statements with their parameter values,
 /// by default (`--custom-plans-up-to`): none.
@@ -88,15 +89,15 @@ pub(crate) async fn plan_with_values(tx: &mut PgConnection) -> Result<(), sqlx::
 /// are recorded as `duplicate` steps of their events' history), and locks
 /// and reads the progress and parked events of `orders` (sorted). If any partition is no longer
 /// owned, nothing is inserted and the batch is reported as [`ProcessError::Fenced`].
-pub(crate) async fn start_batch(
+pub(crate) async fn start_transaction(
     tx: &mut PgConnection,
     group: &str,
     fences: &[&Fence],
     valid: &[&Pending<'_>],
     orders: &[String],
-) -> Result<BatchStart, ProcessError> {
+) -> Result<TransactionStart, ProcessError> {
     if valid.is_empty() && fences.is_empty() {
-        return Ok(BatchStart::default());
+        return Ok(TransactionStart::default());
     }
     let ids: Vec<Uuid> = valid.iter().map(|p| p.event.envelope.event_id).collect();
     let topics: Vec<&str> = valid.iter().map(|p| p.msg.topic.as_str()).collect();
@@ -114,7 +115,7 @@ pub(crate) async fn start_batch(
     let fence_topics: Vec<&str> = fences.iter().map(|f| f.topic.as_str()).collect();
     let fence_partitions: Vec<i32> = fences.iter().map(|f| f.partition).collect();
     let fence_owners: Vec<Uuid> = fences.iter().map(|f| f.owner).collect();
-    let (owned, new_ids, progress_orders, progress_seqs, parked): BatchStartRow = sqlx::query_as(
+    let (owned, new_ids, progress_orders, progress_seqs, parked): TransactionStartRow = sqlx::query_as(
         "WITH want AS (
                  SELECT * FROM unnest($6::text[], $7::int[], $8::uuid[]) AS w(topic, partition, owner)),
              owner AS (
@@ -172,7 +173,7 @@ pub(crate) async fn start_batch(
     if !owned {
         return Err(ProcessError::Fenced);
     }
-    Ok(BatchStart {
+    Ok(TransactionStart {
         new_ids: new_ids.into_iter().collect(),
         progress: progress_orders.into_iter().zip(progress_seqs).collect(),
         parked_orders: parked.into_iter().collect(),
@@ -199,7 +200,8 @@ impl AppliedEffect {
     }
 }
 
-/// Records the batch's applied effects and the orders' advanced progress, in one statement.
+/// Records the transaction's applied effects and the orders' advanced progress, in one
+/// statement.
 pub(crate) async fn record_applied(
     tx: &mut PgConnection,
     group: &str,

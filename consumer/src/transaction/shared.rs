@@ -19,15 +19,15 @@ use sqlx::PgPool;
 use tokio::sync::{mpsc, oneshot, Mutex};
 use tokio_util::sync::CancellationToken;
 
-use crate::apply::{
-    process_batches, BatchContext, BatchReport, Fence, InboundMessage, PartitionBatch, ProcessError,
-};
-use crate::dead_letter::DeadLetterSink;
-use crate::handler::Handler;
+use super::apply::{process_batches, PartitionBatch, TransactionContext};
+use super::dead_letter::DeadLetterSink;
+use super::error::ProcessError;
+use super::message::{BatchReport, Fence, InboundMessage};
+use crate::handlers::Handler;
 use crate::metrics::ConsumerMetrics;
 
 /// What a shared transaction's runner needs.
-pub struct SharedTxSettings {
+pub struct SharedTransactionSettings {
     /// The group's database.
     pub pool: PgPool,
     /// The group's handler; it prepares and flushes once per shared transaction.
@@ -69,7 +69,7 @@ pub struct SharedTransactions {
 
 impl SharedTransactions {
     /// Starts the group's runners; they stop with `stop`.
-    pub fn start(settings: SharedTxSettings, stop: CancellationToken) -> Self {
+    pub fn start(settings: SharedTransactionSettings, stop: CancellationToken) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let queue = Arc::new(Mutex::new(Queue { rx, held: None }));
         let overlap = Arc::new(Overlap::new(settings.patience));
@@ -100,7 +100,7 @@ impl SharedTransactions {
 async fn run(
     queue: &Mutex<Queue>,
     overlap: &Overlap,
-    settings: &SharedTxSettings,
+    settings: &SharedTransactionSettings,
     stop: &CancellationToken,
 ) {
     loop {
@@ -133,8 +133,8 @@ async fn run(
     }
 }
 
-async fn apply(settings: &SharedTxSettings, jobs: Vec<Job>) {
-    let ctx = BatchContext {
+async fn apply(settings: &SharedTransactionSettings, jobs: Vec<Job>) {
+    let ctx = TransactionContext {
         pool: &settings.pool,
         handler: settings.handler.as_ref(),
         fence: None,

@@ -2,7 +2,7 @@
 
 use rdkafka::error::KafkaError;
 
-use crate::handler::HandlerError;
+use crate::handlers::HandlerError;
 
 /// Why a batch did not commit.
 #[derive(Debug, thiserror::Error)]

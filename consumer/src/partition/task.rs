@@ -8,93 +8,24 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Instant;
 
 use chrono::{DateTime, Utc};
-use sqlx::PgPool;
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::apply::{
-    claim_partition, dead_letter_alone, process_batch_with, BatchContext, BatchReport, Fence,
-    InboundMessage, ProcessError,
-};
+use super::context::{FinishedOffset, TaskContext};
 use crate::backoff::backoff;
-use crate::dead_letter::DeadLetterSink;
-use crate::handler::Handler;
-use crate::metrics::ConsumerMetrics;
-use crate::shared_tx::SharedTransactions;
-
-/// A batch committed: the group may commit `next_offset` for this partition.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Progress {
-    /// Topic of the partition.
-    pub topic: String,
-    /// The partition.
-    pub partition: i32,
-    /// The offset after the batch's last message: the one to commit.
-    pub next_offset: i64,
-}
-
-/// Stops the whole process with a reason, for errors no retry can fix.
-#[derive(Clone, Default)]
-pub struct FatalSignal {
-    /// Cancelled when the signal is raised.
-    pub token: CancellationToken,
-    reason: Arc<Mutex<Option<String>>>,
-}
-
-impl FatalSignal {
-    /// Records `reason` (the first one raised is kept) and cancels [`FatalSignal::token`].
-    pub fn raise(&self, reason: String) {
-        if let Ok(mut slot) = self.reason.lock() {
-            slot.get_or_insert(reason);
-        }
-        self.token.cancel();
-    }
-
-    /// The first reason raised, if any.
-    pub fn reason(&self) -> Option<String> {
-        self.reason.lock().ok().and_then(|r| r.clone())
-    }
-}
-
-/// What every partition task of a group shares.
-#[derive(Clone)]
-pub struct WorkerShared {
-    /// The group's database.
-    pub pool: PgPool,
-    /// The group's handler.
-    pub handler: Arc<dyn Handler>,
-    /// When set, dead letters are also published to the dead-letter topic before commit.
-    pub dead_letters: Option<Arc<DeadLetterSink>>,
-    /// Where batches, outcomes, retries and delays are counted.
-    pub metrics: ConsumerMetrics,
-    /// Where tasks report a batch's offset to commit, only after its database commit.
-    pub progress: mpsc::Sender<Progress>,
-    /// Raised on an error no retry fixes, to stop the whole process.
-    pub fatal: FatalSignal,
-    /// Most messages in one batch transaction.
-    pub max_batch: usize,
-    /// Transactions of at most this many messages plan with their values.
-    pub custom_plans_up_to: usize,
-    /// Retry delay after a batch's first failure; it doubles with each further attempt, with
-    /// jitter, up to `retry_max`.
-    pub retry_base: Duration,
-    /// Longest retry delay.
-    pub retry_max: Duration,
-    /// How long a batch may keep failing, with the database answering, before its messages are
-    /// isolated and the failing one dead-lettered.
-    pub retry_budget: Duration,
-    /// When set, batches go through the group's shared transactions (see [`crate::shared_tx`]).
-    pub shared_transactions: Option<Arc<SharedTransactions>>,
-}
+use crate::transaction::{
+    claim_partition, dead_letter_alone, process_batch_with, BatchReport, Fence, InboundMessage,
+    ProcessError, TransactionContext,
+};
 
 /// One partition's task.
-pub struct PartitionWorker {
-    shared: WorkerShared,
+pub struct PartitionTask {
+    context: TaskContext,
     group: String,
     fence: Fence,
     rx: UnboundedReceiver<InboundMessage>,
@@ -107,21 +38,21 @@ pub struct PartitionWorker {
     attempts: u32,
 }
 
-impl PartitionWorker {
+impl PartitionTask {
     /// The task of `topic`/`partition` with a fresh ownership token, claimed when it runs. `rx`
     /// delivers the partition's messages in offset order, `queued` counts those not done yet
     /// (for backpressure), and `stop` ends the task.
     pub fn new(
-        shared: WorkerShared,
+        context: TaskContext,
         topic: String,
         partition: i32,
         rx: UnboundedReceiver<InboundMessage>,
         queued: Arc<AtomicUsize>,
         stop: CancellationToken,
     ) -> Self {
-        let group = shared.handler.group().to_owned();
-        PartitionWorker {
-            shared,
+        let group = context.handler.group().to_owned();
+        PartitionTask {
+            context,
             group,
             fence: Fence {
                 topic,
@@ -153,7 +84,7 @@ impl PartitionWorker {
                 };
                 self.pending.push_back(first);
             }
-            while self.pending.len() < self.shared.max_batch {
+            while self.pending.len() < self.context.max_batch {
                 match self.rx.try_recv() {
                     Ok(m) => self.pending.push_back(m),
                     Err(_) => break,
@@ -169,7 +100,7 @@ impl PartitionWorker {
     async fn claim(&mut self) -> bool {
         let mut attempt = 0;
         loop {
-            match claim_partition(&self.shared.pool, &self.group, &self.fence).await {
+            match claim_partition(&self.context.pool, &self.group, &self.fence).await {
                 Ok(()) => return true,
                 Err(e) => {
                     attempt += 1;
@@ -192,22 +123,22 @@ impl PartitionWorker {
         if !isolating {
             self.isolate_through = None;
         }
-        let limit = if isolating { 1 } else { self.shared.max_batch };
+        let limit = if isolating { 1 } else { self.context.max_batch };
         let batch: Arc<Vec<InboundMessage>> =
             Arc::new(self.pending.iter().take(limit).cloned().collect());
-        let ctx = BatchContext {
-            pool: &self.shared.pool,
-            handler: self.shared.handler.as_ref(),
+        let ctx = TransactionContext {
+            pool: &self.context.pool,
+            handler: self.context.handler.as_ref(),
             fence: Some(&self.fence),
-            dead_letters: self.shared.dead_letters.as_deref(),
-            custom_plans_up_to: self.shared.custom_plans_up_to,
+            dead_letters: self.context.dead_letters.as_deref(),
+            custom_plans_up_to: self.context.custom_plans_up_to,
         };
         let started = Instant::now();
-        let shared = match (&self.shared.shared_transactions, isolating) {
+        let from_shared = match (&self.context.shared_transactions, isolating) {
             (Some(shared), false) => shared.process(&self.fence, batch.clone()).await,
             _ => None,
         };
-        let result = match shared {
+        let result = match from_shared {
             Some(result) => result,
             // Never start a transaction for a partition this process no longer owns.
             None if self.stop.is_cancelled() => return false,
@@ -235,7 +166,7 @@ impl PartitionWorker {
                 let (since, first_at) = *self
                     .failing_since
                     .get_or_insert((Instant::now(), Utc::now()));
-                if since.elapsed() < self.shared.retry_budget {
+                if since.elapsed() < self.context.retry_budget {
                     tracing::warn!(group = %self.group, partition = self.fence.partition, attempt = self.attempts,
                         error = %e, "batch failed; retrying");
                     return self.pause(self.attempts).await;
@@ -255,7 +186,7 @@ impl PartitionWorker {
                 let attempts = i32::try_from(self.attempts).unwrap_or(i32::MAX);
                 match dead_letter_alone(&ctx, &batch[0], &reason, attempts, first_at).await {
                     Ok(outcome) => {
-                        self.shared
+                        self.context
                             .metrics
                             .messages
                             .with_label_values(&[&self.group, outcome.label()])
@@ -282,7 +213,7 @@ impl PartitionWorker {
 
     fn fatal(&self, e: sqlx::Error) -> bool {
         tracing::error!(group = %self.group, partition = self.fence.partition, error = %e, "fatal error; stopping");
-        self.shared
+        self.context
             .fatal
             .raise(format!("group {}: {e}", self.group));
         false
@@ -290,7 +221,7 @@ impl PartitionWorker {
 
     /// Sleeps with backoff; false when stopped meanwhile.
     async fn pause(&self, attempt: u32) -> bool {
-        let delay = backoff(self.shared.retry_base, self.shared.retry_max, attempt);
+        let delay = backoff(self.context.retry_base, self.context.retry_max, attempt);
         tokio::select! {
             _ = self.stop.cancelled() => false,
             _ = tokio::time::sleep(delay) => true,
@@ -298,7 +229,7 @@ impl PartitionWorker {
     }
 
     fn retry_metric(&self, messages: usize) {
-        let m = &self.shared.metrics;
+        let m = &self.context.metrics;
         m.batch_retries.with_label_values(&[&self.group]).inc();
         m.messages
             .with_label_values(&[&self.group, "retried"])
@@ -312,7 +243,7 @@ impl PartitionWorker {
         self.failing_since = None;
         self.attempts = 0;
         if let Some(last) = batch.last() {
-            let _ = self.shared.progress.send(Progress {
+            let _ = self.context.finished.send(FinishedOffset {
                 topic: self.fence.topic.clone(),
                 partition: self.fence.partition,
                 next_offset: last.offset + 1,
@@ -321,7 +252,7 @@ impl PartitionWorker {
     }
 
     fn record(&self, report: &BatchReport, size: usize, started: Instant) {
-        let (m, group) = (&self.shared.metrics, self.group.as_str());
+        let (m, group) = (&self.context.metrics, self.group.as_str());
         m.processing_duration
             .with_label_values(&[group])
             .observe(started.elapsed().as_secs_f64());

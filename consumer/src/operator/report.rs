@@ -1,4 +1,4 @@
-//! A snapshot of what the pipeline did, for the run script and for operators.
+//! `consumer report`: a snapshot of what the pipeline did, for the run script and for operators.
 
 use std::time::Duration;
 
@@ -6,6 +6,8 @@ use anyhow::Context;
 use pipeline_core::kafka::{group_lag, KafkaArgs};
 use serde::Serialize;
 use sqlx::PgPool;
+
+use crate::config::ReportArgs;
 
 /// Figures of one consumer group.
 #[derive(Debug, Serialize)]
@@ -137,6 +139,27 @@ pub async fn build(
         publish_delay_ms_p99: publish_p99,
         groups: out,
     })
+}
+
+/// Runs `consumer report`: prints the report of `args.groups` as a table, or as JSON.
+pub async fn run(args: ReportArgs) -> anyhow::Result<()> {
+    // Reads only: it changes no table, migrations included.
+    let pool = args.db.connect(&[]).await?;
+    let groups: Vec<(String, String)> = args
+        .groups
+        .iter()
+        .map(|g| {
+            let id = format!("{}{g}", args.group_prefix);
+            (id.clone(), id)
+        })
+        .collect();
+    let report = build(&pool, &args.kafka, &groups, &args.topics).await?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{report}");
+    }
+    Ok(())
 }
 
 impl std::fmt::Display for PipelineReport {

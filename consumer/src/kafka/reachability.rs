@@ -4,7 +4,7 @@
 //! session, so it would keep its partitions while applying nothing. The probe tells the poll loop
 //! how long the database has been out of reach; past the group's limit the member leaves its
 //! group so members that can reach the database take its partitions over, and joins again once
-//! the probe answers (see [`crate::group`]). Whatever its abandoned batches try when the path
+//! the probe answers (see `member`). Whatever its abandoned batches try when the path
 //! comes back is refused: their sessions were ended by the server
 //! (`idle_in_transaction_session_timeout`) and the partitions' new owner replaced the ownership
 //! token every batch transaction checks.

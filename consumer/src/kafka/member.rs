@@ -1,6 +1,8 @@
-//! One consumer group: a thread that polls Kafka, hands each partition's messages to that
-//! partition's task, and commits offsets the tasks report after their database commits. All Kafka
-//! calls happen on this one thread, rebalance callbacks included (see [`crate::rebalance`]).
+//! This process's member of one consumer group: a thread that polls Kafka, hands each
+//! partition's messages to that partition's task, and commits offsets the tasks report after
+//! their database commits. All Kafka calls happen on this one thread, rebalance callbacks
+//! included (see `rebalance`). Cut off from the database for too long (see `reachability`), it
+//! leaves the group, and joins again once the database answers.
 
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -10,13 +12,13 @@ use pipeline_core::kafka::KafkaArgs;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use tokio_util::sync::CancellationToken;
 
-use crate::reachability::Reachability;
-use crate::rebalance::{apply_backpressure, dispatch, GroupContext};
-use crate::worker::{Progress, WorkerShared};
+use super::reachability::Reachability;
+use super::rebalance::MemberContext;
+use crate::partition::{FinishedOffset, TaskContext};
 
-/// Settings of one group's Kafka consumer.
+/// Settings of a member's Kafka consumer.
 #[derive(Debug, Clone)]
-pub struct GroupSettings {
+pub struct MemberSettings {
     /// Topics the group subscribes to.
     pub topics: Vec<String>,
     /// `partition.assignment.strategy`.
@@ -37,22 +39,22 @@ pub struct GroupSettings {
     pub leave_after_database_unreachable: Duration,
 }
 
-/// Runs one group's poll loop on the current (dedicated) thread until `shutdown`.
-pub fn run_group(
+/// Runs a member's poll loop on the current (dedicated) thread until `shutdown`.
+pub fn run_member(
     kafka: &KafkaArgs,
-    settings: &GroupSettings,
-    shared: WorkerShared,
-    progress_rx: mpsc::Receiver<Progress>,
+    settings: &MemberSettings,
+    context: TaskContext,
+    finished_rx: mpsc::Receiver<FinishedOffset>,
     reachability: &Reachability,
     runtime: tokio::runtime::Handle,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let group = shared.handler.group().to_owned();
-    let context = GroupContext::new(
+    let group = context.handler.group().to_owned();
+    let context = MemberContext::new(
         group.clone(),
         runtime,
-        shared,
-        progress_rx,
+        context,
+        finished_rx,
         settings.revoke_timeout,
     );
     let mut config = kafka.client_config();
@@ -87,7 +89,7 @@ pub fn run_group(
             config.set(k, v);
         }
     }
-    let consumer: BaseConsumer<GroupContext> = config
+    let consumer: BaseConsumer<MemberContext> = config
         .create_with_context(context)
         .with_context(|| format!("creating Kafka consumer for group {group}"))?;
     let topics: Vec<&str> = settings.topics.iter().map(String::as_str).collect();
@@ -109,7 +111,7 @@ pub fn run_group(
         if !left_unreachable && unreachable > settings.leave_after_database_unreachable {
             tracing::warn!(%group, unreachable_ms = unreachable.as_millis() as u64,
                 "database out of reach: leaving the group so other members take the partitions");
-            ctx.abandon_tasks(&ctx.all_keys());
+            ctx.tasks.abandon(&ctx.tasks.keys());
             consumer.unsubscribe();
             ctx.count_database_departure();
             left_unreachable = true;
@@ -124,7 +126,7 @@ pub fn run_group(
             None => {}
             Some(Ok(msg)) => {
                 missing_topic_since = None;
-                dispatch(ctx, &msg);
+                ctx.tasks.dispatch(&msg);
             }
             Some(Err(e)) => match classify_poll_error(&e) {
                 PollError::Fatal => {
@@ -150,24 +152,26 @@ pub fn run_group(
         // Offsets finished since the last commit go out together: one request per interval
         // instead of one per batch.
         if last_commit.elapsed() >= settings.commit_interval {
-            ctx.collect_progress();
-            let finished = ctx.take_pending(None);
-            ctx.commit(&consumer, &finished, CommitMode::Async);
+            ctx.offsets.collect_finished();
+            let finished = ctx.offsets.take_pending(None);
+            ctx.offsets
+                .commit(&consumer, &ctx.tasks, &finished, CommitMode::Async);
             last_commit = Instant::now();
         }
         if last_recommit.elapsed() >= RECOMMIT_EVERY {
-            ctx.recommit_owned(&consumer);
+            ctx.offsets.recommit_owned(&consumer, &ctx.tasks);
             last_recommit = Instant::now();
         }
-        apply_backpressure(&consumer, settings.max_queued);
+        ctx.tasks.apply_backpressure(&consumer, settings.max_queued);
     }
 
     // Shutdown: let in-flight batches finish, then commit what they own, synchronously.
-    let keys = ctx.all_keys();
-    ctx.stop_tasks(&keys);
-    ctx.collect_progress();
-    let finished = ctx.take_pending(None);
-    ctx.commit(&consumer, &finished, CommitMode::Sync);
+    let keys = ctx.tasks.keys();
+    ctx.tasks.stop(&keys);
+    ctx.offsets.collect_finished();
+    let finished = ctx.offsets.take_pending(None);
+    ctx.offsets
+        .commit(&consumer, &ctx.tasks, &finished, CommitMode::Sync);
     tracing::info!(%group, committed_partitions = finished.len(), "consumer group stopped");
     consumer.unsubscribe();
     match fatal {
@@ -182,7 +186,7 @@ pub fn run_group(
 /// How long a subscribed topic may be missing before the process stops as misconfigured.
 const MISSING_TOPIC_GRACE: Duration = Duration::from_secs(30);
 /// How often the latest offsets of owned partitions are committed again (see
-/// `GroupContext::recommit_owned`).
+/// `Offsets::recommit_owned`).
 const RECOMMIT_EVERY: Duration = Duration::from_secs(5);
 
 enum PollError {

@@ -20,8 +20,9 @@ pub enum HandlerError {
     #[error("rejected: {0}")]
     Rejected(String),
     /// An outside dependency the handler calls (a mail API, a payment provider) is down for a
-    /// while: the batch is rolled back and retried with backoff, the partition waits, nothing is
-    /// dead-lettered however long it lasts, and processing resumes by itself once it answers.
+    /// while: the transaction is rolled back and the batch retried with backoff, the partition
+    /// waits, nothing is dead-lettered however long it lasts, and processing resumes by itself
+    /// once it answers.
     #[error("dependency unavailable: {0}")]
     Unavailable(String),
     /// The database failed: the batch is retried.
@@ -31,21 +32,23 @@ pub enum HandlerError {
 
 /// A consumer group's business logic.
 pub trait Handler: Send + Sync + 'static {
-    /// The consumer group name, also the dedupe scope.
+    /// The group's id: its Kafka consumer group id, also its dedupe scope.
     fn group(&self) -> &str;
 
-    /// Starts the work of one batch transaction.
-    fn batch(&self) -> Box<dyn HandlerBatch + '_>;
+    /// Starts the handler's part of one transaction.
+    fn transaction(&self) -> Box<dyn HandlerTransaction + '_>;
 }
 
-/// One batch's effects, inside the transaction that records its events as processed, so they
-/// commit exactly once or not at all. Effects are decided event by event, in order, and written
-/// together by [`HandlerBatch::flush`]: a batch costs a few set-based statements, not a few per
+/// The handler's part of one transaction: the effects of the transaction's events, written
+/// inside the transaction that records them processed, so they commit exactly once or not at all.
+/// A transaction applies one partition's batch or, shared, the batches of several partitions.
+/// Effects are decided event by event, in order, and written together by
+/// [`HandlerTransaction::flush`]: a transaction costs a few set-based statements, not a few per
 /// event.
-pub trait HandlerBatch: Send {
-    /// Called once, before any `apply`, with the events the batch is about to apply: reads (and
-    /// locks, in a fixed order, so concurrent batches cannot deadlock) what they need. Does
-    /// nothing unless implemented.
+pub trait HandlerTransaction: Send {
+    /// Called once, before any `apply`, with the events the transaction is about to apply: reads
+    /// (and locks, in a fixed order, so concurrent transactions cannot deadlock) what they need.
+    /// Does nothing unless implemented.
     fn prepare<'a>(
         &'a mut self,
         _conn: &'a mut PgConnection,
@@ -54,8 +57,8 @@ pub trait HandlerBatch: Send {
         Box::pin(async { Ok(()) })
     }
 
-    /// Decides one event's effects. `Rejected` must leave no trace: the batch's view stays as it
-    /// was before the call. May read what `prepare` did not (events released from parking).
+    /// Decides one event's effects. `Rejected` must leave no trace: the transaction's view stays
+    /// as it was before the call. May read what `prepare` did not (events released from parking).
     fn apply<'a>(
         &'a mut self,
         conn: &'a mut PgConnection,
@@ -63,7 +66,7 @@ pub trait HandlerBatch: Send {
     ) -> BoxFuture<'a, Result<(), HandlerError>>;
 
     /// Writes every effect decided so far; called once, as the transaction's last statement
-    /// before commit, so locks it takes on rows other batches share are held only that long.
+    /// before commit, so locks it takes on rows other transactions share are held only that long.
     /// Does nothing unless implemented (for a handler whose `apply` writes as it goes).
     fn flush<'a>(
         &'a mut self,

@@ -9,13 +9,11 @@ use serde::Serialize;
 use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 use uuid::Uuid;
 
-use crate::dead_letter::DeadLetterSink;
-use crate::effects::{apply_one, BatchState};
-use crate::handler::{Event, Handler, HandlerBatch};
-use crate::message::BatchReport;
-use crate::parking::release_parked;
-use crate::process_error::ProcessError;
-use crate::store::{record_applied, set_outcomes, AppliedEffect, OutcomeChange};
+use crate::handlers::{Event, Handler, HandlerTransaction};
+use crate::transaction::{
+    apply_one, record_applied, release_parked, set_outcomes, AppliedEffect, BatchReport,
+    DeadLetterSink, OutcomeChange, ProcessError, TransactionState,
+};
 
 /// What to do with a dead letter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -409,8 +407,8 @@ async fn pass(
             expected: last + 1,
         });
     }
-    let mut state = BatchState::default();
-    let mut effects = handler.batch();
+    let mut state = TransactionState::default();
+    let mut effects = handler.transaction();
     if let Some(event) = event {
         if event.payload.is_null() {
             return Err(ResolveError::StillRejected("payload is not JSON".into()));
@@ -454,7 +452,7 @@ async fn pass_gap(
     through: i64,
     resolved: &mut Resolved,
 ) -> Result<(), ResolveError> {
-    let mut effects = handler.batch();
+    let mut effects = handler.transaction();
     release(
         tx,
         effects.as_mut(),
@@ -462,7 +460,7 @@ async fn pass_gap(
         dead_letters,
         order,
         through,
-        BatchState::default(),
+        TransactionState::default(),
         resolved,
     )
     .await
@@ -473,12 +471,12 @@ async fn pass_gap(
 #[allow(clippy::too_many_arguments)]
 async fn release(
     tx: &mut Transaction<'_, Postgres>,
-    effects: &mut dyn HandlerBatch,
+    effects: &mut dyn HandlerTransaction,
     group: &str,
     dead_letters: Option<&DeadLetterSink>,
     order: &str,
     last: i64,
-    mut state: BatchState,
+    mut state: TransactionState,
     resolved: &mut Resolved,
 ) -> Result<(), ResolveError> {
     let mut report = BatchReport::default();

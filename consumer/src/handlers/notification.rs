@@ -15,7 +15,8 @@ use sqlx::{PgConnection, PgPool};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::handler::{order_snapshot, Event, Handler, HandlerBatch, HandlerError};
+use super::handler::{order_snapshot, Event, Handler, HandlerError, HandlerTransaction};
+use crate::backoff::backoff;
 
 /// A notification to deliver.
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -92,18 +93,18 @@ impl Handler for Notifications {
         &self.group
     }
 
-    fn batch(&self) -> Box<dyn HandlerBatch + '_> {
-        Box::<NotificationBatch>::default()
+    fn transaction(&self) -> Box<dyn HandlerTransaction + '_> {
+        Box::<NotificationTransaction>::default()
     }
 }
 
-/// Notifications decided by one batch, inserted together.
+/// Notifications decided in one transaction, inserted together.
 #[derive(Default)]
-struct NotificationBatch {
+struct NotificationTransaction {
     rows: Vec<(Uuid, String, String, &'static str, &'static str)>,
 }
 
-impl HandlerBatch for NotificationBatch {
+impl HandlerTransaction for NotificationTransaction {
     fn prepare<'a>(
         &'a mut self,
         _conn: &'a mut PgConnection,
@@ -177,7 +178,7 @@ pub struct DispatchSettings {
     /// Pause when nothing is due.
     pub idle_wait: Duration,
     /// Most notifications claimed at once.
-    pub batch: i64,
+    pub max_claimed: i64,
     /// How long a claim keeps a notification from other dispatchers while it is being sent: a
     /// dispatcher that dies mid-send leaves it due again after this.
     pub claim_for: Duration,
@@ -193,7 +194,7 @@ impl Default for DispatchSettings {
     fn default() -> Self {
         DispatchSettings {
             idle_wait: Duration::from_millis(50),
-            batch: 200,
+            max_claimed: 200,
             claim_for: Duration::from_secs(60),
             retry_base: Duration::from_secs(1),
             retry_max: Duration::from_secs(300),
@@ -207,11 +208,12 @@ impl DispatchSettings {
     /// equal jitter so notifications that failed together do not retry together.
     pub fn retry_delay(&self, attempts: i32) -> Duration {
         let attempt = u32::try_from(attempts.max(1)).unwrap_or(u32::MAX);
-        crate::backoff::backoff(self.retry_base, self.retry_max, attempt)
+        backoff(self.retry_base, self.retry_max, attempt)
     }
 }
 
-/// Sends due notifications until `shutdown`, a batch at a time, oldest first.
+/// Sends due notifications until `shutdown`, up to `settings.max_claimed` at a time, oldest
+/// first.
 pub async fn dispatch(
     pool: PgPool,
     sender: Arc<dyn NotificationSender>,
@@ -219,7 +221,7 @@ pub async fn dispatch(
     shutdown: CancellationToken,
 ) {
     while !shutdown.is_cancelled() {
-        let wait = match dispatch_batch(&pool, sender.as_ref(), &settings).await {
+        let wait = match dispatch_due(&pool, sender.as_ref(), &settings).await {
             Ok(0) => settings.idle_wait,
             Ok(_) => Duration::ZERO,
             Err(e) => {
@@ -234,10 +236,10 @@ pub async fn dispatch(
     }
 }
 
-/// Claims up to `settings.batch` due notifications, sends them with no transaction open and no
-/// row locked, and records each outcome: sent, or the next attempt after a backoff, or `failed`
-/// after `settings.max_attempts`. Returns how many were handled.
-pub async fn dispatch_batch(
+/// Claims up to `settings.max_claimed` due notifications, sends them with no transaction open and
+/// no row locked, and records each outcome: sent, or the next attempt after a backoff, or
+/// `failed` after `settings.max_attempts`. Returns how many were handled.
+pub async fn dispatch_due(
     pool: &PgPool,
     sender: &dyn NotificationSender,
     settings: &DispatchSettings,
@@ -251,7 +253,7 @@ pub async fn dispatch_batch(
          WHERE n.id = due.id
          RETURNING n.id, n.event_id, n.order_id, n.recipient, n.channel, n.template, n.attempts",
     )
-    .bind(settings.batch)
+    .bind(settings.max_claimed)
     .bind(millis(settings.claim_for))
     .fetch_all(pool)
     .await?;
@@ -294,7 +296,7 @@ pub async fn dispatch_batch(
             }
         }
     }
-    // Every outcome of the batch in one statement.
+    // Every outcome in one statement.
     sqlx::query(
         "UPDATE notification n
          SET status = r.status, attempts = n.attempts + 1, last_error = r.error,

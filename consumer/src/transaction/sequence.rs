@@ -1,25 +1,107 @@
-//! Events that arrived ahead of their order's next sequence: parked, then released in order.
+//! Events of an order are applied strictly in sequence: the next one is applied, one that is
+//! ahead of its predecessor is parked and released, in order, when the gap closes, and one whose
+//! sequence was already applied is flagged stale.
 
 use chrono::{DateTime, Utc};
 use pipeline_core::envelope::Envelope;
 use sqlx::{PgConnection, Postgres, Transaction};
 use uuid::Uuid;
 
-use crate::dead_letter::{self, DeadLetter};
-use crate::effects::{apply_one, BatchState};
-use crate::handler::{Event, HandlerBatch};
-use crate::message::{BatchReport, InboundMessage};
-use crate::process_error::ProcessError;
-use crate::store::{set_outcomes, AppliedEffect, OutcomeChange};
+use super::dead_letter::{self, DeadLetter};
+use super::effects::{apply_one, TransactionState};
+use super::error::ProcessError;
+use super::message::{BatchReport, InboundMessage, Outcome, Pending};
+use super::store::{set_outcomes, AppliedEffect, OutcomeChange};
+use crate::handlers::{Event, HandlerTransaction};
+
+/// Applies, parks or skips one new event according to its order's next expected sequence.
+pub(crate) async fn handle_event(
+    tx: &mut Transaction<'_, Postgres>,
+    effects: &mut dyn HandlerTransaction,
+    group: &str,
+    state: &mut TransactionState,
+    report: &mut BatchReport,
+    p: &Pending<'_>,
+) -> Result<Outcome, ProcessError> {
+    let env = &p.event.envelope;
+    let last = state.progress.get(&env.aggregate_id).copied().unwrap_or(0);
+    if env.sequence == last + 1 {
+        return match apply_one(tx, effects, &p.event).await? {
+            Ok(()) => {
+                state.effects.push(AppliedEffect::of(&p.event));
+                let mut last = env.sequence;
+                if state.parked_orders.contains(&env.aggregate_id) {
+                    last =
+                        release_parked(tx, effects, group, &env.aggregate_id, last, state, report)
+                            .await?;
+                }
+                let _ = state.progress.insert(env.aggregate_id.clone(), last);
+                let _ = state.advanced.insert(env.aggregate_id.clone(), last);
+                tracing::debug!("event applied");
+                Ok(Outcome::Applied)
+            }
+            Err(reason) => {
+                let letter = DeadLetter::now(p.msg, Some(&p.event), &reason);
+                dead_letter::record(tx, group, &letter).await?;
+                state.letters.push(letter);
+                set_outcomes(
+                    tx,
+                    group,
+                    &[OutcomeChange::untracked(env.event_id, "dead_lettered")],
+                )
+                .await?;
+                Ok(Outcome::DeadLettered)
+            }
+        };
+    }
+    report.out_of_sequence += 1;
+    if env.sequence <= last {
+        tracing::warn!(
+            last_applied = last,
+            "event sequence already applied under another event id; not applied"
+        );
+        set_outcomes(
+            tx,
+            group,
+            &[OutcomeChange::tracked(
+                env,
+                "stale",
+                format!("order already at sequence {last}"),
+            )],
+        )
+        .await?;
+        return Ok(Outcome::Stale);
+    }
+    tracing::warn!(
+        expected = last + 1,
+        "event ahead of its order's next sequence; parked until the gap closes"
+    );
+    park(
+        tx,
+        group,
+        p.msg,
+        &p.event,
+        &format!("waiting for sequence {}", last + 1),
+    )
+    .await?;
+    let _ = state.parked_orders.insert(env.aggregate_id.clone());
+    set_outcomes(
+        tx,
+        group,
+        &[OutcomeChange::untracked(env.event_id, "parked")],
+    )
+    .await?;
+    Ok(Outcome::Parked)
+}
 
 /// Applies parked events of `order` that now follow `last` without a gap. Returns the new last.
 pub(crate) async fn release_parked(
     tx: &mut Transaction<'_, Postgres>,
-    effects: &mut dyn HandlerBatch,
+    effects: &mut dyn HandlerTransaction,
     group: &str,
     order: &str,
     mut last: i64,
-    state: &mut BatchState,
+    state: &mut TransactionState,
     report: &mut BatchReport,
 ) -> Result<i64, ProcessError> {
     loop {
