@@ -1,11 +1,12 @@
-//! `bench`: measures the pipeline against its targets and writes a JSON report (see
-//! `pipeline_tests::bench`; `scripts/bench.sh` builds and runs it).
+//! `bench`: measures the pipeline against its targets and writes a JSON report (see the
+//! `pipeline_bench` library; `scripts/bench.sh` builds and runs it).
 
 use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
-use pipeline_tests::bench::{self, config::BenchArgs, config::Settings, table};
+use pipeline_bench::config::{BenchArgs, Settings};
+use pipeline_bench::{run_and_clean_up, table};
 
 fn main() -> ExitCode {
     match run() {
@@ -26,7 +27,7 @@ fn run() -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    let report = runtime.block_on(bench::run_and_clean_up(&settings));
+    let report = runtime.block_on(run_and_clean_up(&settings));
     report.write(&settings.out)?;
     print!("{}", table::render(&report));
     println!("\nreport: {}", settings.out.display());

@@ -1,12 +1,12 @@
 //! `verify`: runs the pipeline under load and faults, checks exactly-once and per-order order,
-//! and writes a JSON report (see `pipeline_tests::verify`; `scripts/verify.sh` builds and runs
-//! it). Exits non-zero unless the checks passed and the run completed.
+//! and writes a JSON report (see the `pipeline_verify` library; `scripts/verify.sh` builds and
+//! runs it). Exits non-zero unless the checks passed and the run completed.
 
 use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
-use pipeline_tests::verify::{self, config::Settings, config::VerifyArgs};
+use pipeline_verify::config::{Settings, VerifyArgs};
 
 fn main() -> ExitCode {
     match run() {
@@ -24,7 +24,7 @@ fn run() -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    let report = runtime.block_on(verify::run(&settings));
+    let report = runtime.block_on(pipeline_verify::run(&settings));
     report.write(&settings.report)?;
     print!("{}", report.table());
     println!("\nreport: {}", settings.report.display());

@@ -11,7 +11,7 @@ use anyhow::{bail, Context};
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, PgConnection};
 
-use crate::wait_until;
+use pipeline_testkit::wait_until;
 
 /// One `pg_ctlcluster` cluster (version and name), found by its port.
 #[derive(Debug)]

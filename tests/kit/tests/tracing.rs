@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use pipeline_tests::{wait_until, TestEnv};
+use pipeline_testkit::{wait_until, TestEnv};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_requests_traceparent_reaches_the_consumers_event_span() -> anyhow::Result<()> {

@@ -5,8 +5,8 @@ use sqlx::{Connection, PgConnection, PgPool};
 use uuid::Uuid;
 
 use super::database_checks;
-use crate::verify::driver::{AckedEvent, History};
-use crate::verify::environment::with_database;
+use crate::driver::{AckedEvent, History};
+use crate::environment::with_database;
 
 const INVENTORY: &str = "t-inventory";
 const NOTIFICATION: &str = "t-notification";

@@ -25,7 +25,7 @@ use super::driver::{drive, DriveSpec, DriveSummary};
 use super::envs::EnvRegistry;
 use super::procstat::{round1, CpuMeter, CpuUse};
 use super::services::{Pipeline, GROUPS};
-use crate::TestEnv;
+use pipeline_testkit::TestEnv;
 
 /// Longest p99 delay of a request's dispatch behind its schedule.
 const SCHEDULE_MARGIN_MS: f64 = 100.0;

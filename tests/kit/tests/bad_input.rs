@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use pipeline_core::envelope::Envelope;
 use pipeline_core::order_events::{OrderLine, OrderSnapshot, OrderStatus};
-use pipeline_tests::{scrape_sum, wait_until, TestEnv};
+use pipeline_testkit::{scrape_sum, wait_until, TestEnv};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};

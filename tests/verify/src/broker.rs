@@ -11,7 +11,7 @@ use pipeline_core::kafka::KafkaArgs;
 use super::config::Settings;
 use super::environment::Environment;
 use super::processes::ProcessSpec;
-use crate::wait_until;
+use pipeline_testkit::wait_until;
 
 /// The broker's process label.
 pub const BROKER: &str = "broker";

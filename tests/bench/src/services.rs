@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::config::Settings;
 use super::procstat::{peak_rss_mb, shared_processes, Watched};
-use crate::{scrape_sum, wait_until, Service, TestEnv};
+use pipeline_testkit::{scrape_sum, wait_until, Service, TestEnv};
 
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 const STOP_TIMEOUT: Duration = Duration::from_secs(30);

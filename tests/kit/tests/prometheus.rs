@@ -15,7 +15,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use pipeline_tests::{wait_until, TestEnv};
+use pipeline_testkit::{wait_until, TestEnv};
 use serde_json::Value;
 
 const GROUPS: [&str; 2] = ["inventory", "notification"];
@@ -78,8 +78,9 @@ const MAY_BE_EMPTY: &[&str] = &[
 
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("tests/ has a parent")
+        .ancestors()
+        .nth(2)
+        .expect("tests/kit is two levels below the repository root")
         .to_path_buf()
 }
 

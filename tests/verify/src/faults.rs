@@ -18,7 +18,7 @@ use super::recovery::{wait_both_groups_apply, wait_pipeline_up};
 use super::say;
 use super::schedule::{FaultKind, PlannedFault};
 use super::topology::{Member, Topology, EXTRA_CONSUMER};
-use crate::wait_until;
+use pipeline_testkit::wait_until;
 
 /// A fault is abandoned when the pipeline has not recovered this long after it.
 const RECOVERY_DEADLINE: Duration = Duration::from_secs(180);

@@ -424,6 +424,3 @@ pub fn metric_sum(body: &str, metric: &str, labels: &[&str]) -> f64 {
     }
     total
 }
-
-pub mod bench;
-pub mod verify;

@@ -17,7 +17,7 @@ use super::envs::EnvRegistry;
 use super::histogram::{micros_histogram, quantile_ms};
 use super::procstat::{CpuMeter, CpuUse};
 use super::services::{self, wait_drained, Pipeline, GROUPS};
-use crate::TestEnv;
+use pipeline_testkit::TestEnv;
 
 /// One rate's figures.
 #[derive(Debug, Clone, Serialize)]

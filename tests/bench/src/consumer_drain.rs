@@ -15,7 +15,7 @@ use super::config::Settings;
 use super::dbprofile::{DbActivity, DbProfiler};
 use super::procstat::{round1, shared_processes, CpuMeter, CpuUse, Watched};
 use super::services::{self, lag, peak_rss, GROUPS};
-use crate::{scrape_sum, TestEnv};
+use pipeline_testkit::{scrape_sum, TestEnv};
 
 /// One group's drains.
 #[derive(Debug, Clone, Serialize)]

@@ -14,7 +14,7 @@ use super::envs::EnvRegistry;
 use super::orders::{preload_outbox, EVENTS_PER_ORDER};
 use super::procstat::{round1, shared_processes, CpuMeter, CpuUse, Watched};
 use super::services::{self, peak_rss};
-use crate::{metric_sum, scrape, scrape_sum, TestEnv};
+use pipeline_testkit::{metric_sum, scrape, scrape_sum, TestEnv};
 
 /// How fast the relay emptied the outbox.
 #[derive(Debug, Clone, Serialize)]

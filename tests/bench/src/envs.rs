@@ -9,7 +9,7 @@ use rdkafka::admin::{AdminClient, AdminOptions};
 use rdkafka::client::DefaultClientContext;
 use sqlx::{Connection, PgConnection};
 
-use crate::TestEnv;
+use pipeline_testkit::TestEnv;
 
 /// What the benchmark created: dropped at the end (or as soon as a phase is done with it), unless
 /// `--keep`.

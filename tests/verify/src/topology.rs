@@ -17,7 +17,7 @@ use super::config::{Settings, RELAY_LEASE_TTL_MS, RELAY_STANDBY_RETRY_MS, SESSIO
 use super::environment::{Environment, GROUP_KINDS};
 use super::processes::{ProcessSpec, Supervisor};
 use super::proxy::DbProxy;
-use crate::wait_until;
+use pipeline_testkit::wait_until;
 
 /// Partitions of the run's topic.
 pub const PARTITIONS: i32 = 12;
@@ -363,7 +363,7 @@ impl Topology {
         let addr = ops.to_string();
         tokio::time::timeout(
             Duration::from_secs(2),
-            crate::scrape_sum(&addr, metric, &[]),
+            pipeline_testkit::scrape_sum(&addr, metric, &[]),
         )
         .await
         .with_context(|| format!("scraping {addr} timed out"))?

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use pipeline_tests::{scrape_sum, wait_until, TestEnv};
+use pipeline_testkit::{scrape_sum, wait_until, TestEnv};
 
 const GROUPS: [&str; 2] = ["inventory", "notification"];
 const STOCK: i64 = 1_000_000;
@@ -246,7 +246,7 @@ async fn killing_relay_and_consumer_loses_nothing_and_applies_nothing_twice() ->
     let summary_path = summary.to_string_lossy().into_owned();
     let mut args = load_args(&url, "1000", "150", "11");
     args.extend(["--summary-json", &summary_path]);
-    let producer_bin = pipeline_tests::bin_dir().join("producer");
+    let producer_bin = pipeline_testkit::bin_dir().join("producer");
     let mut load = tokio::process::Command::new(producer_bin)
         .args(&args)
         .env("RUST_LOG", "warn")

@@ -117,7 +117,7 @@ impl Environment {
 /// A small pool on the run's database, migrated. Retried for a while: other clients of a shared
 /// server may hold every connection slot for a moment.
 async fn connect_and_migrate(database_url: &str) -> anyhow::Result<PgPool> {
-    let pool = crate::wait_until(
+    let pool = pipeline_testkit::wait_until(
         "a connection to the run's database",
         Duration::from_secs(30),
         || async {
