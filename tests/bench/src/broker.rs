@@ -8,6 +8,7 @@ use anyhow::{bail, Context};
 use futures::stream::{FuturesUnordered, StreamExt};
 use futures::FutureExt;
 use pipeline_core::kafka::KafkaArgs;
+use pipeline_testkit::kafka::{brokers, kafka_args};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
@@ -18,7 +19,7 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use super::config::Settings;
-use super::envs::{brokers, EnvRegistry};
+use super::envs::EnvRegistry;
 use super::orders::{backlog_order, EventMessage, EVENTS_PER_ORDER};
 use super::procstat::{round1, shared_processes, CpuMeter, CpuUse};
 
@@ -145,10 +146,7 @@ pub(super) async fn fresh_topic(
     envs: &EnvRegistry,
     prefix: &str,
 ) -> anyhow::Result<(KafkaArgs, String)> {
-    let kafka = KafkaArgs {
-        kafka_brokers: brokers(),
-        kafka_options: Vec::new(),
-    };
+    let kafka = kafka_args(&brokers());
     let topic = format!("{prefix}-{}", &Uuid::new_v4().simple().to_string()[..10]);
     kafka
         .ensure_topics(std::slice::from_ref(&topic), settings.partitions)

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::bail;
 use chrono::{DateTime, Utc};
+use pipeline_testkit::{scrape_sum, TestEnv};
 use serde::Serialize;
 use uuid::Uuid;
 
@@ -15,7 +16,6 @@ use super::config::Settings;
 use super::dbprofile::{DbActivity, DbProfiler};
 use super::procstat::{round1, shared_processes, CpuMeter, CpuUse, Watched};
 use super::services::{self, lag, peak_rss, GROUPS};
-use pipeline_testkit::{scrape_sum, TestEnv};
 
 /// One group's drains.
 #[derive(Debug, Clone, Serialize)]

@@ -5,11 +5,12 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use pipeline_testkit::db::{drop_database, server_url};
+use pipeline_testkit::kafka::brokers;
+use pipeline_testkit::TestEnv;
 use rdkafka::admin::{AdminClient, AdminOptions};
 use rdkafka::client::DefaultClientContext;
 use sqlx::{Connection, PgConnection};
-
-use pipeline_testkit::TestEnv;
 
 /// What the benchmark created: dropped at the end (or as soon as a phase is done with it), unless
 /// `--keep`.
@@ -111,7 +112,7 @@ impl EnvRegistry {
 async fn remove(created: &Created) -> Vec<String> {
     let mut problems = Vec::new();
     if let Some(db) = &created.database {
-        if let Err(e) = drop_database(db).await {
+        if let Err(e) = drop_database(&server_url(), db).await {
             problems.push(format!("dropping database {db}: {e:#}"));
         }
     }
@@ -126,28 +127,9 @@ async fn remove(created: &Created) -> Vec<String> {
     problems
 }
 
-/// The server the harness creates its databases on (the harness's own default).
-fn admin_url() -> String {
-    std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
-}
-
 fn database_name(url: &str) -> &str {
     let path = url.split('?').next().unwrap_or(url);
     path.rsplit('/').next().unwrap_or(path)
-}
-
-async fn drop_database(name: &str) -> anyhow::Result<()> {
-    let mut admin = PgConnection::connect(&admin_url()).await?;
-    sqlx::query(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
-        .execute(&mut admin)
-        .await?;
-    Ok(())
-}
-
-/// The broker the harness uses.
-pub fn brokers() -> String {
-    std::env::var("KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".into())
 }
 
 async fn delete_topic(topic: &str) -> anyhow::Result<()> {
@@ -165,7 +147,7 @@ async fn delete_topic(topic: &str) -> anyhow::Result<()> {
 
 /// `SELECT version()` of the server the environments are created on.
 pub async fn postgres_version() -> anyhow::Result<String> {
-    let mut admin = PgConnection::connect(&admin_url()).await?;
+    let mut admin = PgConnection::connect(&server_url()).await?;
     Ok(sqlx::query_scalar("SELECT version()")
         .fetch_one(&mut admin)
         .await?)

@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
 use hdrhistogram::Histogram;
+use pipeline_testkit::TestEnv;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -16,8 +17,7 @@ use super::driver::{drive, DriveSpec, DriveSummary, SentEvent};
 use super::envs::EnvRegistry;
 use super::histogram::{micros_histogram, quantile_ms};
 use super::procstat::{CpuMeter, CpuUse};
-use super::services::{self, wait_drained, Pipeline, GROUPS};
-use pipeline_testkit::TestEnv;
+use super::services::{self, Pipeline, GROUPS};
 
 /// One rate's figures.
 #[derive(Debug, Clone, Serialize)]
@@ -125,7 +125,7 @@ async fn measure(
     let outcome = drive(&url, &spec, &CancellationToken::new()).await?;
     let cpu = meter.finish();
     let db_activity = profiler.finish().await;
-    wait_drained(env, &GROUPS, settings.drain_timeout).await?;
+    env.wait_drained(&GROUPS, settings.drain_timeout).await?;
     let peak_rss_mb = pipeline.peak_rss();
     let consumer_args = pipeline.consumer_args.clone();
     notes.extend(pipeline.stop().await);

@@ -52,7 +52,7 @@ pub fn shared_processes() -> Vec<Watched> {
 /// The nisshi process serving `KAFKA_BROKERS` (the one whose command line names its address),
 /// or the only nisshi running.
 pub fn broker_pid() -> Option<u32> {
-    let address = std::env::var("KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".into());
+    let address = pipeline_testkit::kafka::brokers();
     let address = address.split(',').next().unwrap_or_default().to_owned();
     let pids = pids_named("nisshi");
     pids.iter()

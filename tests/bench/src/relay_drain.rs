@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::bail;
 use chrono::{DateTime, Utc};
+use pipeline_testkit::{metric_sum, scrape, scrape_sum, TestEnv};
 use serde::Serialize;
 
 use super::broker::{round3, BrokerResult};
@@ -14,7 +15,6 @@ use super::envs::EnvRegistry;
 use super::orders::{preload_outbox, EVENTS_PER_ORDER};
 use super::procstat::{round1, shared_processes, CpuMeter, CpuUse, Watched};
 use super::services::{self, peak_rss};
-use pipeline_testkit::{metric_sum, scrape, scrape_sum, TestEnv};
 
 /// How fast the relay emptied the outbox.
 #[derive(Debug, Clone, Serialize)]

@@ -4,9 +4,10 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use pipeline_testkit::{scrape_sum, wait_until, Service, TestEnv};
+
 use super::config::Settings;
 use super::procstat::{peak_rss_mb, shared_processes, Watched};
-use pipeline_testkit::{scrape_sum, wait_until, Service, TestEnv};
 
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 const STOP_TIMEOUT: Duration = Duration::from_secs(30);
@@ -71,27 +72,14 @@ pub async fn start_relay(env: &TestEnv, settings: &Settings) -> anyhow::Result<(
 
 /// Stocks products 1..=`products` with `stock` each (`consumer seed-stock`).
 pub fn seed_stock(env: &TestEnv, settings: &Settings) -> anyhow::Result<()> {
-    let (products, stock) = (settings.products.to_string(), settings.stock.to_string());
     tokio::task::block_in_place(|| {
-        env.run_to_end(
-            "consumer",
-            &["seed-stock", "--products", &products, "--quantity", &stock],
-            Duration::from_secs(60),
-        )
-    })?;
-    Ok(())
+        env.seed_stock(settings.products, Some(i64::from(settings.stock)))
+    })
 }
 
 /// Seeds the catalogue (`producer seed-catalog`) and the stock.
 pub fn seed_catalog_and_stock(env: &TestEnv, settings: &Settings) -> anyhow::Result<()> {
-    let products = settings.products.to_string();
-    tokio::task::block_in_place(|| {
-        env.run_to_end(
-            "producer",
-            &["seed-catalog", "--products", &products],
-            Duration::from_secs(60),
-        )
-    })?;
+    tokio::task::block_in_place(|| env.seed_catalog(settings.products))?;
     seed_stock(env, settings)
 }
 
@@ -202,24 +190,4 @@ pub fn peak_rss(services: &[(&str, &Service)]) -> BTreeMap<String, f64> {
 /// A group's lag, read without blocking the runtime's other tasks.
 pub fn lag(env: &TestEnv, kind: &str) -> anyhow::Result<Option<i64>> {
     tokio::task::block_in_place(|| env.lag(kind))
-}
-
-/// Waits until the outbox is empty and every group in `groups` has committed everything.
-pub async fn wait_drained(env: &TestEnv, groups: &[&str], timeout: Duration) -> anyhow::Result<()> {
-    wait_until("outbox drained and groups caught up", timeout, || async {
-        let pending: i64 =
-            sqlx::query_scalar("/* bench */ SELECT count(*) FROM outbox_unpublished")
-                .fetch_one(&env.pool)
-                .await?;
-        if pending > 0 {
-            return Ok(None);
-        }
-        for g in groups {
-            if lag(env, g)? != Some(0) {
-                return Ok(None);
-            }
-        }
-        Ok(Some(()))
-    })
-    .await
 }

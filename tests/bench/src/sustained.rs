@@ -13,7 +13,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use pipeline_core::kafka::{group_lag, KafkaArgs};
+use pipeline_core::kafka::KafkaArgs;
+use pipeline_testkit::kafka::committed_lag;
+use pipeline_testkit::TestEnv;
 use serde::Serialize;
 use sqlx::PgPool;
 use tokio::time::Instant;
@@ -25,7 +27,6 @@ use super::driver::{drive, DriveSpec, DriveSummary};
 use super::envs::EnvRegistry;
 use super::procstat::{round1, CpuMeter, CpuUse};
 use super::services::{Pipeline, GROUPS};
-use pipeline_testkit::TestEnv;
 
 /// Longest p99 delay of a request's dispatch behind its schedule.
 const SCHEDULE_MARGIN_MS: f64 = 100.0;
@@ -288,15 +289,8 @@ impl Probe {
         let mut lag = BTreeMap::new();
         for (kind, id) in &self.groups {
             let (kafka, id, topic) = (self.kafka.clone(), id.clone(), self.topic.clone());
-            let parts = tokio::task::spawn_blocking(move || {
-                group_lag(&kafka, &id, &[topic], Duration::from_secs(10))
-            })
-            .await??;
-            let total = parts.iter().try_fold(0i64, |sum, p| match p.lag() {
-                Some(l) => Some(sum + l),
-                None if p.end > 0 => None,
-                None => Some(sum),
-            });
+            let total =
+                tokio::task::spawn_blocking(move || committed_lag(&kafka, &id, &topic)).await??;
             let _ = lag.insert(kind.clone(), total);
         }
         Ok(Sample { t, outbox, lag })

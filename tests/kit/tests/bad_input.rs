@@ -41,27 +41,11 @@ fn envelope(order: Uuid, sequence: i64, event_type: &str) -> OwnedHeaders {
     .to_headers(&[])
 }
 
-async fn wait_caught_up(env: &TestEnv) -> anyhow::Result<()> {
-    wait_until("both groups caught up", Duration::from_secs(90), || async {
-        for g in GROUPS {
-            if env.lag(g)? != Some(0) {
-                return Ok(None);
-            }
-        }
-        Ok(Some(()))
-    })
-    .await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn foreign_bad_records_are_dead_lettered_with_their_cause_and_the_rest_flows(
 ) -> anyhow::Result<()> {
     let env = TestEnv::new("badrec", 3).await?;
-    env.run_to_end(
-        "consumer",
-        &["seed-stock", "--products", "1"],
-        Duration::from_secs(60),
-    )?;
+    env.seed_stock(1, None)?;
     let (_consumer, metrics) = env.consumer("consumer").await?;
 
     let producer: FutureProducer = env.kafka().client_config().set("acks", "all").create()?;
@@ -126,7 +110,7 @@ async fn foreign_bad_records_are_dead_lettered_with_their_cause_and_the_rest_flo
     )
     .await?;
 
-    wait_caught_up(&env).await?;
+    env.wait_drained(&GROUPS, Duration::from_secs(90)).await?;
     for kind in GROUPS {
         let group = env.group(kind);
         let reasons: Vec<String> = sqlx::query_scalar(
@@ -223,16 +207,8 @@ async fn foreign_bad_records_are_dead_lettered_with_their_cause_and_the_rest_flo
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sql_looking_and_non_ascii_strings_arrive_byte_for_byte() -> anyhow::Result<()> {
     let env = TestEnv::new("strings", 3).await?;
-    env.run_to_end(
-        "producer",
-        &["seed-catalog", "--products", "1"],
-        Duration::from_secs(60),
-    )?;
-    env.run_to_end(
-        "consumer",
-        &["seed-stock", "--products", "1"],
-        Duration::from_secs(60),
-    )?;
+    env.seed_catalog(1)?;
+    env.seed_stock(1, None)?;
     let (_svc, url) = env.order_service().await?;
     let (_relay, _) = env.relay("relay").await?;
     let (_consumer, _) = env.consumer("consumer").await?;

@@ -10,20 +10,10 @@ const GROUPS: [&str; 2] = ["inventory", "notification"];
 const STOCK: i64 = 1_000_000;
 const PRODUCTS: u32 = 50;
 
-async fn prepare(env: &TestEnv) -> anyhow::Result<()> {
-    let products = PRODUCTS.to_string();
-    let stock = STOCK.to_string();
-    env.run_to_end(
-        "producer",
-        &["seed-catalog", "--products", &products],
-        Duration::from_secs(60),
-    )?;
-    env.run_to_end(
-        "consumer",
-        &["seed-stock", "--products", &products, "--quantity", &stock],
-        Duration::from_secs(60),
-    )?;
-    Ok(())
+/// Catalogue and stock for the orders the load places.
+fn prepare(env: &TestEnv) -> anyhow::Result<()> {
+    env.seed_catalog(PRODUCTS)?;
+    env.seed_stock(PRODUCTS, Some(STOCK))
 }
 
 fn load_args<'a>(url: &'a str, orders: &'a str, rate: &'a str, seed: &'a str) -> Vec<&'a str> {
@@ -42,29 +32,6 @@ fn load_args<'a>(url: &'a str, orders: &'a str, rate: &'a str, seed: &'a str) ->
         "--seed",
         seed,
     ]
-}
-
-/// Waits until the outbox is drained and both groups have committed everything.
-async fn wait_drained(env: &TestEnv, timeout: Duration) -> anyhow::Result<()> {
-    wait_until(
-        "outbox drained and both groups caught up",
-        timeout,
-        || async {
-            let pending: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_unpublished")
-                .fetch_one(&env.pool)
-                .await?;
-            if pending > 0 {
-                return Ok(None);
-            }
-            for g in GROUPS {
-                if env.lag(g)? != Some(0) {
-                    return Ok(None);
-                }
-            }
-            Ok(Some(()))
-        },
-    )
-    .await
 }
 
 /// The properties a user cares about, checked against the database.
@@ -164,7 +131,7 @@ async fn assert_exactly_once_in_order(env: &TestEnv, expected_events: i64) -> an
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thousand_orders_are_applied_exactly_once_in_order() -> anyhow::Result<()> {
     let env = TestEnv::new("e2e", 12).await?;
-    prepare(&env).await?;
+    prepare(&env)?;
     let (order_service, url) = env.order_service().await?;
     let (relay, _) = env.relay("relay").await?;
     let (consumer, consumer_metrics) = env.consumer("consumer").await?;
@@ -183,7 +150,7 @@ async fn thousand_orders_are_applied_exactly_once_in_order() -> anyhow::Result<(
         "several events per order: {expected_events}"
     );
 
-    wait_drained(&env, Duration::from_secs(180)).await?;
+    env.wait_drained(&GROUPS, Duration::from_secs(180)).await?;
     let elapsed = started.elapsed();
     assert_exactly_once_in_order(&env, expected_events).await?;
     let processed = scrape_sum(
@@ -219,7 +186,7 @@ async fn thousand_orders_are_applied_exactly_once_in_order() -> anyhow::Result<(
 async fn killing_relay_and_consumer_loses_nothing_and_applies_nothing_twice() -> anyhow::Result<()>
 {
     let env = TestEnv::new("kill", 12).await?;
-    prepare(&env).await?;
+    prepare(&env)?;
     let (_order_service, url) = env.order_service().await?;
     // Two relays: one active, one standing by.
     let (relay_a, metrics_a) = env.relay("relay-a").await?;
@@ -288,7 +255,7 @@ async fn killing_relay_and_consumer_loses_nothing_and_applies_nothing_twice() ->
     let load: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&summary)?)?;
     let expected_events = load["events"].as_i64().expect("events in load summary");
 
-    wait_drained(&env, Duration::from_secs(180)).await?;
+    env.wait_drained(&GROUPS, Duration::from_secs(180)).await?;
     assert_exactly_once_in_order(&env, expected_events).await?;
     let duplicates = scrape_sum(
         &consumer2_metrics,

@@ -20,8 +20,8 @@ use serde_json::Value;
 
 const GROUPS: [&str; 2] = ["inventory", "notification"];
 const ORDERS: &str = "300";
-const PRODUCTS: &str = "50";
-const STOCK: &str = "1000000";
+const PRODUCTS: u32 = 50;
+const STOCK: i64 = 1_000_000;
 
 /// Metrics every healthy run exports (histograms by their `_bucket` series). Counters that only
 /// appear with their first error (`relay_publish_errors_total`, `consumer_batch_retries_total`,
@@ -310,42 +310,6 @@ fn dashboard_queries() -> anyhow::Result<DashboardQueries> {
     Ok((exprs, variables))
 }
 
-async fn prepare(env: &TestEnv) -> anyhow::Result<()> {
-    env.run_to_end(
-        "producer",
-        &["seed-catalog", "--products", PRODUCTS],
-        Duration::from_secs(60),
-    )?;
-    env.run_to_end(
-        "consumer",
-        &["seed-stock", "--products", PRODUCTS, "--quantity", STOCK],
-        Duration::from_secs(60),
-    )?;
-    Ok(())
-}
-
-async fn wait_drained(env: &TestEnv, timeout: Duration) -> anyhow::Result<()> {
-    wait_until(
-        "outbox drained and both groups caught up",
-        timeout,
-        || async {
-            let pending: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_unpublished")
-                .fetch_one(&env.pool)
-                .await?;
-            if pending > 0 {
-                return Ok(None);
-            }
-            for g in GROUPS {
-                if env.lag(g)? != Some(0) {
-                    return Ok(None);
-                }
-            }
-            Ok(Some(()))
-        },
-    )
-    .await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prometheus_scrapes_the_pipeline_and_evaluates_dashboard_and_alerts() -> anyhow::Result<()>
 {
@@ -357,7 +321,8 @@ async fn prometheus_scrapes_the_pipeline_and_evaluates_dashboard_and_alerts() ->
         return Ok(());
     };
     let env = TestEnv::new("prom", 12).await?;
-    prepare(&env).await?;
+    env.seed_catalog(PRODUCTS)?;
+    env.seed_stock(PRODUCTS, Some(STOCK))?;
     let (order_service, url) = env.order_service().await?;
     let (relay, relay_metrics) = env.relay("relay").await?;
     let (consumer, consumer_metrics) = env.consumer("consumer").await?;
@@ -401,7 +366,7 @@ async fn prometheus_scrapes_the_pipeline_and_evaluates_dashboard_and_alerts() ->
             "--concurrency",
             "16",
             "--products",
-            PRODUCTS,
+            &PRODUCTS.to_string(),
             "--seed",
             "13",
             "--summary-json",
@@ -411,7 +376,7 @@ async fn prometheus_scrapes_the_pipeline_and_evaluates_dashboard_and_alerts() ->
     )?;
     let load: Value = serde_json::from_str(&std::fs::read_to_string(&summary)?)?;
     let events = load["events"].as_f64().context("events in load summary")?;
-    wait_drained(&env, Duration::from_secs(180)).await?;
+    env.wait_drained(&GROUPS, Duration::from_secs(180)).await?;
 
     // The metrics of the contract exist.
     wait_until(

@@ -9,16 +9,8 @@ use pipeline_testkit::{wait_until, TestEnv};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_requests_traceparent_reaches_the_consumers_event_span() -> anyhow::Result<()> {
     let env = TestEnv::new("trace", 3).await?;
-    env.run_to_end(
-        "producer",
-        &["seed-catalog", "--products", "1"],
-        Duration::from_secs(60),
-    )?;
-    env.run_to_end(
-        "consumer",
-        &["seed-stock", "--products", "1"],
-        Duration::from_secs(60),
-    )?;
+    env.seed_catalog(1)?;
+    env.seed_stock(1, None)?;
     let (_svc, url) = env.order_service().await?;
     let (_relay, _) = env.relay("relay").await?;
     let consumer = env.spawn_with_env(

@@ -7,11 +7,11 @@ use std::time::Duration;
 
 use anyhow::Context;
 use pipeline_core::kafka::KafkaArgs;
+use pipeline_testkit::wait_until;
 
 use super::config::Settings;
 use super::environment::Environment;
 use super::processes::ProcessSpec;
-use pipeline_testkit::wait_until;
 
 /// The broker's process label.
 pub const BROKER: &str = "broker";

@@ -1,41 +1,15 @@
 //! The checks must see what they are meant to see: a synthetic history and database with one
 //! known instance of each failure (needs PostgreSQL, as the end-to-end tests do: `DATABASE_URL`).
 
-use sqlx::{Connection, PgConnection, PgPool};
+use pipeline_testkit::db::{drop_database, migrated_database, server_url};
+use sqlx::PgPool;
 use uuid::Uuid;
 
 use super::database_checks;
 use crate::driver::{AckedEvent, History};
-use crate::environment::with_database;
 
 const INVENTORY: &str = "t-inventory";
 const NOTIFICATION: &str = "t-notification";
-
-fn server_url() -> String {
-    std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
-}
-
-/// A fresh migrated database; dropped by the caller.
-async fn fresh_database() -> anyhow::Result<(String, PgPool)> {
-    let name = format!("pv_checks_{}", &Uuid::new_v4().simple().to_string()[..10]);
-    let mut admin = PgConnection::connect(&server_url()).await?;
-    let _ = sqlx::query(&format!("CREATE DATABASE \"{name}\""))
-        .execute(&mut admin)
-        .await?;
-    let pool = PgPool::connect(&with_database(&server_url(), &name)).await?;
-    pipeline_core::db::MIGRATOR.run(&pool).await?;
-    Ok((name, pool))
-}
-
-async fn drop_database(name: &str, pool: PgPool) -> anyhow::Result<()> {
-    pool.close().await;
-    let mut admin = PgConnection::connect(&server_url()).await?;
-    let _ = sqlx::query(&format!("DROP DATABASE \"{name}\" WITH (FORCE)"))
-        .execute(&mut admin)
-        .await?;
-    Ok(())
-}
 
 /// One event of the synthetic outbox.
 struct Event {
@@ -95,7 +69,7 @@ fn ack(e: &Event) -> AckedEvent {
 
 #[tokio::test]
 async fn every_kind_of_failure_is_counted_where_it_happened() -> anyhow::Result<()> {
-    let (name, pool) = fresh_database().await?;
+    let (name, pool) = migrated_database("pv_checks").await?;
     let event = |order: Uuid, sequence: i64, event_type: &'static str| Event {
         id: Uuid::new_v4(),
         order,
@@ -153,7 +127,8 @@ async fn every_kind_of_failure_is_counted_where_it_happened() -> anyhow::Result<
 
     let groups = [INVENTORY.to_owned(), NOTIFICATION.to_owned()];
     let results = database_checks(&pool, &groups, &history).await;
-    drop_database(&name, pool).await?;
+    pool.close().await;
+    drop_database(&server_url(), &name).await?;
     let results = results?;
 
     assert_eq!(results.outbox_events, 6);

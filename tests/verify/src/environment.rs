@@ -5,8 +5,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
+use pipeline_testkit::db::{create_database, drop_database, with_database};
 use sqlx::postgres::PgPoolOptions;
-use sqlx::{Connection, PgConnection, PgPool};
+use sqlx::PgPool;
 use uuid::Uuid;
 
 use super::config::Settings;
@@ -41,26 +42,16 @@ impl Environment {
         let run_id = Uuid::new_v4().simple().to_string()[..10].to_owned();
         let database = format!("pv_verify_{run_id}");
         let broker_database = format!("pv_nisshi_{run_id}");
-        let mut admin = PgConnection::connect(&settings.server_url)
-            .await
-            .context("connecting to PostgreSQL (is it running? set DATABASE_URL)")?;
-        for db in [&database, &broker_database] {
-            let _ = sqlx::query(&format!("CREATE DATABASE \"{db}\""))
-                .execute(&mut admin)
-                .await
-                .with_context(|| format!("creating database {db}"))?;
+        let database_url = create_database(&settings.server_url, &database).await?;
+        if let Err(e) = create_database(&settings.server_url, &broker_database).await {
+            drop_databases(&settings.server_url, &[&database]).await;
+            return Err(e);
         }
-        let _ = admin.close().await;
-        let database_url = with_database(&settings.server_url, &database);
         let pool = match connect_and_migrate(&database_url).await {
             Ok(pool) => pool,
             Err(e) => {
                 // Nothing else will drop them: the run has not started.
-                if let Err(drop_error) =
-                    drop_databases(&settings.server_url, &[&database, &broker_database]).await
-                {
-                    eprintln!("[verify] dropping the run's databases: {drop_error:#}");
-                }
+                drop_databases(&settings.server_url, &[&database, &broker_database]).await;
                 return Err(e);
             }
         };
@@ -110,7 +101,10 @@ impl Environment {
     /// Drops both databases, closing whatever sessions remain.
     pub async fn drop_databases(&self) -> anyhow::Result<()> {
         self.pool.close().await;
-        drop_databases(&self.server_url, &[&self.database, &self.broker_database]).await
+        for db in [&self.database, &self.broker_database] {
+            drop_database(&self.server_url, db).await?;
+        }
+        Ok(())
     }
 }
 
@@ -138,49 +132,11 @@ async fn connect_and_migrate(database_url: &str) -> anyhow::Result<PgPool> {
     Ok(pool)
 }
 
-async fn drop_databases(server_url: &str, databases: &[&str]) -> anyhow::Result<()> {
-    let mut admin = PgConnection::connect(server_url).await?;
+/// Drops `databases` of a run that could not start; a failure is only reported.
+async fn drop_databases(server_url: &str, databases: &[&str]) {
     for db in databases {
-        let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS \"{db}\" WITH (FORCE)"))
-            .execute(&mut admin)
-            .await
-            .with_context(|| format!("dropping database {db}"))?;
-    }
-    let _ = admin.close().await;
-    Ok(())
-}
-
-/// `url` with its database replaced by `db` (the query string kept).
-pub(crate) fn with_database(url: &str, db: &str) -> String {
-    let (base, query) = match url.split_once('?') {
-        Some((b, q)) => (b, Some(q)),
-        None => (url, None),
-    };
-    let authority_start = base.find("://").map_or(0, |i| i + 3);
-    let root = match base[authority_start..].find('/') {
-        Some(i) => &base[..authority_start + i],
-        None => base,
-    };
-    match query {
-        Some(q) => format!("{root}/{db}?{q}"),
-        None => format!("{root}/{db}"),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::with_database;
-
-    #[test]
-    fn replaces_the_database_and_keeps_the_query() {
-        assert_eq!(
-            with_database("postgres://u@h:5432/postgres", "x"),
-            "postgres://u@h:5432/x"
-        );
-        assert_eq!(
-            with_database("postgres://u@h/postgres?sslmode=disable", "x"),
-            "postgres://u@h/x?sslmode=disable"
-        );
-        assert_eq!(with_database("postgres://u@h", "x"), "postgres://u@h/x");
+        if let Err(e) = drop_database(server_url, db).await {
+            eprintln!("[verify] dropping the run's databases: {e:#}");
+        }
     }
 }

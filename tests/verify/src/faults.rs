@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use nix::sys::signal::Signal;
+use pipeline_testkit::wait_until;
 use serde::Serialize;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -18,7 +19,6 @@ use super::recovery::{wait_both_groups_apply, wait_pipeline_up};
 use super::say;
 use super::schedule::{FaultKind, PlannedFault};
 use super::topology::{Member, Topology, EXTRA_CONSUMER};
-use pipeline_testkit::wait_until;
 
 /// A fault is abandoned when the pipeline has not recovered this long after it.
 const RECOVERY_DEADLINE: Duration = Duration::from_secs(180);

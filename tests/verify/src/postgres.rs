@@ -8,10 +8,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+use pipeline_testkit::wait_until;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, PgConnection};
-
-use pipeline_testkit::wait_until;
 
 /// One `pg_ctlcluster` cluster (version and name), found by its port.
 #[derive(Debug)]

@@ -8,11 +8,11 @@
 
 use std::time::Duration;
 
+use pipeline_testkit::wait_until;
 use sqlx::PgPool;
 use tokio::time::Instant;
 
 use super::topology::Topology;
-use pipeline_testkit::wait_until;
 
 /// Waits until every pipeline process is ready and one relay is active.
 pub async fn wait_pipeline_up(topology: &Topology, timeout: Duration) -> anyhow::Result<()> {

@@ -11,13 +11,13 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use pipeline_core::crash_point::{CONSUMER_AFTER_DB_COMMIT, RELAY_AFTER_DELIVERY};
 use pipeline_core::kafka::KafkaArgs;
+use pipeline_testkit::wait_until;
 
 use super::broker;
 use super::config::{Settings, RELAY_LEASE_TTL_MS, RELAY_STANDBY_RETRY_MS, SESSION_TIMEOUT_MS};
 use super::environment::{Environment, GROUP_KINDS};
 use super::processes::{ProcessSpec, Supervisor};
 use super::proxy::DbProxy;
-use pipeline_testkit::wait_until;
 
 /// Partitions of the run's topic.
 pub const PARTITIONS: i32 = 12;

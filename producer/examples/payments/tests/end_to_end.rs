@@ -8,26 +8,12 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use payments_example::{Payments, Shipping};
-use pipeline_core::kafka::KafkaArgs;
+use pipeline_testkit::db::database_url;
+use pipeline_testkit::kafka::{brokers, kafka_args};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 const PAYMENTS: usize = 60;
-
-fn brokers() -> String {
-    std::env::var("KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".into())
-}
-
-fn database_url(pool: &PgPool) -> String {
-    let o = pool.connect_options();
-    format!(
-        "postgres://{}@{}:{}/{}?sslmode=disable",
-        o.get_username(),
-        o.get_host(),
-        o.get_port(),
-        o.get_database().expect("test database")
-    )
-}
 
 #[sqlx::test(migrations = false)]
 async fn payments_reach_the_shipping_group_once_and_in_order(pool: PgPool) {
@@ -47,13 +33,10 @@ async fn payments_reach_the_shipping_group_once_and_in_order(pool: PgPool) {
 
     let run_id = uuid::Uuid::new_v4().simple().to_string();
     let topic = format!("payment-events-{run_id}");
-    KafkaArgs {
-        kafka_brokers: brokers(),
-        kafka_options: Vec::new(),
-    }
-    .ensure_topics(std::slice::from_ref(&topic), 6)
-    .await
-    .expect("topic");
+    kafka_args(&brokers())
+        .ensure_topics(std::slice::from_ref(&topic), 6)
+        .await
+        .expect("topic");
     let url = database_url(&pool);
     let shutdown = CancellationToken::new();
 
