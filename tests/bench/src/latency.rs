@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use chrono::{DateTime, Utc};
 use hdrhistogram::Histogram;
 use pipeline_testkit::TestEnv;
+use producer::load::figures::{micros_histogram, quantile_ms};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -15,7 +16,6 @@ use super::config::Settings;
 use super::dbprofile::{DbActivity, DbProfiler};
 use super::driver::{drive, DriveSpec, DriveSummary, SentEvent};
 use super::envs::EnvRegistry;
-use super::histogram::{micros_histogram, quantile_ms};
 use super::procstat::{CpuMeter, CpuUse};
 use super::services::{self, Pipeline, GROUPS};
 

@@ -11,7 +11,6 @@ pub mod database;
 pub mod dbprofile;
 pub mod driver;
 pub mod envs;
-pub mod histogram;
 pub mod latency;
 pub mod orders;
 pub mod procstat;

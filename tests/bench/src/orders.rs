@@ -2,7 +2,7 @@
 //!
 //! Order `g` has 1 to 3 lines of distinct products and goes placed → paid → shipped (every tenth
 //! order: cancelled instead of shipped): three events, sequences 1..3. The same shape is built in
-//! Rust (the plain producer's messages, the HTTP driver's requests) and in SQL (the preloaded
+//! Rust (the plain producer's messages, the load generator's orders) and in SQL (the preloaded
 //! outbox), so every phase moves the same events.
 
 use std::io;
@@ -10,6 +10,8 @@ use std::io;
 use chrono::Utc;
 use pipeline_core::envelope::Envelope;
 use pipeline_core::order_events::{demo_product_id, OrderLine, OrderSnapshot, OrderStatus};
+use producer::load::{Fate, OrderPlan};
+use producer::validation::ValidOrder;
 use rdkafka::message::{Headers, OwnedHeaders};
 use serde::Serialize;
 use sqlx::PgConnection;
@@ -63,10 +65,23 @@ pub fn snapshot(order_id: Uuid, g: u64, sequence: i64, products: u32) -> OrderSn
     }
 }
 
-/// The body of `POST /orders` placing order `g`.
-pub fn create_request(g: u64, products: u32) -> serde_json::Value {
+/// Order `g` for the load generator: its `POST /orders` body, then paid and shipped (every
+/// tenth: cancelled).
+pub fn order_plan(g: u64, products: u32) -> OrderPlan {
     let (customer_id, email) = customer(g);
-    serde_json::json!({ "customer_id": customer_id, "email": email, "lines": lines(g, products) })
+    OrderPlan {
+        index: g,
+        request: ValidOrder {
+            customer_id,
+            email,
+            lines: lines(g, products),
+        },
+        fate: if g % 10 == 9 {
+            Fate::PayCancel
+        } else {
+            Fate::PayShip
+        },
+    }
 }
 
 /// (order, sequence) of every event of `orders` orders, in the order the outbox holds them.
@@ -240,6 +255,16 @@ mod tests {
                 back.lines.iter().map(|l| &l.product_id).collect();
             assert_eq!(products.len(), back.lines.len(), "distinct products");
             assert!((250..500).contains(&m.size()), "{} bytes", m.size());
+        }
+    }
+
+    #[test]
+    fn the_generators_orders_go_through_the_statuses_of_the_backlog() {
+        for g in 0..30 {
+            let plan = order_plan(g, 100);
+            assert_eq!(plan.request.lines, lines(g, 100));
+            let statuses: Vec<_> = plan.fate.actions().iter().map(|a| a.target()).collect();
+            assert_eq!(statuses, vec![status_after(g, 2), status_after(g, 3)]);
         }
     }
 

@@ -1,6 +1,14 @@
-//! The load and its history: orders placed and moved through pay → ship or cancel at a set rate
-//! (open loop, bounded by a number of orders in flight), every acknowledged state change recorded
-//! as (order id, sequence) with create = 1 and each later acknowledged change + 1.
+//! The load and its history: orders placed and moved through pay → ship or cancel by the order
+//! generator of `producer load` ([`producer::load`]) at a set rate (open loop, bounded by a
+//! number of orders in flight), every acknowledged state change recorded as (order id,
+//! sequence) with create = 1 and each later acknowledged change + 1.
+//!
+//! A step is acknowledged when the order service answered 2xx, or, after an ambiguous failure
+//! (5xx, 429, timeout, lost connection) answered by a 409 on the retry, when reading the order
+//! back shows the status the change leads to: the earlier attempt was committed and only its
+//! answer was lost. Each step retries for up to two minutes (a PostgreSQL restart takes a few
+//! seconds); one still ambiguous then is left unresolved: its event may or may not be committed,
+//! and the checks find out from the outbox.
 //!
 //! The driver stops starting orders once it has at least `min_events` acknowledged events and the
 //! fault schedule is done, so faults always hit a loaded pipeline.
@@ -10,18 +18,24 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::Semaphore;
-use tokio::task::JoinSet;
-use tokio::time::Instant;
+use anyhow::Context;
+use producer::load::{
+    drive as drive_orders, ClientSettings, DriveSettings, OnStop, OrderClient, OrderPlan, Pacing,
+    Recorder, RetryPolicy, StepFailure, StepRecord, MEAN_EVENTS_PER_ORDER,
+};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use super::client::{AttemptStats, OrderClient, Resolution};
-use super::orders::{OrderPlan, Step, EVENTS_PER_ORDER};
 use super::topology::PRODUCTS;
 
-/// How far behind its schedule the driver may catch up in a burst.
+/// How long one step keeps retrying (a PostgreSQL restart takes a few seconds).
+const STEP_DEADLINE: Duration = Duration::from_secs(120);
+/// How far behind its schedule the driver may catch up in a burst; starts missed beyond that
+/// (every order slot taken during a stall) are dropped, so the offered rate never exceeds the
+/// target.
 const MAX_CATCH_UP: Duration = Duration::from_millis(200);
+/// Step problems kept for the report.
+const PROBLEMS_KEPT: usize = 20;
 
 /// How the driver runs.
 #[derive(Debug, Clone)]
@@ -58,142 +72,111 @@ pub struct History {
     pub seconds: f64,
 }
 
-/// One order's share of the history.
-#[derive(Debug, Default)]
-struct OrderRun {
-    acknowledged: Vec<AckedEvent>,
-    unresolved: Option<String>,
-    refused: Option<String>,
-    stats: AttemptStats,
+impl History {
+    fn problem(&mut self, what: String) {
+        if self.step_problems.len() < PROBLEMS_KEPT {
+            self.step_problems.push(what);
+        }
+    }
+}
+
+/// The verification's [`Recorder`]: the history, a live count of acknowledged events, and when
+/// to stop.
+struct Recording<'a> {
+    history: History,
+    acknowledged: &'a AtomicU64,
+    min_events: u64,
+    faults_done: &'a CancellationToken,
+}
+
+impl Recorder for Recording<'_> {
+    fn record(&mut self, step: StepRecord) {
+        let event_type = step.event_type();
+        let history = &mut self.history;
+        history.retries += step.stats.retries;
+        for (cause, n) in step.stats.failed_attempts {
+            *history.failed_attempts.entry(cause).or_default() += n;
+        }
+        let what = match (step.action, step.order_id) {
+            (None, _) => "place".to_owned(),
+            (Some(action), Some(id)) => format!("{id} {}", action.verb()),
+            (Some(action), None) => action.verb().to_owned(),
+        };
+        match step.outcome {
+            Ok(()) => {
+                if let Some(order_id) = step.order_id {
+                    history.acknowledged.push(AckedEvent {
+                        order_id,
+                        sequence: step.sequence,
+                        event_type,
+                    });
+                    let _ = self.acknowledged.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            Err(StepFailure::Request(e)) if e.is_ambiguous() => {
+                history.unresolved_steps += 1;
+                history.problem(format!("unresolved: {what}: {e}"));
+            }
+            Err(e) => {
+                history.refused_steps += 1;
+                history.problem(format!("refused: {what}: {e}"));
+            }
+        }
+    }
+
+    fn wants_more(&self) -> bool {
+        self.acknowledged.load(Ordering::Relaxed) < self.min_events
+            || !self.faults_done.is_cancelled()
+    }
 }
 
 /// Drives orders until `min_events` are acknowledged and `faults_done` is cancelled, or until
-/// `abort`; `acknowledged` counts acknowledged events as they come.
+/// `abort` (orders in flight are then dropped: the run will not be checked); `acknowledged`
+/// counts acknowledged events as they come.
 pub async fn drive(
     settings: &DriverSettings,
     faults_done: &CancellationToken,
     abort: &CancellationToken,
     acknowledged: &Arc<AtomicU64>,
 ) -> anyhow::Result<History> {
-    let client = OrderClient::new(settings.base_url.clone())?;
-    // Keys unique to this run: a rerun with the same seed places new orders.
-    let run_key = Uuid::new_v4().simple().to_string();
-    let order_rate = settings.rate / EVENTS_PER_ORDER;
-    let slots = Arc::new(Semaphore::new(settings.concurrency));
-    let mut in_flight = JoinSet::new();
-    let mut history = History::default();
-    let started = Instant::now();
-    let interval = Duration::from_secs_f64(1.0 / order_rate);
-    let mut due = started;
-    for index in 0u64.. {
-        if acknowledged.load(Ordering::Relaxed) >= settings.min_events && faults_done.is_cancelled()
-        {
-            break;
-        }
-        // Open loop, but after a stall (every slot taken) the missed starts are dropped rather
-        // than fired in a burst: the offered rate never exceeds the target.
-        due = (due + interval).max(Instant::now() - MAX_CATCH_UP);
-        let slot = tokio::select! {
-            () = abort.cancelled() => break,
-            slot = async {
-                tokio::time::sleep_until(due).await;
-                slots.clone().acquire_owned().await
-            } => slot?,
-        };
-        while let Some(done) = in_flight.try_join_next() {
-            record(&mut history, done?);
-        }
-        let plan = OrderPlan::generate(settings.seed, index, PRODUCTS);
-        let (client, counter) = (client.clone(), acknowledged.clone());
-        let key = format!("verify-{run_key}-{index}");
-        let _ = in_flight.spawn(async move {
-            let run = run_order(&client, &plan, &key, &counter).await;
-            drop(slot);
-            run
-        });
-        history.orders += 1;
-    }
-    if abort.is_cancelled() {
-        // Interrupted: the run will not be checked, so orders still retrying are not waited for.
-        in_flight.abort_all();
-    }
-    while let Some(done) = in_flight.join_next().await {
-        match done {
-            Ok(run) => record(&mut history, run),
-            Err(e) if e.is_cancelled() => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
-    history.seconds = started.elapsed().as_secs_f64();
+    let client = OrderClient::new(
+        settings
+            .base_url
+            .parse()
+            .context("the order service's URL")?,
+        ClientSettings {
+            request_timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(2),
+            retry: RetryPolicy::for_at_most(STEP_DEADLINE),
+        },
+    )?;
+    let generator = DriveSettings {
+        pacing: Pacing::Orders {
+            rate: settings.rate / MEAN_EVENTS_PER_ORDER,
+            orders: None,
+            max_catch_up: Some(MAX_CATCH_UP),
+        },
+        concurrency: settings.concurrency,
+        key_prefix: "verify".to_owned(),
+        on_stop: OnStop::Abandon,
+    };
+    let mut recording = Recording {
+        history: History::default(),
+        acknowledged,
+        min_events: settings.min_events,
+        faults_done,
+    };
+    let seed = settings.seed;
+    let run = drive_orders(
+        &client,
+        &generator,
+        |index| OrderPlan::generate(seed, index, PRODUCTS),
+        &mut recording,
+        abort,
+    )
+    .await?;
+    let mut history = recording.history;
+    history.orders = run.started;
+    history.seconds = run.elapsed.as_secs_f64();
     Ok(history)
-}
-
-fn record(history: &mut History, run: OrderRun) {
-    history.acknowledged.extend(run.acknowledged);
-    history.retries += run.stats.retries;
-    for (cause, n) in run.stats.failures {
-        *history.failed_attempts.entry(cause).or_default() += n;
-    }
-    if let Some(why) = run.unresolved {
-        history.unresolved_steps += 1;
-        if history.step_problems.len() < 20 {
-            history.step_problems.push(format!("unresolved: {why}"));
-        }
-    }
-    if let Some(why) = run.refused {
-        history.refused_steps += 1;
-        if history.step_problems.len() < 20 {
-            history.step_problems.push(format!("refused: {why}"));
-        }
-    }
-}
-
-/// Places one order and takes it through its actions, stopping at the first step that is not
-/// acknowledged (its later steps would depend on it).
-async fn run_order(
-    client: &OrderClient,
-    plan: &OrderPlan,
-    key: &str,
-    counter: &AtomicU64,
-) -> OrderRun {
-    let mut run = OrderRun::default();
-    let order_id = match client.place(&plan.request, key, &mut run.stats).await {
-        Resolution::Acknowledged(id) => id,
-        Resolution::Refused(why) => {
-            run.refused = Some(format!("place: {why}"));
-            return run;
-        }
-        Resolution::Unresolved(why) => {
-            run.unresolved = Some(format!("place: {why}"));
-            return run;
-        }
-    };
-    let ack = |run: &mut OrderRun, step: Step| {
-        let sequence = run.acknowledged.len() as i64 + 1;
-        run.acknowledged.push(AckedEvent {
-            order_id,
-            sequence,
-            event_type: step.event_type(),
-        });
-        let _ = counter.fetch_add(1, Ordering::Relaxed);
-    };
-    ack(&mut run, Step::Place);
-    let mut status = Step::Place.target_status();
-    for &step in plan.actions {
-        match client.act(order_id, step, status, &mut run.stats).await {
-            Resolution::Acknowledged(()) => {
-                ack(&mut run, step);
-                status = step.target_status();
-            }
-            Resolution::Refused(why) => {
-                run.refused = Some(format!("{order_id} {}: {why}", step.verb()));
-                break;
-            }
-            Resolution::Unresolved(why) => {
-                run.unresolved = Some(format!("{order_id} {}: {why}", step.verb()));
-                break;
-            }
-        }
-    }
-    run
 }

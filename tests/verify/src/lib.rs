@@ -8,20 +8,18 @@
 //! - [`config`]: command line and profiles; [`schedule`]: the seeded fault schedule;
 //! - [`environment`], [`topology`], [`broker`], [`processes`], [`postgres`]: the world and its
 //!   processes;
-//! - [`driver`] ([`orders`], [`client`]): the load and its history;
+//! - [`driver`]: the load (`producer load`'s order generator) and its history;
 //! - [`faults`], [`recovery`]: injecting faults and measuring recovery;
 //! - [`drain`], [`checks`] ([`topic_scan`], [`examples`]) and [`report`].
 
 pub mod broker;
 pub mod checks;
-pub mod client;
 pub mod config;
 pub mod drain;
 pub mod driver;
 pub mod environment;
 pub mod examples;
 pub mod faults;
-pub mod orders;
 pub mod postgres;
 pub mod processes;
 pub mod proxy;
