@@ -73,6 +73,15 @@ impl Service {
         }
     }
 
+    /// [`Service::stop`], failing unless the process exits successfully within `timeout`.
+    pub async fn stop_cleanly(self, timeout: Duration) -> anyhow::Result<()> {
+        let label = self.label.clone();
+        if !self.stop(timeout).await? {
+            bail!("{label} did not exit cleanly on SIGTERM");
+        }
+        Ok(())
+    }
+
     /// Whether the process has exited.
     pub fn exited(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(Some(_)))

@@ -167,18 +167,9 @@ async fn thousand_orders_are_applied_exactly_once_in_order() -> anyhow::Result<(
     println!("e2e: 1000 orders, {expected_events} events, both groups drained in {elapsed:.1?}");
 
     // Graceful shutdown: every process exits cleanly on SIGTERM.
-    assert!(
-        consumer.stop(Duration::from_secs(30)).await?,
-        "consumer exits cleanly"
-    );
-    assert!(
-        relay.stop(Duration::from_secs(30)).await?,
-        "relay exits cleanly"
-    );
-    assert!(
-        order_service.stop(Duration::from_secs(30)).await?,
-        "order service exits cleanly"
-    );
+    for service in [consumer, relay, order_service] {
+        service.stop_cleanly(Duration::from_secs(30)).await?;
+    }
     Ok(())
 }
 

@@ -618,17 +618,8 @@ async fn prometheus_scrapes_the_pipeline_and_evaluates_dashboard_and_alerts() ->
     println!("{} alert rules evaluated, none firing", rules.len());
 
     prom.stop();
-    assert!(
-        consumer.stop(Duration::from_secs(30)).await?,
-        "consumer exits cleanly"
-    );
-    assert!(
-        relay.stop(Duration::from_secs(30)).await?,
-        "relay exits cleanly"
-    );
-    assert!(
-        order_service.stop(Duration::from_secs(30)).await?,
-        "order service exits cleanly"
-    );
+    for service in [consumer, relay, order_service] {
+        service.stop_cleanly(Duration::from_secs(30)).await?;
+    }
     Ok(())
 }
