@@ -20,6 +20,8 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 const GROUP: &str = "ledger";
+/// Retries the outage lasts for.
+const RETRIES_IN_OUTAGE: u64 = 8;
 
 /// Calls a "provider" that is down while `down` is set; counts the calls.
 struct Ledger {
@@ -135,20 +137,25 @@ async fn a_dependency_that_is_down_makes_the_partition_wait_and_resume_by_itself
     }
 
     // The outage lasts well past the retry budget: the batch is tried again and again, with
-    // backoff, and nothing is recorded, applied or dead-lettered.
+    // backoff, and nothing is recorded, applied or dead-lettered. Eight retries take at least
+    // 450 ms with backoff (at least half of each wait: 20, 40, 80, 160, then 200 ms), 4.5 times
+    // the budget; without backoff (20 ms waits) under 200 ms.
     let outage = Instant::now();
-    while outage.elapsed() < Duration::from_millis(1_500) {
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    let deadline = outage + Duration::from_secs(10);
+    while metrics.batch_retries.with_label_values(&[GROUP]).get() < RETRIES_IN_OUTAGE {
         assert!(!task.is_finished(), "the partition task stopped");
+        assert!(
+            Instant::now() < deadline,
+            "fewer than {RETRIES_IN_OUTAGE} retries in 10 s of outage"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let tries = calls.load(Ordering::SeqCst);
-    let retries = metrics.batch_retries.with_label_values(&[GROUP]).get();
-    assert!(retries >= 3, "{retries} retries during the outage");
+    let took = outage.elapsed();
     assert!(
-        retries < 60,
-        "{retries} retries in 1.5 s: no backoff (20 ms doubling to 200 ms allows about 12)"
+        took >= Duration::from_millis(300),
+        "{RETRIES_IN_OUTAGE} retries in {took:?}: no backoff"
     );
-    assert!(tries >= 3);
+    assert!(calls.load(Ordering::SeqCst) >= 3);
     for table in ["processed_message", "dead_letter", "applied_effect"] {
         assert_eq!(
             count(

@@ -7,25 +7,13 @@ use std::time::Duration;
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
+use pipeline_testkit::db::database_url;
 use sqlx::PgPool;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
 const BIN: &str = env!("CARGO_BIN_EXE_producer");
 const LISTENING: &str = "order service listening on ";
-
-/// The URL of the test's own database: `DATABASE_URL` with the database name replaced.
-fn database_url(pool: &PgPool) -> String {
-    let base = std::env::var("DATABASE_URL").expect("DATABASE_URL");
-    let mut url: reqwest::Url = base.parse().expect("DATABASE_URL is a URL");
-    let database = pool
-        .connect_options()
-        .get_database()
-        .expect("test database")
-        .to_owned();
-    url.set_path(&database);
-    url.to_string()
-}
 
 fn producer(pool: &PgPool, args: &[&str]) -> Command {
     let mut cmd = Command::new(BIN);

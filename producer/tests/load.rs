@@ -1,11 +1,13 @@
-//! The load driver against an in-process order service, directly and through a proxy that
-//! loses the first answer to every request.
+//! The load generator against an in-process order service: `producer load` directly and through
+//! a proxy that loses the first answer to every request, and the request pacing the benchmark
+//! drives it with.
 //! Needs `DATABASE_URL` (see `common/mod.rs`).
 
 mod common;
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -13,9 +15,13 @@ use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use common::{spawn_app, TestApp, PRODUCTS};
 use pipeline_core::telemetry::LogArgs;
-use producer::load::{self, LoadArgs, Summary};
+use producer::load::{
+    self, drive, ClientSettings, DriveSettings, LoadArgs, OnStop, OrderClient, OrderPlan, Pacing,
+    Recorder, RetryPolicy, StepRecord, Summary,
+};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
 
 fn args(url: &str, orders: u64, summary_json: Option<std::path::PathBuf>) -> LoadArgs {
     LoadArgs {
@@ -143,4 +149,182 @@ async fn lost_answers_are_retried_without_double_effects(pool: PgPool) {
     // Every request was answered 503 once and retried once.
     assert!(summary.retries >= summary.events, "{summary}");
     assert_matches_database(&app, &summary).await;
+}
+
+/// Keeps every step the generator reports.
+#[derive(Default)]
+struct Steps(Vec<StepRecord>);
+
+impl Recorder for Steps {
+    fn record(&mut self, step: StepRecord) {
+        self.0.push(step);
+    }
+}
+
+/// Stops wanting orders once `enough` steps went through.
+struct UpTo {
+    enough: usize,
+    steps: Steps,
+}
+
+impl Recorder for UpTo {
+    fn record(&mut self, step: StepRecord) {
+        self.steps.record(step);
+    }
+
+    fn wants_more(&self) -> bool {
+        self.steps.0.iter().filter(|s| s.outcome.is_ok()).count() < self.enough
+    }
+}
+
+fn client(url: &str, retry: RetryPolicy) -> OrderClient {
+    let settings = ClientSettings {
+        request_timeout: Duration::from_secs(10),
+        connect_timeout: Duration::from_secs(5),
+        retry,
+    };
+    OrderClient::new(url.parse().expect("url"), settings).expect("client")
+}
+
+fn generator(pacing: Pacing, concurrency: usize, on_stop: OnStop) -> DriveSettings {
+    DriveSettings {
+        pacing,
+        concurrency,
+        key_prefix: "test".to_owned(),
+        on_stop,
+    }
+}
+
+/// Open-ended order pacing, as the verification run drives it.
+fn open_ended(rate: f64) -> Pacing {
+    Pacing::Orders {
+        rate,
+        orders: None,
+        max_catch_up: Some(Duration::from_millis(200)),
+    }
+}
+
+#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+async fn request_pacing_sends_one_event_a_slot_and_each_orders_in_sequence(pool: PgPool) {
+    const REQUESTS: u64 = 240;
+    let app = spawn_app(pool).await;
+    let pacing = Pacing::Requests {
+        rate: 300.0,
+        requests: REQUESTS,
+        step_gap: Duration::from_millis(50),
+    };
+    let mut steps = Steps::default();
+    let run = drive(
+        &client(&app.url(""), RetryPolicy::attempts(0)),
+        &generator(pacing, 64, OnStop::Finish),
+        |index| OrderPlan::generate(5, index, PRODUCTS),
+        &mut steps,
+        &CancellationToken::new(),
+    )
+    .await
+    .expect("run");
+    assert_eq!((run.started, run.stopped), (REQUESTS, false));
+    let steps = steps.0;
+    assert_eq!(steps.len() as u64, REQUESTS, "one step a slot");
+    let failed: Vec<_> = steps.iter().filter(|s| s.outcome.is_err()).collect();
+    assert!(failed.is_empty(), "{failed:?}");
+    // Every slot due at its own time of the schedule: start + slot / rate.
+    let due: BTreeSet<_> = steps.iter().map(|s| s.due).collect();
+    assert_eq!(due.len() as u64, REQUESTS);
+    assert_eq!(due.first(), Some(&run.schedule.start()));
+    assert_eq!(due.last().copied(), run.schedule.last_due());
+    // The outbox holds exactly the events the steps made, each order's in sequence.
+    let sent: BTreeSet<(String, i64, String)> = steps
+        .iter()
+        .map(|s| {
+            let id = s.order_id.expect("placed orders have ids");
+            (id.to_string(), s.sequence, s.event_type().to_owned())
+        })
+        .collect();
+    let recorded: Vec<(String, i64, String)> =
+        sqlx::query_as("SELECT aggregate_id, sequence, event_type FROM outbox")
+            .fetch_all(&app.pool)
+            .await
+            .expect("outbox");
+    assert_eq!(recorded.len() as u64, REQUESTS);
+    assert_eq!(recorded.into_iter().collect::<BTreeSet<_>>(), sent);
+    let orders: HashSet<Uuid> = steps.iter().filter_map(|s| s.order_id).collect();
+    let (in_database, _, _) = app.row_counts().await;
+    assert_eq!(orders.len() as i64, in_database);
+}
+
+#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+async fn an_open_ended_run_ends_when_the_recorder_has_enough_and_finishes_its_orders(pool: PgPool) {
+    let app = spawn_app(pool).await;
+    let mut recorder = UpTo {
+        enough: 30,
+        steps: Steps::default(),
+    };
+    let run = drive(
+        &client(&app.url(""), RetryPolicy::attempts(0)),
+        &generator(open_ended(200.0), 4, OnStop::Finish),
+        |index| OrderPlan::generate(3, index, PRODUCTS),
+        &mut recorder,
+        &CancellationToken::new(),
+    )
+    .await
+    .expect("run");
+    assert!(!run.stopped);
+    let steps = recorder.steps.0;
+    assert!(steps.iter().filter(|s| s.outcome.is_ok()).count() >= 30);
+    // Every order started was taken through all its steps, none cut off.
+    let placed = steps.iter().filter(|s| s.sequence == 1).count() as u64;
+    assert_eq!(placed, run.started);
+    let events: u64 = steps
+        .iter()
+        .filter(|s| s.sequence == 1)
+        .map(|s| OrderPlan::generate(3, s.order, PRODUCTS).fate.events())
+        .sum();
+    assert_eq!(steps.len() as u64, events);
+    let (_, _, outbox) = app.row_counts().await;
+    assert_eq!(outbox as usize, steps.len());
+}
+
+#[tokio::test]
+async fn a_stopped_run_abandons_the_orders_still_retrying() {
+    // A service that accepts connections and never answers: every attempt times out.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let _silent = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket);
+        }
+    });
+    let stop = CancellationToken::new();
+    let stopper = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            stop.cancel();
+        })
+    };
+    let mut steps = Steps::default();
+    let run = tokio::time::timeout(
+        Duration::from_secs(5),
+        drive(
+            &client(
+                &format!("http://{addr}"),
+                RetryPolicy::for_at_most(Duration::from_secs(120)),
+            ),
+            &generator(open_ended(100.0), 4, OnStop::Abandon),
+            |index| OrderPlan::generate(1, index, PRODUCTS),
+            &mut steps,
+            &stop,
+        ),
+    )
+    .await
+    .expect("returns once stopped, without waiting for the retries")
+    .expect("run");
+    stopper.await.expect("stopper");
+    assert!(run.stopped);
+    assert_eq!(run.started, 4, "as many orders as may be in flight");
+    assert!(steps.0.is_empty(), "abandoned orders are not recorded");
 }

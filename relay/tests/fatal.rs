@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use pipeline_core::envelope::Envelope;
+use pipeline_testkit::db::database_url;
 use prometheus::Registry;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -23,17 +24,6 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 const TOPIC: &str = "orders";
-
-fn database_url(pool: &PgPool) -> String {
-    let o = pool.connect_options();
-    format!(
-        "postgres://{}@{}:{}/{}?sslmode=disable",
-        o.get_username(),
-        o.get_host(),
-        o.get_port(),
-        o.get_database().expect("test database")
-    )
-}
 
 async fn enqueue(pool: &PgPool, order: &str, n: i64) {
     let mut tx = pool.begin().await.expect("begin");

@@ -173,11 +173,35 @@ async fn a_lease_released_on_shutdown_is_taken_at_once_and_renewals_keep_it(pool
             holder.keep(&lease, &metrics, &stop).await;
         })
     };
-    // Renewed, it outlives its time to live several times over.
-    tokio::time::sleep(Duration::from_millis(4_000)).await;
-    let mut standby = common::elector(&pool, settings);
-    assert!(standby.try_acquire().await.expect("try").is_none());
-    assert!(lease.is_live());
+    // Renewed, it outlives its time to live several times over: until the database holds a
+    // renewal made more than twice the time to live after the lease was taken, a standby finds
+    // it held at every look.
+    let mut standby = common::elector(&pool, settings.clone());
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        assert!(
+            standby.try_acquire().await.expect("try").is_none(),
+            "taken from its renewing holder"
+        );
+        assert!(lease.is_live());
+        let outlived: bool = sqlx::query_scalar(
+            "SELECT renewed_at > acquired_at + $2 * interval '1 millisecond'
+             FROM relay_lease WHERE lease_key = $1",
+        )
+        .bind(settings.key)
+        .bind(2 * i64::try_from(settings.ttl.as_millis()).expect("ttl"))
+        .fetch_one(&pool)
+        .await
+        .expect("lease row");
+        if outlived {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not renewed past twice its time to live within 15 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 
     stop.cancel();
     keeper.await.expect("keeper");

@@ -6,7 +6,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use pipeline_core::envelope::Envelope;
-use pipeline_core::kafka::KafkaArgs;
+use pipeline_testkit::kafka::{brokers, kafka_args};
 use prometheus::Registry;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
@@ -17,17 +17,6 @@ use relay::publish::{create_producer, ProducerSettings};
 use relay::relay::relay_batch;
 use sqlx::PgPool;
 use uuid::Uuid;
-
-fn kafka(brokers: &str) -> KafkaArgs {
-    KafkaArgs {
-        kafka_brokers: brokers.to_owned(),
-        kafka_options: Vec::new(),
-    }
-}
-
-fn brokers() -> String {
-    std::env::var("KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".into())
-}
 
 fn settings(delivery_timeout: Duration) -> ProducerSettings {
     ProducerSettings {
@@ -50,7 +39,7 @@ fn policy() -> RetryPolicy {
 
 async fn topic() -> String {
     let topic = format!("relay-test-{}", Uuid::new_v4().simple());
-    kafka(&brokers())
+    kafka_args(&brokers())
         .ensure_topics(std::slice::from_ref(&topic), 3)
         .await
         .expect("topic");
@@ -101,7 +90,7 @@ async fn a_message_too_large_fails_with_its_reason_and_holds_its_order_only(pool
     let topic = topic().await;
     let metrics = RelayMetrics::register(&Registry::new()).expect("metrics");
     let producer = create_producer(
-        &kafka(&brokers()),
+        &kafka_args(&brokers()),
         &settings(Duration::from_secs(10)),
         metrics.clone(),
     )
@@ -157,7 +146,7 @@ async fn a_message_too_large_fails_with_its_reason_and_holds_its_order_only(pool
     assert_eq!(state, "published", "other orders flow");
 
     // The published record carries the key, the envelope and the payload byte for byte.
-    let consumer: BaseConsumer = kafka(&brokers())
+    let consumer: BaseConsumer = kafka_args(&brokers())
         .client_config()
         .set("group.id", "relay-test-reader")
         .create()
@@ -208,7 +197,7 @@ async fn broker_down_records_backoff_and_the_event_goes_out_once_a_broker_answer
 
     // Nothing listens on port 1: every delivery times out.
     let down = create_producer(
-        &kafka("127.0.0.1:1"),
+        &kafka_args("127.0.0.1:1"),
         &settings(Duration::from_millis(1500)),
         metrics.clone(),
     )
@@ -242,7 +231,7 @@ async fn broker_down_records_backoff_and_the_event_goes_out_once_a_broker_answer
     assert_eq!(early.claimed, 0, "not retried before its next attempt time");
 
     let up = create_producer(
-        &kafka(&brokers()),
+        &kafka_args(&brokers()),
         &settings(Duration::from_secs(10)),
         metrics.clone(),
     )

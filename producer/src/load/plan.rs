@@ -1,5 +1,6 @@
-//! What each order of a load run looks like, derived from the run's seed and the order's
-//! index only, so the mix is the same whatever the concurrency or timing.
+//! What each order of a load run looks like: the request placing it and the actions after it.
+//! The seeded mix derives each order from the run's seed and the order's index only, so it is the
+//! same whatever the concurrency or timing.
 
 use pipeline_core::order_events::{demo_product_id, OrderLine};
 use rand::rngs::StdRng;
@@ -14,6 +15,10 @@ const CANCEL_UNPAID: f64 = 0.10;
 const SHIP_AFTER_PAY: f64 = 0.80;
 /// Distinct customers the load spreads orders over.
 const CUSTOMERS: u32 = 1_000;
+
+/// Events an order of the seeded mix makes on average: placing, then one action (cancelled
+/// unpaid) or two (paid, then shipped or cancelled).
+pub const MEAN_EVENTS_PER_ORDER: f64 = 1.0 + CANCEL_UNPAID + (1.0 - CANCEL_UNPAID) * 2.0;
 
 /// How an order's life goes after it is placed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -42,6 +47,7 @@ impl Fate {
 /// One order of a load run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OrderPlan {
+    /// Its number in the run.
     pub index: u64,
     pub request: ValidOrder,
     pub fate: Fate,
@@ -130,6 +136,16 @@ mod tests {
         let shipped = plans.iter().filter(|p| p.fate == Fate::PayShip).count();
         assert!((800..1_200).contains(&unpaid), "{unpaid}");
         assert!((6_800..7_600).contains(&shipped), "{shipped}");
+    }
+
+    #[test]
+    fn the_mix_makes_the_mean_number_of_events() {
+        let events: u64 = (0..10_000)
+            .map(|i| OrderPlan::generate(9, i, 50).fate.events())
+            .sum();
+        let mean = events as f64 / 10_000.0;
+        assert!((mean - MEAN_EVENTS_PER_ORDER).abs() < 0.05, "{mean}");
+        assert!((MEAN_EVENTS_PER_ORDER - 2.9).abs() < 1e-9);
     }
 
     #[test]

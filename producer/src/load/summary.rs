@@ -1,4 +1,5 @@
-//! Tallying a load run and reporting it, on stdout and optionally as JSON.
+//! `producer load`'s figures: the tally of a run, and its summary on stdout and optionally as
+//! JSON.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -9,19 +10,8 @@ use anyhow::Context;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use super::client::{RequestFailure, RequestStats};
-
-/// What happened to one order of the run.
-#[derive(Debug, Default)]
-pub struct OrderOutcome {
-    /// The order was placed (201 or an idempotent 200).
-    pub created: bool,
-    /// State changes the service confirmed, placing included.
-    pub events: u64,
-    /// The request that failed for good, if any; the order's later steps were skipped.
-    pub failure: Option<RequestFailure>,
-    pub stats: RequestStats,
-}
+use super::drive::{Recorder, StepRecord};
+use super::figures::{max_ms, micros_histogram, per_second, quantile_ms};
 
 /// Running totals of a load run.
 #[derive(Debug)]
@@ -51,30 +41,11 @@ impl Tally {
             failed_orders: 0,
             retries: 0,
             errors_by_status: BTreeMap::new(),
-            // 1 µs to 1 h at 3 significant figures; longer values are recorded as 1 h. The
-            // bounds are constants that `new_with_bounds` accepts.
-            latency_us: Histogram::new_with_bounds(1, 3_600_000_000, 3)
-                .expect("constant histogram bounds are valid"),
+            latency_us: micros_histogram(),
         }
     }
 
-    /// Adds one order's outcome.
-    pub fn add(&mut self, outcome: OrderOutcome) {
-        self.attempted += 1;
-        self.created += u64::from(outcome.created);
-        self.events += outcome.events;
-        self.retries += outcome.stats.retries;
-        for us in outcome.stats.latencies_us {
-            self.latency_us.saturating_record(us.max(1));
-        }
-        if let Some(failure) = outcome.failure {
-            tracing::warn!(error = %failure, "order failed");
-            self.failed_orders += 1;
-            *self.errors_by_status.entry(failure.label()).or_default() += 1;
-        }
-    }
-
-    /// Orders whose steps all ran (successfully or not) so far.
+    /// Orders started so far.
     pub fn attempted(&self) -> u64 {
         self.attempted
     }
@@ -82,14 +53,7 @@ impl Tally {
     /// The summary of the run so far.
     pub fn summary(&self, planned: u64, elapsed: Duration, seed: u64) -> Summary {
         let seconds = elapsed.as_secs_f64();
-        let per_second = |n: u64| {
-            if seconds > 0.0 {
-                n as f64 / seconds
-            } else {
-                0.0
-            }
-        };
-        let ms = |q: f64| self.latency_us.value_at_quantile(q) as f64 / 1_000.0;
+        let ms = |q: f64| quantile_ms(&self.latency_us, q);
         Summary {
             orders: self.created,
             events: self.events,
@@ -100,15 +64,38 @@ impl Tally {
             failed_orders: self.failed_orders,
             retries: self.retries,
             errors_by_status: self.errors_by_status.clone(),
-            orders_per_second: per_second(self.created),
-            events_per_second: per_second(self.events),
+            orders_per_second: per_second(self.created, seconds),
+            events_per_second: per_second(self.events, seconds),
             latency_ms: Latency {
                 p50: ms(0.50),
                 p90: ms(0.90),
                 p99: ms(0.99),
-                max: self.latency_us.max() as f64 / 1_000.0,
+                max: max_ms(&self.latency_us),
             },
             seed,
+        }
+    }
+}
+
+impl Recorder for Tally {
+    /// Counts the order when it is placed, each step that went through as an event, and the
+    /// step that failed (an order stops at its first failure) as the order's failure.
+    fn record(&mut self, step: StepRecord) {
+        if step.sequence == 1 {
+            self.attempted += 1;
+            self.created += u64::from(step.outcome.is_ok());
+        }
+        self.retries += step.stats.retries;
+        for us in step.stats.latencies_us {
+            self.latency_us.saturating_record(us.max(1));
+        }
+        match step.outcome {
+            Ok(()) => self.events += 1,
+            Err(failure) => {
+                tracing::warn!(error = %failure, "order failed");
+                self.failed_orders += 1;
+                *self.errors_by_status.entry(failure.label()).or_default() += 1;
+            }
         }
     }
 }
@@ -193,28 +180,47 @@ impl fmt::Display for Summary {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::load::client::{RequestFailure, RequestStats};
+    use crate::load::drive::StepFailure;
+    use tokio::time::Instant;
+
+    fn step(sequence: i64, stats: RequestStats, failure: Option<u16>) -> StepRecord {
+        let now = Instant::now();
+        StepRecord {
+            order: 0,
+            order_id: None,
+            sequence,
+            action: None,
+            due: now,
+            started: now,
+            finished: now,
+            stats,
+            outcome: match failure {
+                None => Ok(()),
+                Some(code) => Err(StepFailure::Request(RequestFailure::Status {
+                    status: reqwest::StatusCode::from_u16(code).expect("status"),
+                    body: String::new(),
+                })),
+            },
+        }
+    }
 
     #[test]
     fn tally_counts_events_failures_and_latency() {
         let mut tally = Tally::new();
-        tally.add(OrderOutcome {
-            created: true,
-            events: 3,
-            failure: None,
-            stats: RequestStats {
-                retries: 1,
-                latencies_us: vec![10_000, 20_000, 30_000, 40_000],
-            },
-        });
-        tally.add(OrderOutcome {
-            created: true,
-            events: 1,
-            failure: Some(RequestFailure::Status {
-                status: reqwest::StatusCode::CONFLICT,
-                body: String::new(),
-            }),
-            stats: RequestStats::default(),
-        });
+        // One order placed, paid and shipped; its placing was retried once.
+        let latencies = |us: &[u64]| RequestStats {
+            latencies_us: us.to_vec(),
+            ..RequestStats::default()
+        };
+        let mut placing = latencies(&[10_000, 20_000]);
+        placing.retries = 1;
+        tally.record(step(1, placing, None));
+        tally.record(step(2, latencies(&[30_000]), None));
+        tally.record(step(3, latencies(&[40_000]), None));
+        // One placed, then refused its payment.
+        tally.record(step(1, RequestStats::default(), None));
+        tally.record(step(2, RequestStats::default(), Some(409)));
         let summary = tally.summary(3, Duration::from_secs(2), 9);
         assert_eq!((summary.orders, summary.events, summary.errors), (2, 4, 1));
         assert_eq!(summary.errors_by_status.get("409"), Some(&1));

@@ -8,26 +8,12 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use payments_example::{Payments, Shipping};
-use pipeline_core::kafka::KafkaArgs;
+use pipeline_testkit::db::database_url;
+use pipeline_testkit::kafka::{brokers, committed_lag, kafka_args};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 const PAYMENTS: usize = 60;
-
-fn brokers() -> String {
-    std::env::var("KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".into())
-}
-
-fn database_url(pool: &PgPool) -> String {
-    let o = pool.connect_options();
-    format!(
-        "postgres://{}@{}:{}/{}?sslmode=disable",
-        o.get_username(),
-        o.get_host(),
-        o.get_port(),
-        o.get_database().expect("test database")
-    )
-}
 
 #[sqlx::test(migrations = false)]
 async fn payments_reach_the_shipping_group_once_and_in_order(pool: PgPool) {
@@ -47,13 +33,10 @@ async fn payments_reach_the_shipping_group_once_and_in_order(pool: PgPool) {
 
     let run_id = uuid::Uuid::new_v4().simple().to_string();
     let topic = format!("payment-events-{run_id}");
-    KafkaArgs {
-        kafka_brokers: brokers(),
-        kafka_options: Vec::new(),
-    }
-    .ensure_topics(std::slice::from_ref(&topic), 6)
-    .await
-    .expect("topic");
+    kafka_args(&brokers())
+        .ensure_topics(std::slice::from_ref(&topic), 6)
+        .await
+        .expect("topic");
     let url = database_url(&pool);
     let shutdown = CancellationToken::new();
 
@@ -148,8 +131,32 @@ async fn payments_reach_the_shipping_group_once_and_in_order(pool: PgPool) {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    // Give a late duplicate the chance to show up before looking.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Look once nothing more can come: the relay has published everything and the group has
+    // committed every offset, so no delivery (a duplicate included) is still on its way.
+    let group = format!("{run_id}-shipping");
+    loop {
+        let unpublished: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_unpublished")
+            .fetch_one(&pool)
+            .await
+            .expect("count");
+        let lag = {
+            let (group, topic) = (group.clone(), topic.clone());
+            tokio::task::spawn_blocking(move || {
+                committed_lag(&kafka_args(&brokers()), &group, &topic)
+            })
+            .await
+            .expect("lag task")
+            .expect("lag")
+        };
+        if unpublished == 0 && lag == Some(0) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not drained after 90 s: {unpublished} unpublished, lag {lag:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let rows: Vec<(String, i64, String)> =
         sqlx::query_as("SELECT payment_id, sequence, action FROM shipment_log ORDER BY id")
             .fetch_all(&pool)

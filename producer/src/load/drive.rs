@@ -1,0 +1,268 @@
+//! The generator's loop: takes the slots of the [`Schedule`] in turn, starts the job of each (an
+//! order, or one request of an order with [`Pacing::Requests`]) with at most `concurrency` in
+//! flight, and hands every step's [`StepRecord`] to the caller's [`Recorder`], which keeps what
+//! its run needs.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use super::client::{OrderClient, RequestFailure, RequestStats};
+use super::interleave::Interleave;
+use super::plan::OrderPlan;
+use super::schedule::Schedule;
+use super::steps::Job;
+use crate::orders::Action;
+
+/// With request pacing, how long after the run is set up its first slot is due, so the first
+/// slots are not late before the run has begun (every figure is taken from the due times).
+const REQUEST_LEAD: Duration = Duration::from_millis(20);
+
+/// How the schedule's slots are filled.
+#[derive(Debug, Clone)]
+pub enum Pacing {
+    /// A slot starts an order: placing, then each action as soon as the one before is answered.
+    Orders {
+        /// Orders started per second; 0 starts them as fast as `concurrency` allows.
+        rate: f64,
+        /// Orders to start; `None`: until stopped or the recorder wants no more.
+        orders: Option<u64>,
+        /// How far behind its schedule the run may fall (every order slot taken) before it drops
+        /// the starts it missed rather than sending them in a burst; `None`: never dropped.
+        max_catch_up: Option<Duration>,
+    },
+    /// A slot is one request, so one event: `rate` requests per second, `requests` in all. An
+    /// order's steps are about `step_gap` apart, each in a slot of its own; a slot no order has
+    /// a step for yet (the first ones) places an extra order, so the rate is even from the
+    /// start.
+    Requests {
+        rate: f64,
+        requests: u64,
+        step_gap: Duration,
+    },
+}
+
+/// What happens to the jobs in flight when the run is stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnStop {
+    /// They finish, and are recorded.
+    Finish,
+    /// They are dropped, unrecorded.
+    Abandon,
+}
+
+/// How a run goes.
+#[derive(Debug, Clone)]
+pub struct DriveSettings {
+    pub pacing: Pacing,
+    /// Most jobs in flight: orders, or requests with [`Pacing::Requests`].
+    pub concurrency: usize,
+    /// Start of the idempotency keys: `<prefix>-<run id>-<order index>`, unique to the run, so
+    /// a rerun with the same seed places new orders.
+    pub key_prefix: String,
+    pub on_stop: OnStop,
+}
+
+/// Why a step did not go through.
+#[derive(Debug)]
+pub enum StepFailure {
+    /// Its request failed for good.
+    Request(RequestFailure),
+    /// Not sent: the order's step before it did not go through.
+    Skipped,
+}
+
+impl StepFailure {
+    /// A bounded label for error tallies: [`RequestFailure::label`], or `skipped`.
+    pub fn label(&self) -> String {
+        match self {
+            StepFailure::Request(e) => e.label(),
+            StepFailure::Skipped => "skipped".to_owned(),
+        }
+    }
+}
+
+impl fmt::Display for StepFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StepFailure::Request(e) => e.fmt(f),
+            StepFailure::Skipped => f.write_str("skipped: the step before did not go through"),
+        }
+    }
+}
+
+/// One step of one order: placing it, or one action.
+#[derive(Debug)]
+pub struct StepRecord {
+    /// The order's index in the run.
+    pub order: u64,
+    /// Known once placed.
+    pub order_id: Option<Uuid>,
+    /// The event number the step makes: 1 for placing, then 2, 3…
+    pub sequence: i64,
+    /// `None` for placing.
+    pub action: Option<Action>,
+    /// When it was meant to be sent: its slot's due time, or, for an action following the
+    /// answer to the step before, when that answer came.
+    pub due: Instant,
+    /// When the generator started it (late when every slot of `concurrency` was taken).
+    pub started: Instant,
+    /// When its answer came (retries included).
+    pub finished: Instant,
+    pub stats: RequestStats,
+    pub outcome: Result<(), StepFailure>,
+}
+
+impl StepRecord {
+    /// The event type the step records when it goes through.
+    pub fn event_type(&self) -> &'static str {
+        match self.action {
+            None => pipeline_core::order_events::ORDER_PLACED,
+            Some(action) => action.target().event_type(),
+        }
+    }
+}
+
+/// Keeps what a run needs of its steps.
+pub trait Recorder {
+    /// Called once, before the first slot, with the run's schedule.
+    fn start(&mut self, _schedule: &Schedule) {}
+
+    /// One step done. Called from the generator's loop, as the jobs finish.
+    fn record(&mut self, step: StepRecord);
+
+    /// Checked before each slot: `false` ends the run (the jobs in flight finish).
+    fn wants_more(&self) -> bool {
+        true
+    }
+}
+
+/// What the generator did.
+#[derive(Debug)]
+pub struct Drive {
+    pub schedule: Schedule,
+    /// Jobs started: orders, or requests with [`Pacing::Requests`].
+    pub started: u64,
+    /// `stop` ended the run before its schedule did.
+    pub stopped: bool,
+    /// From the start of the run to the end of its last job.
+    pub elapsed: Duration,
+}
+
+/// Runs the load `settings` describe against `client`, with the orders `mix` makes for each
+/// index, until its schedule ends, `recorder` wants no more or `stop` fires.
+pub async fn drive<M, R>(
+    client: &OrderClient,
+    settings: &DriveSettings,
+    mut mix: M,
+    recorder: &mut R,
+    stop: &CancellationToken,
+) -> anyhow::Result<Drive>
+where
+    M: FnMut(u64) -> OrderPlan,
+    R: Recorder + ?Sized,
+{
+    let began = Instant::now();
+    let run_id = Uuid::new_v4().simple().to_string();
+    let (mut schedule, mut interleave) = settings.pacing.schedule();
+    recorder.start(&schedule);
+    let permits = Arc::new(Semaphore::new(settings.concurrency.max(1)));
+    let mut in_flight: JoinSet<Vec<StepRecord>> = JoinSet::new();
+    let (mut started, mut stopped) = (0u64, false);
+    for slot in 0..schedule.slots().unwrap_or(u64::MAX) {
+        if !recorder.wants_more() {
+            break;
+        }
+        let due = schedule.next_due(slot);
+        let Some(permit) = wait_for_slot(due, &permits, stop).await else {
+            stopped = true;
+            break;
+        };
+        while let Some(done) = in_flight.try_join_next() {
+            done.context("a load task failed")?
+                .into_iter()
+                .for_each(|step| recorder.record(step));
+        }
+        let job = match interleave.as_mut() {
+            None => Job::Order(mix(slot)),
+            Some(interleave) => interleave.job(slot, &mut mix),
+        };
+        let key = job
+            .order()
+            .map(|order| format!("{}-{run_id}-{order}", settings.key_prefix));
+        let (client, started_at) = (client.clone(), Instant::now());
+        let _ = in_flight.spawn(async move {
+            let steps = job.run(&client, key.as_deref(), due, started_at).await;
+            drop(permit);
+            steps
+        });
+        started += 1;
+    }
+    if stopped {
+        match settings.on_stop {
+            OnStop::Finish => tracing::warn!("interrupted: finishing the orders in flight"),
+            OnStop::Abandon => in_flight.abort_all(),
+        }
+    }
+    while let Some(done) = in_flight.join_next().await {
+        match done {
+            Ok(steps) => steps.into_iter().for_each(|step| recorder.record(step)),
+            Err(e) if e.is_cancelled() => {}
+            Err(e) => return Err(e).context("a load task failed"),
+        }
+    }
+    Ok(Drive {
+        schedule,
+        started,
+        stopped,
+        elapsed: began.elapsed(),
+    })
+}
+
+impl Pacing {
+    /// The run's schedule, and with request pacing which request each slot sends.
+    fn schedule(&self) -> (Schedule, Option<Interleave>) {
+        match *self {
+            Pacing::Orders {
+                rate,
+                orders,
+                max_catch_up,
+            } => (
+                Schedule::new(rate, orders, max_catch_up, Duration::ZERO),
+                None,
+            ),
+            Pacing::Requests {
+                rate,
+                requests,
+                step_gap,
+            } => (
+                Schedule::new(rate, Some(requests), None, REQUEST_LEAD),
+                Some(Interleave::new(rate, step_gap)),
+            ),
+        }
+    }
+}
+
+/// Waits until `due`, then for a free place among the jobs in flight; `None` once `stop` fires.
+async fn wait_for_slot(
+    due: Instant,
+    permits: &Arc<Semaphore>,
+    stop: &CancellationToken,
+) -> Option<OwnedSemaphorePermit> {
+    let ready = async {
+        tokio::time::sleep_until(due).await;
+        permits.clone().acquire_owned().await.ok()
+    };
+    tokio::select! {
+        biased;
+        () = stop.cancelled() => None,
+        permit = ready => permit,
+    }
+}

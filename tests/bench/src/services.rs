@@ -1,0 +1,193 @@
+//! Starting the real binaries with the benchmark's flags, stopping them, and waiting for what
+//! they do.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use pipeline_testkit::{scrape_sum, wait_until, Service, TestEnv};
+
+use super::config::Settings;
+use super::procstat::{peak_rss_mb, shared_processes, Watched};
+
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+const STOP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The arguments `relay run` gets.
+pub fn relay_args(settings: &Settings) -> Vec<String> {
+    [
+        "run",
+        "--metrics-listen",
+        "127.0.0.1:0",
+        "--batch-size",
+        &settings.relay_batch_size.to_string(),
+        "--linger-ms",
+        &settings.relay_linger_ms.to_string(),
+        "--poll-interval-ms",
+        &settings.relay_poll_interval_ms.to_string(),
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
+/// The arguments `consumer run` gets for `groups` with `max_batch`.
+pub fn consumer_args(env: &TestEnv, groups: &[&str], max_batch: u32) -> Vec<String> {
+    let mut args: Vec<String> = vec!["run".into()];
+    for g in groups {
+        args.extend(["--group".to_owned(), (*g).to_owned()]);
+    }
+    args.extend(
+        [
+            "--topic",
+            &env.topic,
+            "--group-prefix",
+            &env.group_prefix,
+            "--max-batch",
+            &max_batch.to_string(),
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ]
+        .map(str::to_owned),
+    );
+    args
+}
+
+/// Starts `bin` with `args` and waits for its `<listening>` log line; returns it with the address.
+pub async fn start(
+    env: &TestEnv,
+    bin: &str,
+    label: &str,
+    args: &[String],
+    listening: &str,
+) -> anyhow::Result<(Service, String)> {
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let svc = env.spawn(bin, label, &args)?;
+    let addr = svc.wait_for_log_value(listening, START_TIMEOUT).await?;
+    Ok((svc, addr))
+}
+
+pub async fn start_relay(env: &TestEnv, settings: &Settings) -> anyhow::Result<(Service, String)> {
+    let args = relay_args(settings);
+    start(env, "relay", "relay", &args, "relay metrics listening on ").await
+}
+
+/// Stocks products 1..=`products` with `stock` each (`consumer seed-stock`).
+pub fn seed_stock(env: &TestEnv, settings: &Settings) -> anyhow::Result<()> {
+    tokio::task::block_in_place(|| {
+        env.seed_stock(settings.products, Some(i64::from(settings.stock)))
+    })
+}
+
+/// Seeds the catalogue (`producer seed-catalog`) and the stock.
+pub fn seed_catalog_and_stock(env: &TestEnv, settings: &Settings) -> anyhow::Result<()> {
+    tokio::task::block_in_place(|| env.seed_catalog(settings.products))?;
+    seed_stock(env, settings)
+}
+
+/// Stops a service with SIGTERM; an unclean or slow exit is returned as a note.
+pub async fn stop(service: Service) -> Option<String> {
+    let label = service.label.clone();
+    match service.stop(STOP_TIMEOUT).await {
+        Ok(true) => None,
+        Ok(false) => Some(format!("{label} exited with an error status after SIGTERM")),
+        Err(e) => Some(format!("{label}: {e:#}")),
+    }
+}
+
+/// The whole pipeline in one environment: order service, relay, consumer running both groups.
+pub struct Pipeline {
+    pub order_service: Service,
+    pub url: String,
+    pub relay: Service,
+    pub consumer: Service,
+    pub consumer_args: Vec<String>,
+}
+
+pub const GROUPS: [&str; 2] = ["inventory", "notification"];
+
+impl Pipeline {
+    /// Seeds the catalogue and stock, starts the three services and waits until the relay is
+    /// active and both groups own every partition.
+    pub async fn start(env: &TestEnv, settings: &Settings) -> anyhow::Result<Pipeline> {
+        seed_catalog_and_stock(env, settings)?;
+        let (order_service, url) = env.order_service().await?;
+        let (relay, relay_metrics) = start_relay(env, settings).await?;
+        let consumer_args = consumer_args(env, &GROUPS, settings.consumer_max_batch);
+        let (consumer, consumer_metrics) = start(
+            env,
+            "consumer",
+            "consumer",
+            &consumer_args,
+            "consumer metrics listening on ",
+        )
+        .await?;
+        let partitions = f64::from(settings.partitions) * GROUPS.len() as f64;
+        wait_until(
+            "relay active, partitions assigned",
+            START_TIMEOUT,
+            || async {
+                let active = scrape_sum(&relay_metrics, "relay_active", &[]).await?;
+                let assigned =
+                    scrape_sum(&consumer_metrics, "consumer_assigned_partitions", &[]).await?;
+                Ok((active >= 1.0 && assigned >= partitions).then_some(()))
+            },
+        )
+        .await?;
+        Ok(Pipeline {
+            order_service,
+            url: format!("{url}/"),
+            relay,
+            consumer,
+            consumer_args,
+        })
+    }
+
+    /// The services plus broker, PostgreSQL and the benchmark itself.
+    pub fn watched(&self) -> Vec<Watched> {
+        let mut w = vec![
+            Watched::Pid(
+                "order-service",
+                self.order_service.pid().as_raw().unsigned_abs(),
+            ),
+            Watched::Pid("relay", self.relay.pid().as_raw().unsigned_abs()),
+            Watched::Pid("consumer", self.consumer.pid().as_raw().unsigned_abs()),
+        ];
+        w.extend(shared_processes());
+        w
+    }
+
+    /// Peak resident memory of each service so far.
+    pub fn peak_rss(&self) -> BTreeMap<String, f64> {
+        peak_rss(&[
+            ("order-service", &self.order_service),
+            ("relay", &self.relay),
+            ("consumer", &self.consumer),
+        ])
+    }
+
+    /// Stops the consumer, relay and order service; returns notes on unclean exits.
+    pub async fn stop(self) -> Vec<String> {
+        let mut notes = Vec::new();
+        for svc in [self.consumer, self.relay, self.order_service] {
+            notes.extend(stop(svc).await);
+        }
+        notes
+    }
+}
+
+/// Peak resident memory of named services, in MiB.
+pub fn peak_rss(services: &[(&str, &Service)]) -> BTreeMap<String, f64> {
+    services
+        .iter()
+        .filter_map(|(name, svc)| {
+            Some((
+                (*name).to_owned(),
+                peak_rss_mb(svc.pid().as_raw().unsigned_abs())?,
+            ))
+        })
+        .collect()
+}
+
+/// A group's lag, read without blocking the runtime's other tasks.
+pub fn lag(env: &TestEnv, kind: &str) -> anyhow::Result<Option<i64>> {
+    tokio::task::block_in_place(|| env.lag(kind))
+}

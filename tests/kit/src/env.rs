@@ -1,0 +1,263 @@
+//! One isolated environment for a test: a fresh migrated database, a topic of its own, a prefix
+//! for its consumer groups and a log folder; the real binaries started in it.
+
+use std::fs::File;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use pipeline_core::kafka::KafkaArgs;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::db::{create_database, server_url};
+use crate::kafka::{brokers, committed_lag, kafka_args};
+use crate::service::{bin_dir, Service};
+use crate::wait::wait_until;
+
+/// Longest a seeding command may take.
+const SEED_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// One isolated environment: a fresh database, topic and group prefix.
+pub struct TestEnv {
+    pub name: String,
+    pub database_url: String,
+    pub topic: String,
+    pub group_prefix: String,
+    pub brokers: String,
+    pub log_dir: PathBuf,
+    pub pool: PgPool,
+}
+
+impl TestEnv {
+    /// Creates the database (migrated), the topic with `partitions` partitions, and a log folder.
+    pub async fn new(name: &str, partitions: i32) -> anyhow::Result<TestEnv> {
+        let id = Uuid::new_v4().simple().to_string();
+        let short = &id[..10];
+        let database_url = create_database(&server_url(), &format!("pt_{name}_{short}")).await?;
+        let pool = PgPool::connect(&database_url).await?;
+        pipeline_core::db::MIGRATOR.run(&pool).await?;
+        let brokers = brokers();
+        let topic = format!("orders-{name}-{short}");
+        kafka_args(&brokers)
+            .ensure_topics(std::slice::from_ref(&topic), partitions)
+            .await
+            .context("creating the test topic (is the broker running? set KAFKA_BROKERS)")?;
+        let log_dir = bin_dir().join("test-logs").join(format!("{name}-{short}"));
+        std::fs::create_dir_all(&log_dir)?;
+        Ok(TestEnv {
+            name: name.to_owned(),
+            database_url,
+            topic,
+            group_prefix: format!("t{short}-"),
+            brokers,
+            log_dir,
+            pool,
+        })
+    }
+
+    pub fn kafka(&self) -> KafkaArgs {
+        kafka_args(&self.brokers)
+    }
+
+    /// Environment every binary gets.
+    fn common_env(&self) -> Vec<(String, String)> {
+        vec![
+            ("DATABASE_URL".into(), self.database_url.clone()),
+            ("KAFKA_BROKERS".into(), self.brokers.clone()),
+            ("RUST_LOG".into(), "info".into()),
+            // Tests run in parallel against one server (max_connections 100 by default): small
+            // pools keep them from exhausting it.
+            ("DATABASE_MAX_CONNECTIONS".into(), "6".into()),
+        ]
+    }
+
+    /// Starts a binary with `args`; its output goes to `<log_dir>/<label>.log`.
+    pub fn spawn(&self, bin: &str, label: &str, args: &[&str]) -> anyhow::Result<Service> {
+        self.spawn_with_env(bin, label, args, &[])
+    }
+
+    /// [`TestEnv::spawn`] with extra environment variables (overriding the common ones).
+    pub fn spawn_with_env(
+        &self,
+        bin: &str,
+        label: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<Service> {
+        let log_path = self.log_dir.join(format!("{label}.log"));
+        let log = File::options().create(true).append(true).open(&log_path)?;
+        let path = bin_dir().join(bin);
+        if !path.exists() {
+            bail!(
+                "{} is missing: build the binaries first (cargo build --release --bins)",
+                path.display()
+            );
+        }
+        let child = Command::new(&path)
+            .args(args)
+            .envs(self.common_env())
+            .envs(env.iter().copied())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .stdin(Stdio::null())
+            .spawn()
+            .with_context(|| format!("starting {}", path.display()))?;
+        Ok(Service::new(child, log_path, label))
+    }
+
+    /// Starts the order service on a free port and returns it with its base URL.
+    pub async fn order_service(&self) -> anyhow::Result<(Service, String)> {
+        let svc = self.spawn(
+            "producer",
+            "order-service",
+            &["serve", "--listen", "127.0.0.1:0", "--topic", &self.topic],
+        )?;
+        let addr = svc
+            .wait_for_log_value("order service listening on ", Duration::from_secs(30))
+            .await?;
+        Ok((svc, format!("http://{addr}")))
+    }
+
+    /// Starts a relay; returns it with its metrics address.
+    pub async fn relay(&self, label: &str) -> anyhow::Result<(Service, String)> {
+        self.relay_with_args(label, &[]).await
+    }
+
+    /// [`TestEnv::relay`] with further `relay run` arguments.
+    pub async fn relay_with_args(
+        &self,
+        label: &str,
+        extra: &[&str],
+    ) -> anyhow::Result<(Service, String)> {
+        let mut args = vec!["run", "--metrics-listen", "127.0.0.1:0"];
+        args.extend_from_slice(extra);
+        let svc = self.spawn("relay", label, &args)?;
+        let addr = svc
+            .wait_for_log_value("relay metrics listening on ", Duration::from_secs(30))
+            .await?;
+        Ok((svc, addr))
+    }
+
+    /// Starts a consumer process running both groups.
+    pub async fn consumer(&self, label: &str) -> anyhow::Result<(Service, String)> {
+        let svc = self.spawn(
+            "consumer",
+            label,
+            &[
+                "run",
+                "--group",
+                "inventory",
+                "--group",
+                "notification",
+                "--topic",
+                &self.topic,
+                "--group-prefix",
+                &self.group_prefix,
+                "--metrics-listen",
+                "127.0.0.1:0",
+            ],
+        )?;
+        let addr = svc
+            .wait_for_log_value("consumer metrics listening on ", Duration::from_secs(30))
+            .await?;
+        Ok((svc, addr))
+    }
+
+    /// Runs a binary to completion and returns its stdout.
+    pub fn run_to_end(
+        &self,
+        bin: &str,
+        args: &[&str],
+        timeout: Duration,
+    ) -> anyhow::Result<String> {
+        let path = bin_dir().join(bin);
+        let mut child = Command::new(&path)
+            .args(args)
+            .envs(self.common_env())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("starting {}", path.display()))?;
+        let deadline = Instant::now() + timeout;
+        loop {
+            if child.try_wait()?.is_some() {
+                break;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                bail!("{bin} {args:?} did not finish within {timeout:?}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let out = child.wait_with_output()?;
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        if !out.status.success() {
+            bail!(
+                "{bin} {args:?} failed ({}): {stdout}\n{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(stdout)
+    }
+
+    /// Group id of a group kind in this environment.
+    pub fn group(&self, kind: &str) -> String {
+        format!("{}{kind}", self.group_prefix)
+    }
+
+    /// Total committed lag of a group over the test topic; `None` while a partition with data has
+    /// no commit yet. Blocks on the broker.
+    pub fn lag(&self, kind: &str) -> anyhow::Result<Option<i64>> {
+        committed_lag(&self.kafka(), &self.group(kind), &self.topic)
+    }
+
+    /// Seeds the demonstration catalogue with products 1 to `products` (`producer seed-catalog`).
+    pub fn seed_catalog(&self, products: u32) -> anyhow::Result<()> {
+        let products = products.to_string();
+        self.run_to_end(
+            "producer",
+            &["seed-catalog", "--products", &products],
+            SEED_TIMEOUT,
+        )
+        .map(drop)
+    }
+
+    /// Stocks products 1 to `products` with `quantity` each, or the binary's default
+    /// (`consumer seed-stock`).
+    pub fn seed_stock(&self, products: u32, quantity: Option<i64>) -> anyhow::Result<()> {
+        let products = products.to_string();
+        let quantity = quantity.map(|q| q.to_string());
+        let mut args = vec!["seed-stock", "--products", &products];
+        if let Some(q) = &quantity {
+            args.extend(["--quantity", q]);
+        }
+        self.run_to_end("consumer", &args, SEED_TIMEOUT).map(drop)
+    }
+
+    /// Waits until the outbox holds nothing unpublished and each group of `kinds` has committed
+    /// everything on the topic.
+    pub async fn wait_drained(&self, kinds: &[&str], timeout: Duration) -> anyhow::Result<()> {
+        wait_until("outbox drained and groups caught up", timeout, || async {
+            let pending: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_unpublished")
+                .fetch_one(&self.pool)
+                .await?;
+            if pending > 0 {
+                return Ok(None);
+            }
+            for kind in kinds {
+                let (kafka, group, topic) = (self.kafka(), self.group(kind), self.topic.clone());
+                let lag =
+                    tokio::task::spawn_blocking(move || committed_lag(&kafka, &group, &topic))
+                        .await??;
+                if lag != Some(0) {
+                    return Ok(None);
+                }
+            }
+            Ok(Some(()))
+        })
+        .await
+    }
+}

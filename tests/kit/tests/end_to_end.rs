@@ -1,0 +1,263 @@
+//! End to end through the real binaries: orders over HTTP, the outbox, the relay, Kafka and both
+//! consumer groups, checked in the database: every event applied exactly once per group, each
+//! order's events in sequence order, the outbox drained, the groups' lag back to zero.
+
+use std::time::{Duration, Instant};
+
+use pipeline_testkit::{scrape_sum, wait_until, TestEnv};
+
+const GROUPS: [&str; 2] = ["inventory", "notification"];
+const STOCK: i64 = 1_000_000;
+const PRODUCTS: u32 = 50;
+
+/// Catalogue and stock for the orders the load places.
+fn prepare(env: &TestEnv) -> anyhow::Result<()> {
+    env.seed_catalog(PRODUCTS)?;
+    env.seed_stock(PRODUCTS, Some(STOCK))
+}
+
+fn load_args<'a>(url: &'a str, orders: &'a str, rate: &'a str, seed: &'a str) -> Vec<&'a str> {
+    vec![
+        "load",
+        "--url",
+        url,
+        "--orders",
+        orders,
+        "--rate",
+        rate,
+        "--concurrency",
+        "16",
+        "--products",
+        "50",
+        "--seed",
+        seed,
+    ]
+}
+
+/// The properties a user cares about, checked against the database.
+async fn assert_exactly_once_in_order(env: &TestEnv, expected_events: i64) -> anyhow::Result<()> {
+    let events: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox")
+        .fetch_one(&env.pool)
+        .await?;
+    assert_eq!(
+        events, expected_events,
+        "outbox holds every acknowledged state change"
+    );
+    let published: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_delivery")
+        .fetch_one(&env.pool)
+        .await?;
+    assert_eq!(published, events, "outbox drained");
+
+    for kind in GROUPS {
+        let group = env.group(kind);
+        // Exactly one effect per event: none missing, none twice.
+        let wrong: Vec<(uuid::Uuid, i64)> = sqlx::query_as(
+            "SELECT o.event_id, count(a.id) FROM outbox o
+             LEFT JOIN applied_effect a ON a.event_id = o.event_id AND a.group_name = $1
+             GROUP BY o.event_id HAVING count(a.id) <> 1 LIMIT 10",
+        )
+        .bind(&group)
+        .fetch_all(&env.pool)
+        .await?;
+        assert!(
+            wrong.is_empty(),
+            "{kind}: events not applied exactly once: {wrong:?}"
+        );
+        // Each order's events applied in sequence order 1, 2, 3…
+        let reordered: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM (
+                 SELECT sequence, row_number() OVER (PARTITION BY order_id ORDER BY id) AS rn
+                 FROM applied_effect WHERE group_name = $1) x
+             WHERE sequence <> rn",
+        )
+        .bind(&group)
+        .fetch_one(&env.pool)
+        .await?;
+        assert_eq!(reordered, 0, "{kind}: events applied out of sequence order");
+        let parked: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM parked_event WHERE group_name = $1")
+                .bind(&group)
+                .fetch_one(&env.pool)
+                .await?;
+        assert_eq!(parked, 0, "{kind}: events left parked");
+    }
+
+    // The inventory's effects are not idempotent by themselves: stock is conserved only if every
+    // reservation, release and fulfilment happened exactly once.
+    let broken: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT s.product_id, s.available + s.reserved + COALESCE(f.qty, 0) FROM inventory_stock s
+         LEFT JOIN (SELECT l.product_id, sum(l.quantity) AS qty FROM inventory_reservation_line l
+                    JOIN inventory_reservation r USING (order_id)
+                    WHERE r.status = 'fulfilled' GROUP BY l.product_id) f USING (product_id)
+         WHERE s.available + s.reserved + COALESCE(f.qty, 0) <> $1",
+    )
+    .bind(STOCK)
+    .fetch_all(&env.pool)
+    .await?;
+    assert!(broken.is_empty(), "stock not conserved: {broken:?}");
+    let reserved_mismatch: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM inventory_stock s
+         LEFT JOIN (SELECT l.product_id, sum(l.quantity) AS qty FROM inventory_reservation_line l
+                    JOIN inventory_reservation r USING (order_id)
+                    WHERE r.status = 'reserved' GROUP BY l.product_id) r USING (product_id)
+         WHERE s.reserved <> COALESCE(r.qty, 0)",
+    )
+    .fetch_one(&env.pool)
+    .await?;
+    assert_eq!(
+        reserved_mismatch, 0,
+        "reserved stock disagrees with open reservations"
+    );
+    // Every order's final state matches the consumer's view.
+    let mismatched: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM orders o LEFT JOIN inventory_reservation r ON r.order_id = o.order_id::text
+         WHERE r.status IS DISTINCT FROM CASE o.status WHEN 'cancelled' THEN 'released'
+                                                       WHEN 'shipped' THEN 'fulfilled'
+                                                       ELSE 'reserved' END",
+    )
+    .fetch_one(&env.pool)
+    .await?;
+    assert_eq!(
+        mismatched, 0,
+        "reservation state disagrees with order state"
+    );
+    let notifications: i64 = sqlx::query_scalar("SELECT count(*) FROM notification")
+        .fetch_one(&env.pool)
+        .await?;
+    assert_eq!(notifications, events, "one notification per event");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thousand_orders_are_applied_exactly_once_in_order() -> anyhow::Result<()> {
+    let env = TestEnv::new("e2e", 12).await?;
+    prepare(&env)?;
+    let (order_service, url) = env.order_service().await?;
+    let (relay, _) = env.relay("relay").await?;
+    let (consumer, consumer_metrics) = env.consumer("consumer").await?;
+
+    let started = Instant::now();
+    let summary = env.log_dir.join("load.json");
+    let summary_path = summary.to_string_lossy().into_owned();
+    let mut args = load_args(&url, "1000", "0", "7");
+    args.extend(["--summary-json", &summary_path]);
+    env.run_to_end("producer", &args, Duration::from_secs(300))?;
+    let load: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&summary)?)?;
+    let expected_events = load["events"].as_i64().expect("events in load summary");
+    assert_eq!(load["orders"].as_i64(), Some(1000));
+    assert!(
+        expected_events >= 2000,
+        "several events per order: {expected_events}"
+    );
+
+    env.wait_drained(&GROUPS, Duration::from_secs(180)).await?;
+    let elapsed = started.elapsed();
+    assert_exactly_once_in_order(&env, expected_events).await?;
+    let processed = scrape_sum(
+        &consumer_metrics,
+        "consumer_messages_total",
+        &["outcome=\"processed\""],
+    )
+    .await?;
+    assert_eq!(
+        processed as i64,
+        2 * expected_events,
+        "metrics count every applied event"
+    );
+    println!("e2e: 1000 orders, {expected_events} events, both groups drained in {elapsed:.1?}");
+
+    // Graceful shutdown: every process exits cleanly on SIGTERM.
+    for service in [consumer, relay, order_service] {
+        service.stop_cleanly(Duration::from_secs(30)).await?;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_relay_and_consumer_loses_nothing_and_applies_nothing_twice() -> anyhow::Result<()>
+{
+    let env = TestEnv::new("kill", 12).await?;
+    prepare(&env)?;
+    let (_order_service, url) = env.order_service().await?;
+    // Two relays: one active, one standing by.
+    let (relay_a, metrics_a) = env.relay("relay-a").await?;
+    let (relay_b, metrics_b) = env.relay("relay-b").await?;
+    let (consumer, _) = env.consumer("consumer-1").await?;
+
+    let active = wait_until("one relay active", Duration::from_secs(30), || async {
+        let a = scrape_sum(&metrics_a, "relay_active", &[]).await?;
+        let b = scrape_sum(&metrics_b, "relay_active", &[]).await?;
+        Ok(match (a as i64, b as i64) {
+            (1, 0) => Some('a'),
+            (0, 1) => Some('b'),
+            _ => None,
+        })
+    })
+    .await?;
+    let (active_relay, standby_relay, standby_metrics) = if active == 'a' {
+        (relay_a, relay_b, metrics_b)
+    } else {
+        (relay_b, relay_a, metrics_a)
+    };
+
+    let summary = env.log_dir.join("load.json");
+    let summary_path = summary.to_string_lossy().into_owned();
+    let mut args = load_args(&url, "1000", "150", "11");
+    args.extend(["--summary-json", &summary_path]);
+    let producer_bin = pipeline_testkit::bin_dir().join("producer");
+    let mut load = tokio::process::Command::new(producer_bin)
+        .args(&args)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .spawn()?;
+
+    // Mid-run: kill the active relay and the consumer with SIGKILL.
+    wait_until(
+        "a third of the events applied",
+        Duration::from_secs(120),
+        || async {
+            let n: i64 = sqlx::query_scalar("SELECT count(*) FROM applied_effect")
+                .fetch_one(&env.pool)
+                .await?;
+            Ok((n >= 1500).then_some(()))
+        },
+    )
+    .await?;
+    active_relay.kill_hard()?;
+    consumer.kill_hard()?;
+    let killed_at = Instant::now();
+    let takeover = wait_until(
+        "standby relay takes over",
+        Duration::from_secs(20),
+        || async {
+            Ok(
+                (scrape_sum(&standby_metrics, "relay_active", &[]).await? as i64 == 1)
+                    .then(|| killed_at.elapsed()),
+            )
+        },
+    )
+    .await?;
+    println!("standby relay active {takeover:.1?} after the active one was killed");
+    let (_consumer2, consumer2_metrics) = env.consumer("consumer-2").await?;
+    let (_relay_c, _) = env.relay("relay-c").await?;
+
+    let status = tokio::time::timeout(Duration::from_secs(300), load.wait()).await??;
+    assert!(status.success(), "load driver failed");
+    let load: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&summary)?)?;
+    let expected_events = load["events"].as_i64().expect("events in load summary");
+
+    env.wait_drained(&GROUPS, Duration::from_secs(180)).await?;
+    assert_exactly_once_in_order(&env, expected_events).await?;
+    let duplicates = scrape_sum(
+        &consumer2_metrics,
+        "consumer_messages_total",
+        &["outcome=\"duplicate\""],
+    )
+    .await?;
+    println!(
+        "kill run: {expected_events} events; standby relay active {takeover:.1?} after the kill; \
+         the restarted consumer skipped {duplicates} already-applied deliveries"
+    );
+    drop(standby_relay);
+    Ok(())
+}

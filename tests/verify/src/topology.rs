@@ -1,0 +1,453 @@
+//! The processes of a run and where to reach them: the run's own broker (see [`super::broker`]),
+//! the order service, two relays and two consumer processes (the fault
+//! binaries, each with its crash point armed on its own trigger file), plus the extra consumer of
+//! a rebalance. Every process gets fixed ports, so restarts keep their addresses.
+
+use std::collections::HashMap;
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use pipeline_core::crash_point::{CONSUMER_AFTER_DB_COMMIT, RELAY_AFTER_DELIVERY};
+use pipeline_core::kafka::KafkaArgs;
+use pipeline_testkit::wait_until;
+
+use super::broker;
+use super::config::{Settings, RELAY_LEASE_TTL_MS, RELAY_STANDBY_RETRY_MS, SESSION_TIMEOUT_MS};
+use super::environment::{Environment, GROUP_KINDS};
+use super::processes::{ProcessSpec, Supervisor};
+use super::proxy::DbProxy;
+
+/// Partitions of the run's topic.
+pub const PARTITIONS: i32 = 12;
+/// Products of the catalogue the driver orders from: a catalogue of some size, so that stock
+/// row locks of concurrent inventory batches do not all collide.
+pub const PRODUCTS: u32 = 1_000;
+/// Stock of each product: enough that no reservation is rejected for lack of it.
+pub const STOCK: i64 = 100_000_000;
+pub const ORDER_SERVICE: &str = "order-service";
+/// Label of the consumer a rebalance adds for a while.
+pub const EXTRA_CONSUMER: &str = "consumer-3";
+
+/// A relay or consumer process.
+#[derive(Debug, Clone)]
+pub struct Member {
+    pub label: String,
+    /// Its /metrics, /healthz and /readyz address.
+    pub ops: SocketAddr,
+    /// The file that fires its crash point.
+    pub trigger: PathBuf,
+}
+
+/// The running pipeline.
+pub struct Topology {
+    pub supervisor: Supervisor,
+    pub broker: SocketAddr,
+    pub order_service: SocketAddr,
+    pub relays: Vec<Member>,
+    pub consumers: Vec<Member>,
+    pub extra_consumer: Member,
+    /// Each relay's and each consumer's own path to PostgreSQL, by label: a fault cuts one.
+    proxies: HashMap<String, DbProxy>,
+    http: reqwest::Client,
+    consumer_bin: PathBuf,
+    consumer_fetch_wait_ms: u64,
+    consumer_env: Vec<(String, String)>,
+    database_url: String,
+    topic: String,
+    group_prefix: String,
+    log_dir: PathBuf,
+}
+
+impl Topology {
+    /// Starts the broker, creates the topic, seeds catalogue and stock, starts the pipeline and
+    /// waits until every process is ready and one relay is active.
+    pub async fn start(
+        settings: &Settings,
+        env: &Environment,
+        supervisor: Supervisor,
+    ) -> anyhow::Result<Topology> {
+        let mut ports = free_ports(8)?.into_iter();
+        let mut next_addr = || -> anyhow::Result<SocketAddr> {
+            let port = ports.next().context("out of free ports")?;
+            Ok(SocketAddr::from(([127, 0, 0, 1], port)))
+        };
+        let broker = next_addr()?;
+        let order_service = next_addr()?;
+        let member = |label: &str, ops: SocketAddr| Member {
+            label: label.to_owned(),
+            ops,
+            trigger: env.trigger_dir.join(format!("{label}.trigger")),
+        };
+        let relays = vec![
+            member("relay-1", next_addr()?),
+            member("relay-2", next_addr()?),
+        ];
+        let consumers = vec![
+            member("consumer-1", next_addr()?),
+            member("consumer-2", next_addr()?),
+        ];
+        let extra_consumer = member(EXTRA_CONSUMER, next_addr()?);
+        let upstream = database_addr(&env.database_url).await?;
+        let mut proxies = HashMap::new();
+        for m in relays.iter().chain(&consumers) {
+            let _ = proxies.insert(m.label.clone(), DbProxy::start(upstream).await?);
+        }
+        let topology = Topology {
+            supervisor,
+            broker,
+            order_service,
+            relays,
+            consumers,
+            extra_consumer,
+            proxies,
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(2))
+                .build()
+                .context("building the probe HTTP client")?,
+            consumer_bin: settings.fault_bin_dir.join("consumer"),
+            consumer_fetch_wait_ms: settings.consumer_fetch_wait_ms,
+            consumer_env: settings.consumer_env.clone(),
+            database_url: env.database_url.clone(),
+            topic: env.topic.clone(),
+            group_prefix: env.group_prefix.clone(),
+            log_dir: env.log_dir.clone(),
+        };
+        for bin in [
+            settings.bin_dir.join("producer"),
+            settings.fault_bin_dir.join("relay"),
+            topology.consumer_bin.clone(),
+        ] {
+            if !bin.exists() {
+                bail!("{} is missing: build the binaries first", bin.display());
+            }
+        }
+
+        topology
+            .supervisor
+            .start(broker::spec(settings, env, broker, base_env()))?;
+        topology.wait_for_broker(Duration::from_secs(60)).await?;
+        let kafka = topology.kafka();
+        let topic = env.topic.clone();
+        wait_until("the run's topic", Duration::from_secs(60), || async {
+            kafka
+                .ensure_topics(std::slice::from_ref(&topic), PARTITIONS)
+                .await?;
+            Ok(Some(()))
+        })
+        .await?;
+        topology.seed(settings).await?;
+
+        topology.supervisor.start(ProcessSpec {
+            label: ORDER_SERVICE.to_owned(),
+            program: settings.bin_dir.join("producer"),
+            args: strings(&[
+                "serve",
+                "--listen",
+                &order_service.to_string(),
+                "--topic",
+                &env.topic,
+            ]),
+            env: topology.pipeline_env(ORDER_SERVICE, 10, None),
+            cwd: None,
+            log_path: topology.log_path(ORDER_SERVICE),
+        })?;
+        for relay in &topology.relays {
+            topology.supervisor.start(ProcessSpec {
+                label: relay.label.clone(),
+                program: settings.fault_bin_dir.join("relay"),
+                args: strings(&[
+                    "run",
+                    "--metrics-listen",
+                    &relay.ops.to_string(),
+                    "--lease-ttl-ms",
+                    &RELAY_LEASE_TTL_MS.to_string(),
+                    "--standby-retry-ms",
+                    &RELAY_STANDBY_RETRY_MS.to_string(),
+                ]),
+                env: topology.pipeline_env(
+                    &relay.label,
+                    6,
+                    Some((RELAY_AFTER_DELIVERY, &relay.trigger)),
+                ),
+                cwd: None,
+                log_path: topology.log_path(&relay.label),
+            })?;
+        }
+        for consumer in &topology.consumers {
+            topology
+                .supervisor
+                .start(topology.consumer_spec(consumer))?;
+        }
+        wait_until(
+            "every process ready and one relay active",
+            Duration::from_secs(90),
+            || async {
+                Ok(
+                    (topology.all_ready().await && topology.active_relay().await.is_some())
+                        .then_some(()),
+                )
+            },
+        )
+        .await?;
+        Ok(topology)
+    }
+
+    /// Client settings for the run's broker.
+    pub fn kafka(&self) -> KafkaArgs {
+        KafkaArgs {
+            kafka_brokers: self.broker.to_string(),
+            kafka_options: Vec::new(),
+        }
+    }
+
+    /// The order service's base URL.
+    pub fn order_service_url(&self) -> String {
+        format!("http://{}", self.order_service)
+    }
+
+    fn log_path(&self, label: &str) -> PathBuf {
+        self.log_dir.join(format!("{label}.log"))
+    }
+
+    /// Cuts `label`'s path to PostgreSQL (see [`DbProxy`]); `false` when it has no proxy.
+    pub fn cut_database(&self, label: &str) -> bool {
+        self.proxies.get(label).map(DbProxy::cut).is_some()
+    }
+
+    /// Restores every cut path to PostgreSQL.
+    pub fn restore_databases(&self) {
+        for proxy in self.proxies.values() {
+            proxy.restore();
+        }
+    }
+
+    /// The database URL `label` connects with: through its proxy when it has one.
+    fn database_url_for(&self, label: &str) -> String {
+        match self.proxies.get(label) {
+            Some(proxy) => with_authority(&self.database_url, &proxy.addr().to_string()),
+            None => self.database_url.clone(),
+        }
+    }
+
+    /// What every pipeline binary gets, with its crash point armed when given.
+    fn pipeline_env(
+        &self,
+        label: &str,
+        max_connections: u32,
+        crash_point: Option<(&str, &Path)>,
+    ) -> Vec<(String, String)> {
+        let mut env = base_env();
+        env.extend([
+            ("DATABASE_URL".to_owned(), self.database_url_for(label)),
+            (
+                "DATABASE_MAX_CONNECTIONS".to_owned(),
+                max_connections.to_string(),
+            ),
+            ("KAFKA_BROKERS".to_owned(), self.broker.to_string()),
+            ("RUST_LOG".to_owned(), "info".to_owned()),
+        ]);
+        if let Some((point, trigger)) = crash_point {
+            env.push(("PIPELINE_CRASH_AT".to_owned(), point.to_owned()));
+            env.push((
+                "PIPELINE_CRASH_TRIGGER".to_owned(),
+                trigger.display().to_string(),
+            ));
+        }
+        env
+    }
+
+    /// A consumer process running both groups, with its crash point armed.
+    pub fn consumer_spec(&self, member: &Member) -> ProcessSpec {
+        let mut args = strings(&["run"]);
+        for kind in GROUP_KINDS {
+            args.extend(strings(&["--group", kind]));
+        }
+        args.extend(strings(&[
+            "--topic",
+            &self.topic,
+            "--group-prefix",
+            &self.group_prefix,
+            "--metrics-listen",
+            &member.ops.to_string(),
+            "--session-timeout-ms",
+            &SESSION_TIMEOUT_MS.to_string(),
+            "--fetch-wait-max-ms",
+            &self.consumer_fetch_wait_ms.to_string(),
+            "--lag-interval-ms",
+            "0",
+        ]));
+        ProcessSpec {
+            label: member.label.clone(),
+            program: self.consumer_bin.clone(),
+            args,
+            env: {
+                let mut env = self.pipeline_env(
+                    &member.label,
+                    10,
+                    Some((CONSUMER_AFTER_DB_COMMIT, &member.trigger)),
+                );
+                // Later entries win: the extra environment overrides the defaults.
+                env.extend(self.consumer_env.iter().cloned());
+                env
+            },
+            cwd: None,
+            log_path: self.log_path(&member.label),
+        }
+    }
+
+    async fn seed(&self, settings: &Settings) -> anyhow::Result<()> {
+        let products = PRODUCTS.to_string();
+        let stock = STOCK.to_string();
+        let steps: [(PathBuf, Vec<&str>); 2] = [
+            (
+                settings.bin_dir.join("producer"),
+                vec!["seed-catalog", "--products", &products],
+            ),
+            (
+                self.consumer_bin.clone(),
+                vec!["seed-stock", "--products", &products, "--quantity", &stock],
+            ),
+        ];
+        for (program, args) in steps {
+            let run = tokio::process::Command::new(&program)
+                .args(&args)
+                .env_clear()
+                .envs(self.pipeline_env("seed", 2, None))
+                .output();
+            let out = tokio::time::timeout(Duration::from_secs(60), run)
+                .await
+                .with_context(|| format!("{} {args:?} timed out", program.display()))?
+                .with_context(|| format!("running {}", program.display()))?;
+            if !out.status.success() {
+                bail!(
+                    "{} {args:?} failed: {}",
+                    program.display(),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits until the broker answers a metadata request.
+    pub async fn wait_for_broker(&self, timeout: Duration) -> anyhow::Result<()> {
+        broker::wait_until_serving(self.broker, &self.kafka(), timeout).await
+    }
+
+    /// Whether a process's /readyz answers 200.
+    pub async fn ready(&self, ops: SocketAddr) -> bool {
+        match self.http.get(format!("http://{ops}/readyz")).send().await {
+            Ok(response) => response.status().is_success(),
+            Err(_) => false,
+        }
+    }
+
+    /// Whether the order service, both relays and both consumers are up and ready.
+    pub async fn all_ready(&self) -> bool {
+        let mut ops = vec![self.order_service];
+        ops.extend(self.relays.iter().map(|m| m.ops));
+        ops.extend(self.consumers.iter().map(|m| m.ops));
+        for addr in ops {
+            if !self.ready(addr).await {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// The sum of a metric's samples on a process's /metrics (with a timeout, unlike the
+    /// harness's scrape: a frozen process must not hang the run).
+    pub async fn scrape(&self, ops: SocketAddr, metric: &str) -> anyhow::Result<f64> {
+        let addr = ops.to_string();
+        tokio::time::timeout(
+            Duration::from_secs(2),
+            pipeline_testkit::scrape_sum(&addr, metric, &[]),
+        )
+        .await
+        .with_context(|| format!("scraping {addr} timed out"))?
+    }
+
+    /// The relay that reports `relay_active 1`, if exactly one does.
+    pub async fn active_relay(&self) -> Option<&Member> {
+        let mut active = Vec::new();
+        for relay in &self.relays {
+            if self.supervisor.is_up(&relay.label)
+                && self.scrape(relay.ops, "relay_active").await.ok() == Some(1.0)
+            {
+                active.push(relay);
+            }
+        }
+        match active.as_slice() {
+            [one] => Some(one),
+            _ => None,
+        }
+    }
+}
+
+/// The environment children inherit: only what finding programs and a home needs, so stray
+/// settings of the caller (RELAY_*, CONSUMER_*, METRICS_LISTEN…) cannot change the run.
+fn base_env() -> Vec<(String, String)> {
+    ["PATH", "HOME", "LANG", "RUST_BACKTRACE"]
+        .into_iter()
+        .filter_map(|k| std::env::var(k).ok().map(|v| (k.to_owned(), v)))
+        .collect()
+}
+
+fn strings(args: &[&str]) -> Vec<String> {
+    args.iter().map(|s| (*s).to_owned()).collect()
+}
+
+/// The host and port PostgreSQL listens on, from a database URL.
+async fn database_addr(url: &str) -> anyhow::Result<SocketAddr> {
+    let options: sqlx::postgres::PgConnectOptions =
+        url.parse().context("parsing the run's database URL")?;
+    let host = format!("{}:{}", options.get_host(), options.get_port());
+    let mut addrs = tokio::net::lookup_host(host)
+        .await
+        .context("resolving PostgreSQL's address")?;
+    addrs.next().context("PostgreSQL's host has no address")
+}
+
+/// `url` with its host and port replaced by `authority`.
+fn with_authority(url: &str, authority: &str) -> String {
+    let start = url.find("://").map_or(0, |i| i + 3);
+    let end = url[start..]
+        .find(['/', '?'])
+        .map_or(url.len(), |i| start + i);
+    let host_start = url[start..end].rfind('@').map_or(start, |i| start + i + 1);
+    format!("{}{authority}{}", &url[..host_start], &url[end..])
+}
+
+/// `n` distinct ports free right now (bound all at once, then released).
+fn free_ports(n: usize) -> anyhow::Result<Vec<u16>> {
+    let listeners = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0"))
+        .collect::<Result<Vec<_>, _>>()
+        .context("finding free ports")?;
+    listeners
+        .iter()
+        .map(|l| Ok(l.local_addr()?.port()))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::with_authority;
+
+    #[test]
+    fn the_proxy_replaces_host_and_port_only() {
+        assert_eq!(
+            with_authority(
+                "postgres://postgres@127.0.0.1:5432/db?sslmode=disable",
+                "127.0.0.1:7"
+            ),
+            "postgres://postgres@127.0.0.1:7/db?sslmode=disable"
+        );
+        assert_eq!(
+            with_authority("postgres://u:p@db.internal/x", "127.0.0.1:7"),
+            "postgres://u:p@127.0.0.1:7/x"
+        );
+    }
+}
