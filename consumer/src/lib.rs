@@ -64,8 +64,9 @@
 //! - [`handlers`]: what a group does with an event ([`Handler`]), the registry of the groups a
 //!   program runs ([`Groups`]), and the demonstration's inventory and notification groups.
 //!
-//! Beside the path: [`operator`], the `dead-letters` and `report` commands (they use the
-//! transaction and the handlers); [`config`], the command line; [`metrics`]; and [`runtime`],
+//! Beside the path: [`operator`], what the operator command `pipeline` (consumer/operator)
+//! needs from the library, dead-letter resolution with a group's handler, and the run's
+//! `report` (they use the transaction and the handlers); [`config`], the command line; [`metrics`]; and [`runtime`],
 //! the composition root that [`run`] starts.
 //!
 //! # Words

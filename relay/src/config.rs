@@ -62,9 +62,9 @@ pub struct RunArgs {
     pub poll_interval_ms: u64,
     /// How often the relay vacuums its queue table (`outbox_unpublished`), in milliseconds; 0
     /// leaves it to autovacuum. Every publish deletes rows from it, and the claim reads it
-    /// whole: dead rows left for autovacuum's next visit (once a minute by default) made the
-    /// claim read them all (5.9 ms a claim on average at 3,000 events/s, up to 69 ms). Needs the
-    /// table's owner; otherwise PostgreSQL skips it with a warning.
+    /// whole, so dead rows waiting for autovacuum's next visit (once a minute by default) would
+    /// be read by every claim. Needs the table's owner; otherwise PostgreSQL skips it with a
+    /// warning.
     #[arg(long, env = "RELAY_QUEUE_VACUUM_INTERVAL_MS", default_value_t = 1000)]
     pub queue_vacuum_interval_ms: u64,
     /// Also wake on PostgreSQL NOTIFY (sent by services that enable it).
