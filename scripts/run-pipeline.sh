@@ -185,7 +185,7 @@ ensure_broker # installs nisshi first (ensure_nisshi) unless a broker already li
 section "[4/9] cargo build --release --workspace --bins"
 ensure_build_deps
 cargo build --release --workspace --bins
-for b in producer relay consumer; do
+for b in producer relay consumer pipeline; do
     [[ -x $BIN/$b ]] || die "$BIN/$b was not built"
 done
 
@@ -337,6 +337,10 @@ printf 'Orders: %s at %s/s   load: %s   drain: %s   total: %s\n' "$ORDERS" "$RAT
     "$(human_duration "$drain_seconds")$( ((drained)) || echo ' (NOT drained)')" \
     "$(human_duration "$SECONDS")"
 echo "Logs: $RUN_DIR/{producer,relay,consumer,nisshi}.log   load summary: $RUN_DIR/load.json"
+echo
+echo "What an operator sees (pipeline status; pipeline trace <order id> follows one order):"
+RUST_LOG=warn "$BIN/pipeline" status --group "$(IFS=,; echo "${CONSUMER_GROUPS[*]}")" --topic "$TOPIC" ||
+    warn "pipeline status failed"
 
 section "Shutting down"
 stop_services

@@ -115,6 +115,27 @@ async fn redelivered_batch_applies_nothing_twice(pool: PgPool) {
     );
     assert_eq!(available(&pool).await, (100, 0), "released once");
     assert_eq!(effects(&pool, GROUP).await.len(), 3);
+    // The redelivered events are in their history as duplicates, with their new offsets.
+    let steps: Vec<(String, i64, i64)> = sqlx::query_as(
+        "SELECT transition, sequence, kafka_offset FROM group_history
+         WHERE group_name = $1 AND order_id = $2 ORDER BY at, sequence",
+    )
+    .bind(GROUP)
+    .bind(order.to_string())
+    .fetch_all(&pool)
+    .await
+    .expect("history");
+    let duplicates: Vec<i64> = steps
+        .iter()
+        .filter(|(t, _, _)| t == "duplicate")
+        .map(|(_, seq, _)| *seq)
+        .collect();
+    assert_eq!(duplicates, vec![1, 2], "{steps:?}");
+    assert_eq!(
+        steps.iter().filter(|(t, _, _)| t == "applied").count(),
+        3,
+        "{steps:?}"
+    );
 }
 
 #[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]

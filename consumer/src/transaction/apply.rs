@@ -19,7 +19,8 @@ use super::error::ProcessError;
 use super::message::{read_event, BatchReport, Fence, InboundMessage, Outcome, Pending};
 use super::sequence::handle_event;
 use super::store::{
-    check_owner, plan_with_values, record_applied, start_transaction, CUSTOM_PLANS_UP_TO,
+    check_owner, plan_with_values, record_applied, record_duplicates, start_transaction,
+    CUSTOM_PLANS_UP_TO,
 };
 use crate::handlers::{Event, Handler};
 
@@ -153,6 +154,7 @@ pub async fn process_batches(
         ..TransactionState::default()
     };
     let mut fresh: Vec<Vec<(usize, Pending<'_>)>> = Vec::with_capacity(sorted_batches.len());
+    let mut duplicates: Vec<Pending<'_>> = Vec::new();
     for m in &mut sorted_batches {
         for (i, reason) in std::mem::take(&mut m.unreadable) {
             let letter = DeadLetter::now(&m.messages[i], None, &reason);
@@ -166,10 +168,12 @@ pub async fn process_batches(
                 new.push((i, p));
             } else {
                 m.outcomes[i] = Some(Outcome::Duplicate);
+                duplicates.push(p);
             }
         }
         fresh.push(new);
     }
+    record_duplicates(&mut tx, group, &duplicates.iter().collect::<Vec<_>>()).await?;
 
     let events: Vec<Event> = fresh
         .iter()

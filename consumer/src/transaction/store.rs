@@ -85,8 +85,7 @@ pub(crate) async fn plan_with_values(tx: &mut PgConnection) -> Result<(), sqlx::
 
 /// Opens a transaction's batches in one round trip: checks, with share locks held until the
 /// transaction ends, that this consumer still owns every partition in `fences`, inserts the
-/// `processed_message` rows of `valid` (the dedupe constraint decides which are new; the others
-/// are recorded as `duplicate` steps of their events' history), and locks
+/// `processed_message` rows of `valid` (the dedupe constraint decides which are new), and locks
 /// and reads the progress and parked events of `orders` (sorted). If any partition is no longer
 /// owned, nothing is inserted and the batch is reported as [`ProcessError::Fenced`].
 pub(crate) async fn start_transaction(
@@ -103,15 +102,6 @@ pub(crate) async fn start_transaction(
     let topics: Vec<&str> = valid.iter().map(|p| p.msg.topic.as_str()).collect();
     let partitions: Vec<i32> = valid.iter().map(|p| p.msg.partition).collect();
     let offsets: Vec<i64> = valid.iter().map(|p| p.msg.offset).collect();
-    let aggregates: Vec<&str> = valid
-        .iter()
-        .map(|p| p.event.envelope.aggregate_id.as_str())
-        .collect();
-    let sequences: Vec<i64> = valid.iter().map(|p| p.event.envelope.sequence).collect();
-    let types: Vec<&str> = valid
-        .iter()
-        .map(|p| p.event.envelope.event_type.as_str())
-        .collect();
     let fence_topics: Vec<&str> = fences.iter().map(|f| f.topic.as_str()).collect();
     let fence_partitions: Vec<i32> = fences.iter().map(|f| f.partition).collect();
     let fence_owners: Vec<Uuid> = fences.iter().map(|f| f.owner).collect();
@@ -133,15 +123,6 @@ pub(crate) async fn start_transaction(
                  WHERE (SELECT owned FROM fence)
                  ON CONFLICT (group_name, event_id) DO NOTHING
                  RETURNING event_id),
-             duplicate AS (
-                 INSERT INTO group_transition (group_name, event_id, order_id, sequence,
-                                               event_type, transition, detail, topic, partition,
-                                               kafka_offset)
-                 SELECT $1, u.e, u.a, u.s, u.y, 'duplicate', 'already processed', u.t, u.p, u.o
-                 FROM unnest($2::uuid[], $3::text[], $4::int[], $5::bigint[], $10::text[],
-                             $11::bigint[], $12::text[]) AS u(e, t, p, o, a, s, y)
-                 WHERE (SELECT owned FROM fence)
-                   AND u.e NOT IN (SELECT event_id FROM new)),
              progress AS (
                  SELECT order_id, last_sequence FROM order_progress
                  WHERE group_name = $1 AND order_id = ANY($9) AND (SELECT owned FROM fence)
@@ -165,9 +146,6 @@ pub(crate) async fn start_transaction(
     .bind(&fence_partitions)
     .bind(&fence_owners)
     .bind(orders)
-    .bind(&aggregates)
-    .bind(&sequences)
-    .bind(&types)
     .fetch_one(&mut *tx)
     .await?;
     if !owned {
@@ -240,6 +218,55 @@ pub(crate) async fn record_applied(
     .bind(&at)
     .bind(&progress_orders)
     .bind(&progress_seqs)
+    .execute(tx)
+    .await?;
+    Ok(())
+}
+
+/// Records redelivered events the dedupe rows recognised as `duplicate` steps of their history,
+/// in one statement. Runs only in a transaction that met such events.
+pub(crate) async fn record_duplicates(
+    tx: &mut PgConnection,
+    group: &str,
+    duplicates: &[&Pending<'_>],
+) -> Result<(), sqlx::Error> {
+    if duplicates.is_empty() {
+        return Ok(());
+    }
+    let ids: Vec<Uuid> = duplicates
+        .iter()
+        .map(|p| p.event.envelope.event_id)
+        .collect();
+    let orders: Vec<&str> = duplicates
+        .iter()
+        .map(|p| p.event.envelope.aggregate_id.as_str())
+        .collect();
+    let seqs: Vec<i64> = duplicates
+        .iter()
+        .map(|p| p.event.envelope.sequence)
+        .collect();
+    let types: Vec<&str> = duplicates
+        .iter()
+        .map(|p| p.event.envelope.event_type.as_str())
+        .collect();
+    let topics: Vec<&str> = duplicates.iter().map(|p| p.msg.topic.as_str()).collect();
+    let partitions: Vec<i32> = duplicates.iter().map(|p| p.msg.partition).collect();
+    let offsets: Vec<i64> = duplicates.iter().map(|p| p.msg.offset).collect();
+    sqlx::query(
+        "INSERT INTO group_transition (group_name, event_id, order_id, sequence, event_type,
+                                       transition, detail, topic, partition, kafka_offset)
+         SELECT $1, e, o, s, y, 'duplicate', 'already processed', t, p, k
+         FROM unnest($2::uuid[], $3::text[], $4::bigint[], $5::text[], $6::text[], $7::int[],
+                     $8::bigint[]) AS u(e, o, s, y, t, p, k)",
+    )
+    .bind(group)
+    .bind(&ids)
+    .bind(&orders)
+    .bind(&seqs)
+    .bind(&types)
+    .bind(&topics)
+    .bind(&partitions)
+    .bind(&offsets)
     .execute(tx)
     .await?;
     Ok(())
