@@ -5,66 +5,22 @@
 
 mod common;
 
-use chrono::Utc;
-use common::pipeline;
+use common::{order_message, pipeline, stock};
 use consumer::handlers::inventory::Inventory;
 use consumer::transaction::{process_batch, InboundMessage, Outcome};
-use pipeline_core::envelope::Envelope;
-use pipeline_core::order_events::{OrderLine, OrderSnapshot, OrderStatus};
+use pipeline_core::order_events::OrderStatus;
 use sqlx::PgPool;
 use uuid::Uuid;
 
 const GROUP: &str = "inventory";
 
-fn message(
-    order: Uuid,
-    sequence: i64,
-    status: OrderStatus,
-    quantity: i32,
-    offset: i64,
-) -> InboundMessage {
-    let snapshot = OrderSnapshot {
-        order_id: order,
-        customer_id: "c".into(),
-        email: None,
-        status,
-        lines: vec![OrderLine {
-            product_id: "sku-00001".into(),
-            quantity,
-        }],
-    };
-    InboundMessage {
-        topic: "orders".into(),
-        partition: 0,
-        offset,
-        key: Some(order.to_string().into_bytes()),
-        payload: Some(serde_json::to_vec(&snapshot).expect("json")),
-        headers: serde_json::json!({"occurred-at": Utc::now().to_rfc3339()}).into(),
-        envelope: Ok(Envelope {
-            event_id: Uuid::new_v4(),
-            event_type: status.event_type().into(),
-            aggregate_id: order.to_string(),
-            sequence,
-            occurred_at: Utc::now(),
-            traceparent: None,
-        }),
-    }
-}
-
 /// A record whose envelope headers cannot be read, keyed by `order`.
 fn unreadable(order: Uuid, offset: i64) -> InboundMessage {
-    let mut m = message(order, 1, OrderStatus::Placed, 1, offset);
+    let mut m = order_message("orders", order, 1, OrderStatus::Placed, 1, offset);
     m.envelope = Err(pipeline_core::envelope::EnvelopeError::MissingHeader(
         "event-id",
     ));
     m
-}
-
-async fn stock(pool: &PgPool) {
-    sqlx::query("INSERT INTO inventory_stock (product_id, available) VALUES ('sku-00001', 100)")
-        .execute(pool)
-        .await
-        .expect("stock");
 }
 
 async fn applied(pool: &PgPool, order: Uuid) -> Vec<i64> {
@@ -95,11 +51,11 @@ async fn replay_and_skip_release_parked_events_in_order(pool: PgPool) {
     // a's first event has a line the handler rejects (quantity 0); b's first record cannot be
     // read at all. Both orders' later events park behind them.
     let batch = vec![
-        message(a, 1, OrderStatus::Placed, 0, 0),
-        message(a, 2, OrderStatus::Cancelled, 0, 1),
+        order_message("orders", a, 1, OrderStatus::Placed, 0, 0),
+        order_message("orders", a, 2, OrderStatus::Cancelled, 0, 1),
         unreadable(b, 2),
-        message(b, 2, OrderStatus::Paid, 1, 3),
-        message(b, 3, OrderStatus::Shipped, 1, 4),
+        order_message("orders", b, 2, OrderStatus::Paid, 1, 3),
+        order_message("orders", b, 3, OrderStatus::Shipped, 1, 4),
     ];
     let report = process_batch(&pool, &handler, &batch).await.expect("batch");
     assert_eq!(report.outcomes[0], Outcome::DeadLettered);
@@ -317,9 +273,13 @@ async fn bad_input_exits_2_and_changes_nothing(pool: PgPool) {
     stock(&pool).await;
     let handler = Inventory::new(GROUP);
     let a = Uuid::new_v4();
-    let report = process_batch(&pool, &handler, &[message(a, 1, OrderStatus::Placed, 0, 0)])
-        .await
-        .expect("batch");
+    let report = process_batch(
+        &pool,
+        &handler,
+        &[order_message("orders", a, 1, OrderStatus::Placed, 0, 0)],
+    )
+    .await
+    .expect("batch");
     assert_eq!(report.outcomes, vec![Outcome::DeadLettered]);
     let cases: [&[&str]; 6] = [
         &["dead-letters", "--group", GROUP, "show", "999999"],

@@ -7,13 +7,11 @@ mod common;
 
 use std::time::Duration;
 
-use chrono::Utc;
-use common::pipeline;
+use common::{order_message, pipeline, stock};
 use consumer::handlers::inventory::Inventory;
 use consumer::transaction::{process_batch, InboundMessage, Outcome};
-use pipeline_core::envelope::Envelope;
 use pipeline_core::kafka::KafkaArgs;
-use pipeline_core::order_events::{OrderLine, OrderSnapshot, OrderStatus};
+use pipeline_core::order_events::OrderStatus;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
@@ -88,40 +86,12 @@ fn message(topic: &str, order: Uuid, sequence: i64, offset: i64) -> InboundMessa
     } else {
         OrderStatus::Paid
     };
-    let snapshot = OrderSnapshot {
-        order_id: order,
-        customer_id: "c".into(),
-        email: None,
-        status,
-        lines: vec![OrderLine {
-            product_id: "sku-00001".into(),
-            quantity: 1,
-        }],
-    };
-    InboundMessage {
-        topic: topic.into(),
-        partition: 0,
-        offset,
-        key: Some(order.to_string().into_bytes()),
-        payload: Some(serde_json::to_vec(&snapshot).expect("json")),
-        headers: serde_json::json!({}).into(),
-        envelope: Ok(Envelope {
-            event_id: Uuid::new_v4(),
-            event_type: status.event_type().into(),
-            aggregate_id: order.to_string(),
-            sequence,
-            occurred_at: Utc::now(),
-            traceparent: None,
-        }),
-    }
+    order_message(topic, order, sequence, status, 1, offset)
 }
 
 /// The group processed all four records of `topic` (two orders, two events each) and committed.
 async fn processed(pool: &PgPool, group: &str, topic: &str) -> (Uuid, Uuid) {
-    sqlx::query("INSERT INTO inventory_stock (product_id, available) VALUES ('sku-00001', 100)")
-        .execute(pool)
-        .await
-        .expect("stock");
+    stock(pool).await;
     sqlx::query(
         "INSERT INTO partition_owner (group_name, topic, partition, owner) VALUES ($1, $2, 0, $3)",
     )

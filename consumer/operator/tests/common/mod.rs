@@ -4,6 +4,10 @@
 
 use std::process::Output;
 
+use chrono::Utc;
+use consumer::transaction::InboundMessage;
+use pipeline_core::envelope::Envelope;
+use pipeline_core::order_events::{OrderLine, OrderSnapshot, OrderStatus};
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -72,4 +76,50 @@ pub(crate) async fn enqueue(pool: &PgPool, order: &str, fact: &str) -> (i64, Uui
         .await
         .expect("id");
     (id, enqueued.event_id())
+}
+
+/// An order event of `order` at `offset` of partition 0 of `topic`, one line of `quantity` of
+/// sku-00001.
+pub(crate) fn order_message(
+    topic: &str,
+    order: Uuid,
+    sequence: i64,
+    status: OrderStatus,
+    quantity: i32,
+    offset: i64,
+) -> InboundMessage {
+    let snapshot = OrderSnapshot {
+        order_id: order,
+        customer_id: "c".into(),
+        email: None,
+        status,
+        lines: vec![OrderLine {
+            product_id: "sku-00001".into(),
+            quantity,
+        }],
+    };
+    InboundMessage {
+        topic: topic.into(),
+        partition: 0,
+        offset,
+        key: Some(order.to_string().into_bytes()),
+        payload: Some(serde_json::to_vec(&snapshot).expect("json")),
+        headers: serde_json::json!({"occurred-at": Utc::now().to_rfc3339()}).into(),
+        envelope: Ok(Envelope {
+            event_id: Uuid::new_v4(),
+            event_type: status.event_type().into(),
+            aggregate_id: order.to_string(),
+            sequence,
+            occurred_at: Utc::now(),
+            traceparent: None,
+        }),
+    }
+}
+
+/// 100 of sku-00001 in stock.
+pub(crate) async fn stock(pool: &PgPool) {
+    sqlx::query("INSERT INTO inventory_stock (product_id, available) VALUES ('sku-00001', 100)")
+        .execute(pool)
+        .await
+        .expect("stock");
 }
