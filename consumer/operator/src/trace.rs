@@ -80,7 +80,10 @@ pub async fn read(targets: &Targets, id: &str) -> anyhow::Result<Trace> {
             "SELECT at, transition, event_id, sequence, event_type, detail,
                     partition AS kafka_partition, kafka_offset
              FROM group_history
-             WHERE group_name = $1 AND order_id = $2 AND ($3::uuid IS NULL OR event_id = $3)",
+             WHERE group_name = $1
+               AND ((order_id = $2 AND ($3::uuid IS NULL OR event_id = $3))
+                    -- A reprocess moves the whole group back: it shows in every order's trace.
+                    OR (order_id IS NULL AND transition = 'group.reprocess'))",
         )
         .bind(targets.qualified(&group))
         .bind(&order_id)
@@ -92,6 +95,13 @@ pub async fn read(targets: &Targets, id: &str) -> anyhow::Result<Trace> {
         }
         steps.extend(rows);
     }
+    // Group-wide actions from before the order existed say nothing about it.
+    let first = steps
+        .iter()
+        .filter(|s| s.transition != "group.reprocess")
+        .map(|s| s.at)
+        .min();
+    steps.retain(|s| s.transition != "group.reprocess" || first.is_some_and(|f| s.at >= f));
     if steps.is_empty() {
         return Err(BadInput::NotFound {
             what: "order or event",

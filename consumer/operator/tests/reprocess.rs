@@ -207,6 +207,24 @@ async fn reprocess_keeps_dedupe_rows_unless_told_to_clear_them(pool: PgPool) {
     .await
     .expect("actions");
     assert_eq!(recorded, ["check", "rebuild"]);
+    // Both show in the trace of an order the group had processed, with who and why.
+    let trace = pipeline(
+        &pool,
+        &["trace", &a.to_string(), "--group", &group, "--json"],
+    )
+    .json();
+    let notes: Vec<&str> = trace["steps"]
+        .as_array()
+        .expect("steps")
+        .iter()
+        .filter(|s| s["transition"] == "group.reprocess")
+        .filter_map(|s| s["detail"].as_str())
+        .collect();
+    assert_eq!(
+        notes,
+        ["by test-operator: check", "by test-operator: rebuild"],
+        "{trace}"
+    );
 }
 
 #[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
