@@ -26,7 +26,7 @@ async fn generic_plan(pool: &PgPool, statement: &str, args: &str) -> String {
         .fetch_all(&mut *conn)
         .await
         .expect("EXPLAIN");
-    // The pool may hand this session to the next call: leave no statement of ours behind.
+    // Pooled sessions are reused by later calls, which prepare `lookup` again.
     sqlx::raw_sql("DEALLOCATE lookup")
         .execute(&mut *conn)
         .await
