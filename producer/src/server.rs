@@ -16,7 +16,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::{self, ApiMetrics, AppState};
-use crate::orders::{GroupCommitMetrics, GroupCommitSettings, OrderService};
+use crate::orders::{GroupCommitMetrics, GroupCommitSettings, OrderService, PaymentReminders};
 
 /// `producer serve`: run the order service.
 #[derive(clap::Args, Debug)]
@@ -45,6 +45,16 @@ pub struct ServeArgs {
     /// runner starts a transaction at once.
     #[arg(long, env = "ORDER_GROUP_COMMIT_PATIENCE_MS", default_value_t = 1)]
     pub group_commit_patience_ms: u64,
+    /// Seconds after placing when an unpaid order's `order.payment_reminder` is published (a
+    /// delayed event, withdrawn when the order is paid or cancelled first); 0: only orders whose
+    /// request names `payment_reminder_at` get one.
+    #[arg(long, env = "PAYMENT_REMINDER_AFTER_SECONDS", default_value_t = 1800)]
+    pub payment_reminder_after_seconds: u64,
+    /// Latest `payment_reminder_at` a request may ask for, in seconds from now; later is refused
+    /// with 422.
+    #[arg(long, env = "SCHEDULE_HORIZON_SECONDS", default_value_t = 30 * 24 * 3600,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub schedule_horizon_seconds: u64,
     /// Seconds in-flight requests may take to finish after SIGTERM/SIGINT.
     #[arg(long, env = "SHUTDOWN_GRACE_SECONDS", default_value_t = 10)]
     pub shutdown_grace_seconds: u64,
@@ -99,7 +109,13 @@ pub async fn run(args: ServeArgs, shutdown: CancellationToken) -> anyhow::Result
         }
     };
     let registry = Registry::new();
-    let mut orders = OrderService::new(pool.clone(), args.topic.as_str(), args.notify_relay);
+    let reminders = PaymentReminders {
+        after: (args.payment_reminder_after_seconds > 0)
+            .then(|| Duration::from_secs(args.payment_reminder_after_seconds)),
+        horizon: Duration::from_secs(args.schedule_horizon_seconds),
+    };
+    let mut orders = OrderService::new(pool.clone(), args.topic.as_str(), args.notify_relay)
+        .with_payment_reminders(reminders);
     if args.group_commit > 0 {
         let settings = GroupCommitSettings {
             runners: args.group_commit,

@@ -6,6 +6,7 @@
 
 use std::collections::HashSet;
 
+use chrono::{DateTime, Utc};
 use pipeline_core::order_events::OrderLine;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -30,6 +31,10 @@ pub struct CreateOrderRequest {
     #[serde(default)]
     pub email: Option<String>,
     pub lines: Vec<RequestedLine>,
+    /// When to remind the customer to pay if the order is still unpaid (RFC 3339), instead of
+    /// the service's default delay.
+    #[serde(default)]
+    pub payment_reminder_at: Option<DateTime<Utc>>,
 }
 
 /// One requested line. The quantity is read wide so that an absurd value gets our message,
@@ -47,6 +52,10 @@ pub struct ValidOrder {
     pub customer_id: String,
     pub email: Option<String>,
     pub lines: Vec<OrderLine>,
+    /// Left out of the canonical form when absent, so a request without it keeps the
+    /// fingerprint it always had.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payment_reminder_at: Option<DateTime<Utc>>,
 }
 
 /// Why a request was refused. The message is meant for the client.
@@ -72,6 +81,40 @@ pub enum ValidationError {
     QuantityOutOfRange { line: usize, quantity: i64 },
     #[error("product `{0}` appears on more than one line")]
     DuplicateProduct(String),
+    #[error("{field} {at} is in the past (more than {PUBLISH_TIME_PAST_TOLERANCE_SECONDS} s ago)")]
+    PublishTimeInPast { field: &'static str, at: String },
+    #[error("{field} {at} is beyond the scheduling horizon of {horizon_seconds} s from now")]
+    PublishTimeBeyondHorizon {
+        field: &'static str,
+        at: String,
+        horizon_seconds: i64,
+    },
+}
+
+/// How far in the past a requested publish time may be (clocks differ a little between a client
+/// and the service); such a time means "at once".
+pub const PUBLISH_TIME_PAST_TOLERANCE_SECONDS: i64 = 60;
+
+/// Checks a requested publish time `at` of a delayed event against `now`: not in the past by
+/// more than [`PUBLISH_TIME_PAST_TOLERANCE_SECONDS`], not beyond `horizon` from now.
+pub fn check_publish_time(
+    field: &'static str,
+    at: DateTime<Utc>,
+    now: DateTime<Utc>,
+    horizon: chrono::Duration,
+) -> Result<(), ValidationError> {
+    let shown = || at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    if at < now - chrono::Duration::seconds(PUBLISH_TIME_PAST_TOLERANCE_SECONDS) {
+        return Err(ValidationError::PublishTimeInPast { field, at: shown() });
+    }
+    if at > now + horizon {
+        return Err(ValidationError::PublishTimeBeyondHorizon {
+            field,
+            at: shown(),
+            horizon_seconds: horizon.num_seconds(),
+        });
+    }
+    Ok(())
 }
 
 /// Checks a create request and returns its canonical form.
@@ -125,6 +168,7 @@ pub fn validate_order(req: CreateOrderRequest) -> Result<ValidOrder, ValidationE
         customer_id: req.customer_id,
         email: req.email,
         lines,
+        payment_reminder_at: req.payment_reminder_at,
     })
 }
 
@@ -205,6 +249,7 @@ mod tests {
                     quantity: *q,
                 })
                 .collect(),
+            payment_reminder_at: None,
         }
     }
 

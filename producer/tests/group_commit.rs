@@ -32,6 +32,7 @@ fn order(product_id: &str) -> ValidOrder {
             product_id: product_id.into(),
             quantity: 1,
         }],
+        payment_reminder_at: None,
     })
     .expect("valid order")
 }
@@ -403,6 +404,7 @@ fn order_of(lines: &[(&str, i64)]) -> ValidOrder {
                 quantity: *quantity,
             })
             .collect(),
+        payment_reminder_at: None,
     })
     .expect("valid order")
 }

@@ -67,6 +67,15 @@ pub struct RunArgs {
     /// warning.
     #[arg(long, env = "RELAY_QUEUE_VACUUM_INTERVAL_MS", default_value_t = 1000)]
     pub queue_vacuum_interval_ms: u64,
+    /// How often the active relay moves delayed events that fell due into the outbox, in
+    /// milliseconds: a delayed event is published at most about this long after its time.
+    #[arg(long, env = "RELAY_SCHEDULE_INTERVAL_MS", default_value_t = 200,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub schedule_interval_ms: u64,
+    /// Most delayed events moved into the outbox in one statement.
+    #[arg(long, env = "RELAY_SCHEDULE_BATCH_SIZE", default_value_t = 5000,
+          value_parser = clap::value_parser!(i64).range(1..))]
+    pub schedule_batch_size: i64,
     /// Also wake on PostgreSQL NOTIFY (sent by services that enable it).
     #[arg(long, env = "RELAY_LISTEN", default_value_t = true, action = clap::ArgAction::Set)]
     pub listen: bool,

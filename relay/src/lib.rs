@@ -9,6 +9,7 @@ pub mod mark;
 pub mod metrics;
 pub mod publish;
 pub mod relay;
+pub mod schedule;
 pub mod vacuum;
 
 use std::time::Duration;

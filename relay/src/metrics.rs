@@ -31,6 +31,9 @@ pub struct RelayMetrics {
     pub lease_lost: IntCounterVec,
     pub lease_vacant: Gauge,
     pub fenced: IntCounter,
+    pub scheduled_released: IntCounter,
+    pub scheduled_due: IntGauge,
+    pub scheduled_overdue: Gauge,
 }
 
 impl RelayMetrics {
@@ -154,6 +157,20 @@ impl RelayMetrics {
                 "Times this relay found itself fenced: a lease renewal or a batch's outcome \
                  refused because another relay had taken the lease over",
             )?,
+            scheduled_released: IntCounter::new(
+                "outbox_scheduled_released_total",
+                "Delayed events this relay moved into the outbox once due",
+            )?,
+            scheduled_due: IntGauge::new(
+                "outbox_scheduled_due",
+                "Delayed events that are due and not yet moved into the outbox (0 while a relay \
+                 is active and keeping up)",
+            )?,
+            scheduled_overdue: Gauge::new(
+                "outbox_scheduled_overdue_seconds",
+                "How long ago the oldest due delayed event still waiting fell due, by the \
+                 database clock; 0 when none waits",
+            )?,
         };
         registry.register(Box::new(m.published.clone()))?;
         registry.register(Box::new(m.takeovers.clone()))?;
@@ -162,6 +179,9 @@ impl RelayMetrics {
         registry.register(Box::new(m.lease_lost.clone()))?;
         registry.register(Box::new(m.lease_vacant.clone()))?;
         registry.register(Box::new(m.fenced.clone()))?;
+        registry.register(Box::new(m.scheduled_released.clone()))?;
+        registry.register(Box::new(m.scheduled_due.clone()))?;
+        registry.register(Box::new(m.scheduled_overdue.clone()))?;
         for reason in TakeoverReason::ALL {
             let _ = m.takeovers.with_label_values(&[reason.label()]);
         }

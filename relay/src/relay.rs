@@ -1,5 +1,7 @@
 //! The relay loop: claim a batch, publish it, record the outcome; wait for work when idle. Up to
-//! `--pipeline-depth` batches are out at once, each aggregate in one of them.
+//! `--pipeline-depth` batches are out at once, each aggregate in one of them. Beside the loop,
+//! while the lease is held, delayed events that fell due are moved into the outbox
+//! ([`crate::schedule`]).
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -21,6 +23,7 @@ use crate::lease::{Elector, Lease};
 use crate::mark::{mark_published, record_failures, FailedAttempt, MarkError};
 use crate::metrics::RelayMetrics;
 use crate::publish::{publish_batch, ProducerHandle, RelayProducer};
+use crate::schedule::release_while_active;
 
 /// Counts of one relay step.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -166,6 +169,14 @@ pub async fn run(
         // The lease is renewed beside the loop, and released only once the loop has recorded
         // what its batches did (a release first would refuse those writes).
         let stop_renewing = CancellationToken::new();
+        let releasing = tokio::spawn(release_while_active(
+            pool.clone(),
+            lease.clone(),
+            args.schedule_batch_size,
+            Duration::from_millis(args.schedule_interval_ms),
+            metrics.clone(),
+            stop_renewing.clone(),
+        ));
         let (outcome, ()) = tokio::join!(
             async {
                 let outcome = run_active(
@@ -183,6 +194,7 @@ pub async fn run(
             },
             elector.keep(&lease, &metrics, &stop_renewing),
         );
+        let _ = releasing.await;
         metrics.active.set(0);
         result = outcome;
         if result.is_err() {
@@ -405,23 +417,30 @@ pub async fn watch_backlog(
     shutdown: CancellationToken,
 ) {
     loop {
-        let row: Result<(i64, f64, f64), _> = sqlx::query_as(
+        // Scheduled events: only the due head of the due-time index is read, however many
+        // wait further ahead.
+        let row: Result<(i64, f64, f64, i64, f64), _> = sqlx::query_as(
             "SELECT count(*),
                     COALESCE(EXTRACT(EPOCH FROM clock_timestamp() - min(created_at)), 0)::float8,
                     (SELECT COALESCE(max(EXTRACT(EPOCH FROM clock_timestamp() - expires_at)), 0)::float8
                      FROM relay_lease
                      WHERE lease_key = $1 AND expires_at < clock_timestamp()
-                       AND expires_at > '-infinity')
+                       AND expires_at > '-infinity'),
+                    (SELECT count(*) FROM outbox_scheduled WHERE publish_at <= clock_timestamp()),
+                    (SELECT COALESCE(EXTRACT(EPOCH FROM clock_timestamp() - min(publish_at)), 0)::float8
+                     FROM outbox_scheduled WHERE publish_at <= clock_timestamp())
              FROM outbox_unpublished",
         )
         .bind(lease_key)
         .fetch_one(&pool)
         .await;
         match row {
-            Ok((count, age, vacant)) => {
+            Ok((count, age, vacant, due, overdue)) => {
                 metrics.unpublished.set(count);
                 metrics.oldest_unpublished_age.set(age.max(0.0));
                 metrics.lease_vacant.set(vacant.max(0.0));
+                metrics.scheduled_due.set(due);
+                metrics.scheduled_overdue.set(overdue.max(0.0));
             }
             Err(e) => tracing::warn!(error = %e, "cannot read outbox backlog"),
         }

@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
-use pipeline_core::order_events::{ORDER_CANCELLED, ORDER_PAID, ORDER_PLACED, ORDER_SHIPPED};
+use pipeline_core::order_events::{
+    ORDER_CANCELLED, ORDER_PAID, ORDER_PAYMENT_REMINDER, ORDER_PLACED, ORDER_SHIPPED,
+};
 use sqlx::{PgConnection, PgPool};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -77,6 +79,10 @@ impl Notifications {
     }
 }
 
+const PAYMENT_REMINDER: &str = "payment-reminder";
+/// Templates of the events after which an order needs no payment reminder.
+const SETTLED: [&str; 2] = ["payment-received", "order-cancelled"];
+
 /// The template for an event type; `None` for types this group does not know.
 pub fn template_for(event_type: &str) -> Option<&'static str> {
     match event_type {
@@ -84,6 +90,7 @@ pub fn template_for(event_type: &str) -> Option<&'static str> {
         ORDER_PAID => Some("payment-received"),
         ORDER_CANCELLED => Some("order-cancelled"),
         ORDER_SHIPPED => Some("order-shipped"),
+        ORDER_PAYMENT_REMINDER => Some(PAYMENT_REMINDER),
         _ => None,
     }
 }
@@ -104,6 +111,57 @@ struct NotificationTransaction {
     rows: Vec<(Uuid, String, String, &'static str, &'static str)>,
 }
 
+impl NotificationTransaction {
+    /// Records the notification `event` calls for.
+    fn decide(&mut self, event: &Event) -> Result<(), HandlerError> {
+        let template = template_for(&event.envelope.event_type).ok_or_else(|| {
+            HandlerError::Rejected(format!(
+                "unknown event type `{}`",
+                event.envelope.event_type
+            ))
+        })?;
+        let order = order_snapshot(event)?;
+        let (recipient, channel) = match &order.email {
+            Some(email) if !email.is_empty() => (email.clone(), "email"),
+            _ => (order.customer_id.clone(), "customer-inbox"),
+        };
+        self.rows.push((
+            event.envelope.event_id,
+            order.order_id.to_string(),
+            recipient,
+            channel,
+            template,
+        ));
+        Ok(())
+    }
+
+    /// A payment reminder becomes a notification only for an order this group has not seen
+    /// paid or cancelled (in this transaction or an earlier one). The order service withdraws
+    /// the reminder of an order paid or cancelled before it is due, so this is the second line:
+    /// for a reminder that reached the topic anyway.
+    async fn remind(&mut self, conn: &mut PgConnection, event: &Event) -> Result<(), HandlerError> {
+        let order_id = &event.envelope.aggregate_id;
+        let settled_here = self
+            .rows
+            .iter()
+            .any(|r| &r.1 == order_id && SETTLED.contains(&r.4));
+        let settled = settled_here
+            || sqlx::query_scalar::<_, bool>(
+                "SELECT EXISTS (SELECT 1 FROM notification
+                                WHERE order_id = $1
+                                  AND template IN ('payment-received', 'order-cancelled'))",
+            )
+            .bind(order_id)
+            .fetch_one(conn)
+            .await?;
+        if settled {
+            tracing::debug!(%order_id, "order already paid or cancelled: no payment reminder");
+            return Ok(());
+        }
+        self.decide(event)
+    }
+}
+
 impl HandlerTransaction for NotificationTransaction {
     fn prepare<'a>(
         &'a mut self,
@@ -116,30 +174,13 @@ impl HandlerTransaction for NotificationTransaction {
 
     fn apply<'a>(
         &'a mut self,
-        _conn: &'a mut PgConnection,
+        conn: &'a mut PgConnection,
         event: &'a Event,
     ) -> BoxFuture<'a, Result<(), HandlerError>> {
-        let decided = (|| {
-            let template = template_for(&event.envelope.event_type).ok_or_else(|| {
-                HandlerError::Rejected(format!(
-                    "unknown event type `{}`",
-                    event.envelope.event_type
-                ))
-            })?;
-            let order = order_snapshot(event)?;
-            let (recipient, channel) = match &order.email {
-                Some(email) if !email.is_empty() => (email.clone(), "email"),
-                _ => (order.customer_id.clone(), "customer-inbox"),
-            };
-            self.rows.push((
-                event.envelope.event_id,
-                order.order_id.to_string(),
-                recipient,
-                channel,
-                template,
-            ));
-            Ok(())
-        })();
+        if event.envelope.event_type == ORDER_PAYMENT_REMINDER {
+            return Box::pin(self.remind(conn, event));
+        }
+        let decided = self.decide(event);
         Box::pin(async move { decided })
     }
 

@@ -41,7 +41,15 @@
 //!   with `acks=all` and the idempotent producer and may publish one again after a crash; the
 //!   consumer groups skip such duplicates by event id.
 //!
-//! This crate brings no HTTP server or client: sqlx, serde_json, uuid and thiserror only.
+//! Delayed and scheduled events: [`enqueue_at`] appends an event the relay publishes when it is
+//! due, not before (a reminder half an hour after an order, a retry at a given time), with the
+//! same guarantees. A delayed event takes its place in its aggregate's sequence when it becomes
+//! due: it never holds the aggregate's other events, and it is published after every event the
+//! aggregate committed before that moment. [`cancel_scheduled`] withdraws one that is not due
+//! yet, in the caller's transaction.
+//!
+//! This crate brings no HTTP server or client: sqlx, serde_json, uuid, chrono and thiserror
+//! only.
 
 #![warn(missing_docs)]
 
@@ -50,6 +58,10 @@ use std::collections::HashMap;
 use serde_json::Value;
 use sqlx::{Postgres, Transaction};
 use uuid::Uuid;
+
+mod schedule;
+
+pub use schedule::{cancel_scheduled, enqueue_all_at, enqueue_at, PublishAt, Scheduled};
 
 /// The migrations of the outbox's tables (the outbox, the relay's queue, delivery records and
 /// lease) and of nothing else: run it on the database your service writes its changes to. It
@@ -130,6 +142,9 @@ pub enum EnqueueError {
     /// in the events given. The transaction is aborted.
     #[error("an event's business key and type are already recorded")]
     AlreadyRecorded,
+    /// [`enqueue_at`]: the delay does not fit in a PostgreSQL interval; nothing was written.
+    #[error("publish delay {0:?} is too long")]
+    DelayTooLong(std::time::Duration),
     /// The database failed; the caller's transaction should be rolled back.
     #[error(transparent)]
     Database(#[from] sqlx::Error),
@@ -264,7 +279,7 @@ pub async fn enqueue_all(
         .collect()
 }
 
-fn headers_json(event: &NewEvent) -> Value {
+pub(crate) fn headers_json(event: &NewEvent) -> Value {
     Value::Object(
         event
             .headers
@@ -287,7 +302,7 @@ pub async fn notify_relay(tx: &mut Transaction<'_, Postgres>) -> Result<(), sqlx
     Ok(())
 }
 
-fn validate(event: &NewEvent) -> Result<(), EnqueueError> {
+pub(crate) fn validate(event: &NewEvent) -> Result<(), EnqueueError> {
     let fields = [
         ("business_key", &event.business_key),
         ("event_type", &event.event_type),

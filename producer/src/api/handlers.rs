@@ -12,7 +12,8 @@ use uuid::Uuid;
 use super::{ApiError, ApiJson, AppState};
 use crate::orders::Action;
 use crate::validation::{
-    is_valid_traceparent, validate_idempotency_key, validate_order, CreateOrderRequest,
+    check_publish_time, is_valid_traceparent, validate_idempotency_key, validate_order,
+    CreateOrderRequest,
 };
 
 /// Header naming a create request, so that retries of it place one order.
@@ -26,6 +27,11 @@ pub(super) async fn create_order(
 ) -> Result<Response, ApiError> {
     let key = idempotency_key(&headers)?;
     let order = validate_order(request)?;
+    if let Some(at) = order.payment_reminder_at {
+        let horizon = chrono::Duration::from_std(state.orders.payment_reminders().horizon)
+            .unwrap_or(chrono::Duration::MAX);
+        check_publish_time("payment_reminder_at", at, chrono::Utc::now(), horizon)?;
+    }
     let placed = state
         .orders
         .place(&order, key, traceparent(&headers))

@@ -116,6 +116,7 @@ mod tests {
                 customer_id: "c".into(),
                 email: None,
                 lines: Vec::new(),
+                payment_reminder_at: None,
             },
             fate: if index % 10 == 9 {
                 Fate::PayCancel

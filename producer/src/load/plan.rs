@@ -86,6 +86,7 @@ impl OrderPlan {
                 customer_id: format!("customer-{customer}"),
                 email,
                 lines,
+                payment_reminder_at: None,
             },
             fate,
         }

@@ -6,11 +6,13 @@
 
 mod group_commit;
 mod place;
+mod reminder;
 mod store;
 mod transition;
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use pipeline_core::order_events::{OrderLine, OrderSnapshot, OrderStatus};
@@ -37,6 +39,10 @@ pub struct Order {
     pub lines: Vec<OrderLine>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+    /// For a newly placed order, the payment reminder time its request asked for; not stored
+    /// and not part of the API's answer.
+    #[serde(skip)]
+    pub payment_reminder_at: Option<DateTime<Utc>>,
 }
 
 impl Order {
@@ -159,7 +165,27 @@ pub struct OrderService {
     pool: PgPool,
     topic: Arc<str>,
     notify_relay: bool,
+    reminders: PaymentReminders,
     group: Option<GroupCommit>,
+}
+
+/// When orders get a payment reminder (see [`OrderService::with_payment_reminders`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PaymentReminders {
+    /// Delay after placing; `None`: only orders whose request names a reminder time get one.
+    pub after: Option<Duration>,
+    /// Latest reminder time a request may ask for, from now.
+    pub horizon: Duration,
+}
+
+impl Default for PaymentReminders {
+    /// No default reminder; requests may ask for one up to 30 days ahead.
+    fn default() -> Self {
+        PaymentReminders {
+            after: None,
+            horizon: Duration::from_secs(30 * 24 * 3600),
+        }
+    }
 }
 
 impl OrderService {
@@ -170,8 +196,23 @@ impl OrderService {
             pool,
             topic: topic.into(),
             notify_relay,
+            reminders: PaymentReminders::default(),
             group: None,
         }
+    }
+
+    /// Every order placed gets an `order.payment_reminder` event published `reminders.after`
+    /// it was placed (or at the time its request asked for), unless it is paid or cancelled
+    /// first: the pay or cancel withdraws the reminder in its own transaction. Call before
+    /// [`OrderService::with_group_commit`].
+    pub fn with_payment_reminders(mut self, reminders: PaymentReminders) -> Self {
+        self.reminders = reminders;
+        self
+    }
+
+    /// When orders get a payment reminder.
+    pub fn payment_reminders(&self) -> PaymentReminders {
+        self.reminders
     }
 
     /// Changes requested at the same time share transactions (see [`group_commit`]). Starts the

@@ -230,5 +230,6 @@ fn placed_order(
         lines: order.lines.clone(),
         created_at,
         updated_at,
+        payment_reminder_at: order.payment_reminder_at,
     }
 }

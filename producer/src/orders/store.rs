@@ -60,6 +60,7 @@ pub(super) fn order_from_row(row: OrderRow) -> Result<Order, OrderError> {
             .collect(),
         created_at,
         updated_at,
+        payment_reminder_at: None,
     })
 }
 
@@ -97,6 +98,7 @@ impl OrderService {
             }
             Err(e) => return Err(e.into()),
         }
+        self.schedule_reminders(tx, changed).await?;
         if self.notify_relay && !events.is_empty() {
             outbox::notify_relay(tx).await?;
         }
@@ -104,7 +106,11 @@ impl OrderService {
     }
 
     /// The event recording that `order` entered its current status.
-    fn event_for(&self, order: &Order, traceparent: Option<&str>) -> Result<NewEvent, OrderError> {
+    pub(super) fn event_for(
+        &self,
+        order: &Order,
+        traceparent: Option<&str>,
+    ) -> Result<NewEvent, OrderError> {
         let order_id = order.order_id.to_string();
         let payload = serde_json::to_value(order.snapshot())
             .map_err(|e| OrderError::Database(sqlx::Error::Encode(Box::new(e))))?;

@@ -75,6 +75,7 @@ pub fn order_plan(g: u64, products: u32) -> OrderPlan {
             customer_id,
             email,
             lines: lines(g, products),
+            payment_reminder_at: None,
         },
         fate: if g % 10 == 9 {
             Fate::PayCancel

@@ -18,7 +18,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use anyhow::Context;
 use futures::future::BoxFuture;
 use pipeline_core::order_events::{
-    demo_product_id, OrderSnapshot, ORDER_CANCELLED, ORDER_PAID, ORDER_PLACED, ORDER_SHIPPED,
+    demo_product_id, OrderSnapshot, ORDER_CANCELLED, ORDER_PAID, ORDER_PAYMENT_REMINDER,
+    ORDER_PLACED, ORDER_SHIPPED,
 };
 use sqlx::{PgConnection, PgPool};
 
@@ -138,7 +139,8 @@ impl HandlerTransaction for InventoryTransaction {
                 }
                 ORDER_CANCELLED => self.close(conn, order_id, "released").await,
                 ORDER_SHIPPED => self.close(conn, order_id, "fulfilled").await,
-                ORDER_PAID => Ok(()),
+                // Stock moves only when an order is placed, cancelled or shipped.
+                ORDER_PAID | ORDER_PAYMENT_REMINDER => Ok(()),
                 other => Err(HandlerError::Rejected(format!(
                     "unknown event type `{other}`"
                 ))),

@@ -1,0 +1,195 @@
+//! Delayed and scheduled events: appended in the caller's transaction with an earliest publish
+//! time, kept in `outbox_scheduled` until they are due, then moved into the outbox by the active
+//! relay (`relay run`), where they take their aggregate's next sequence number and are published
+//! like any other event.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::{Postgres, Transaction};
+use uuid::Uuid;
+
+use crate::{headers_json, validate, EnqueueError, NewEvent};
+
+/// When the relay may publish a delayed event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PublishAt {
+    /// Not before this time. A time already past makes the event due at once: it is published
+    /// as soon as a relay is active (a relay that was down publishes what fell due meanwhile).
+    At(DateTime<Utc>),
+    /// Not before this long after the start of the caller's transaction, by the database's
+    /// clock (the clock the relay compares with).
+    After(Duration),
+}
+
+impl PublishAt {
+    /// `(absolute time, delay in microseconds)`: one of them is used, the other is `None`.
+    fn split(self) -> Result<(Option<DateTime<Utc>>, Option<i64>), EnqueueError> {
+        match self {
+            PublishAt::At(at) => Ok((Some(at), None)),
+            PublishAt::After(delay) => {
+                let micros = i64::try_from(delay.as_micros())
+                    .ok()
+                    // PostgreSQL intervals hold about 178 million years; stay far below.
+                    .filter(|m| *m <= 100 * 365 * 24 * 3_600 * 1_000_000)
+                    .ok_or(EnqueueError::DelayTooLong(delay))?;
+                Ok((None, Some(micros)))
+            }
+        }
+    }
+}
+
+/// What [`enqueue_at`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scheduled {
+    /// The event waits for `publish_at`; it has no sequence number until it is due.
+    New {
+        /// The event's id (the `event-id` header it will be published with).
+        event_id: Uuid,
+        /// Its earliest publish time, by the database's clock.
+        publish_at: DateTime<Utc>,
+    },
+    /// The same (business key, event type) is already scheduled or already in the outbox:
+    /// nothing was written.
+    Duplicate {
+        /// The id of the event recorded before.
+        event_id: Uuid,
+    },
+}
+
+impl Scheduled {
+    /// Id of the event, whether scheduled now or found already recorded.
+    pub fn event_id(self) -> Uuid {
+        match self {
+            Scheduled::New { event_id, .. } | Scheduled::Duplicate { event_id } => event_id,
+        }
+    }
+}
+
+/// Appends `event` inside `tx` to be published when `when` comes, not before.
+///
+/// Guarantees as for [`crate::enqueue`]: the event exists if and only if `tx` commits, a
+/// (business key, event type) pair is recorded once (already scheduled or already in the outbox:
+/// [`Scheduled::Duplicate`]), and once due it is published at least once and applied once per
+/// consumer group. Its place in its aggregate's sequence is taken when it becomes due, so it
+/// never holds the aggregate's other events: those committed before it is due are published
+/// before it, those committed after, after it.
+pub async fn enqueue_at(
+    tx: &mut Transaction<'_, Postgres>,
+    event: &NewEvent,
+    when: PublishAt,
+) -> Result<Scheduled, EnqueueError> {
+    let outcomes = enqueue_all_at(tx, &[(event.clone(), when)]).await?;
+    outcomes
+        .into_iter()
+        .next()
+        .ok_or(EnqueueError::Database(sqlx::Error::RowNotFound))
+}
+
+/// [`enqueue_at`] for several events in one round trip (one more when some are duplicates).
+/// Returns each event's outcome, in the order given.
+pub async fn enqueue_all_at(
+    tx: &mut Transaction<'_, Postgres>,
+    events: &[(NewEvent, PublishAt)],
+) -> Result<Vec<Scheduled>, EnqueueError> {
+    if events.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut ats = Vec::with_capacity(events.len());
+    let mut delays = Vec::with_capacity(events.len());
+    for (event, when) in events {
+        validate(event)?;
+        let (at, delay) = when.split()?;
+        ats.push(at);
+        delays.push(delay);
+    }
+    let ids: Vec<Uuid> = events.iter().map(|_| Uuid::now_v7()).collect();
+    let field = |f: fn(&NewEvent) -> &str| events.iter().map(|(e, _)| f(e)).collect::<Vec<_>>();
+    let payloads: Vec<&serde_json::Value> = events.iter().map(|(e, _)| &e.payload).collect();
+    let headers: Vec<serde_json::Value> = events.iter().map(|(e, _)| headers_json(e)).collect();
+    // A fact already in the outbox (published at once) is not scheduled again; one already
+    // scheduled is left to the unique constraint.
+    let inserted: Vec<(Uuid, DateTime<Utc>)> = sqlx::query_as(
+        "INSERT INTO outbox_scheduled (event_id, business_key, event_type, aggregate_id, topic,
+                                       payload, headers, publish_at)
+         SELECT i.event_id, i.business_key, i.event_type, i.aggregate_id, i.topic, i.payload,
+                i.headers, COALESCE(i.at, now() + i.delay_us * interval '1 microsecond')
+         FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::jsonb[],
+                     $7::jsonb[], $8::timestamptz[], $9::bigint[])
+              AS i(event_id, business_key, event_type, aggregate_id, topic, payload, headers, at,
+                   delay_us)
+         WHERE NOT EXISTS (SELECT 1 FROM outbox o
+                           WHERE o.business_key = i.business_key AND o.event_type = i.event_type)
+         ON CONFLICT (business_key, event_type) DO NOTHING
+         RETURNING event_id, publish_at",
+    )
+    .bind(&ids)
+    .bind(field(|e| &e.business_key))
+    .bind(field(|e| &e.event_type))
+    .bind(field(|e| &e.aggregate_id))
+    .bind(field(|e| &e.topic))
+    .bind(&payloads)
+    .bind(&headers)
+    .bind(&ats)
+    .bind(&delays)
+    .fetch_all(&mut **tx)
+    .await?;
+    let mut outcomes = Vec::with_capacity(events.len());
+    for (id, (event, _)) in ids.iter().zip(events) {
+        match inserted.iter().find(|(e, _)| e == id) {
+            Some(&(event_id, publish_at)) => outcomes.push(Scheduled::New {
+                event_id,
+                publish_at,
+            }),
+            None => outcomes.push(Scheduled::Duplicate {
+                event_id: recorded_event_id(tx, event).await?,
+            }),
+        }
+    }
+    Ok(outcomes)
+}
+
+/// The id of the event already recorded for `event`'s (business key, event type), scheduled or
+/// in the outbox.
+async fn recorded_event_id(
+    tx: &mut Transaction<'_, Postgres>,
+    event: &NewEvent,
+) -> Result<Uuid, EnqueueError> {
+    let id: Option<Uuid> = sqlx::query_scalar(
+        "SELECT event_id FROM outbox_scheduled WHERE business_key = $1 AND event_type = $2
+         UNION ALL
+         SELECT event_id FROM outbox WHERE business_key = $1 AND event_type = $2
+         LIMIT 1",
+    )
+    .bind(&event.business_key)
+    .bind(&event.event_type)
+    .fetch_optional(&mut **tx)
+    .await?;
+    id.ok_or(EnqueueError::Database(sqlx::Error::RowNotFound))
+}
+
+/// Withdraws the scheduled events with these (business key, event type) pairs that are not due
+/// yet, or due but not yet moved into the outbox, inside `tx`: e.g. a payment reminder once the
+/// order is paid. Returns how many were withdrawn; an event already moved into the outbox is
+/// published whatever happens here. Taking the scheduled row's lock, this waits for a relay
+/// moving it at the same moment, so either the event is withdrawn or it was already released.
+pub async fn cancel_scheduled(
+    tx: &mut Transaction<'_, Postgres>,
+    facts: &[(&str, &str)],
+) -> Result<u64, sqlx::Error> {
+    if facts.is_empty() {
+        return Ok(0);
+    }
+    let keys: Vec<&str> = facts.iter().map(|(k, _)| *k).collect();
+    let types: Vec<&str> = facts.iter().map(|(_, t)| *t).collect();
+    let done = sqlx::query(
+        "DELETE FROM outbox_scheduled s
+         USING unnest($1::text[], $2::text[]) AS f(business_key, event_type)
+         WHERE s.business_key = f.business_key AND s.event_type = f.event_type",
+    )
+    .bind(&keys)
+    .bind(&types)
+    .execute(&mut **tx)
+    .await?;
+    Ok(done.rows_affected())
+}

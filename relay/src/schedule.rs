@@ -1,0 +1,130 @@
+//! Releasing delayed events: the active relay moves scheduled events that are due from
+//! `outbox_scheduled` into the outbox, where the claim finds them like any other event.
+//!
+//! The claim itself never reads the scheduled events, so events waiting far ahead cost it
+//! nothing; the release reads the head of the due-time index and stops at the first event not
+//! due yet.
+
+use std::time::Duration;
+
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+use crate::lease::{Fence, Lease};
+use crate::mark::MarkError;
+use crate::metrics::RelayMetrics;
+use pipeline_core::db::OUTBOX_CHANNEL;
+
+/// Moves up to `limit` due scheduled events into the outbox in one statement, oldest due first,
+/// and returns how many it moved.
+///
+/// Each event takes the next sequence number of its aggregate at this moment (the same row lock
+/// as `outbox::enqueue`, taken in aggregate order so that concurrent writers cannot deadlock),
+/// so it is published after every event its aggregate committed before. Its Kafka headers gain
+/// `scheduled-at` and `publish-at`. An event whose (business key, event type) reached the
+/// outbox another way meanwhile is dropped as the duplicate it is. Fenced like the relay's
+/// other writes: nothing moves unless `fence`'s epoch still holds the lease
+/// ([`MarkError::LeaseLost`]). A listening relay is woken when something moved.
+pub async fn release_due(pool: &PgPool, fence: Fence, limit: i64) -> Result<u64, MarkError> {
+    let (held, released): (bool, i64) = sqlx::query_as(RELEASE_SQL)
+        .bind(limit)
+        .bind(fence.key)
+        .bind(fence.epoch)
+        .fetch_one(pool)
+        .await?;
+    if !held {
+        return Err(MarkError::LeaseLost(fence.epoch));
+    }
+    if released > 0 {
+        // Committed: wake a relay waiting for work (this one's claim loop, if it listens).
+        let _ = sqlx::query("SELECT pg_notify($1, '')")
+            .bind(OUTBOX_CHANNEL)
+            .execute(pool)
+            .await?;
+    }
+    Ok(released as u64)
+}
+
+/// `$1` the most events to move, `$2`/`$3` the lease key and epoch.
+const RELEASE_SQL: &str = "WITH lease AS (
+         SELECT epoch FROM relay_lease WHERE lease_key = $2 AND epoch = $3 FOR SHARE),
+     due AS (
+         SELECT event_id FROM outbox_scheduled
+         WHERE publish_at <= now() AND EXISTS (SELECT 1 FROM lease)
+         ORDER BY publish_at, event_id
+         LIMIT $1
+         FOR UPDATE SKIP LOCKED),
+     taken AS (
+         DELETE FROM outbox_scheduled s USING due WHERE s.event_id = due.event_id
+         RETURNING s.*),
+     fresh AS (
+         SELECT * FROM taken t
+         WHERE NOT EXISTS (SELECT 1 FROM outbox o
+                           WHERE o.business_key = t.business_key AND o.event_type = t.event_type)),
+     counts AS (
+         SELECT aggregate_id, count(*) AS events FROM fresh
+         GROUP BY aggregate_id ORDER BY aggregate_id),
+     next AS (
+         INSERT INTO outbox_sequence AS q (aggregate_id, last_sequence)
+         SELECT aggregate_id, events FROM counts
+         ON CONFLICT (aggregate_id)
+         DO UPDATE SET last_sequence = q.last_sequence + EXCLUDED.last_sequence
+         RETURNING aggregate_id, last_sequence),
+     moved AS (
+         INSERT INTO outbox (event_id, business_key, event_type, aggregate_id, sequence, topic,
+                             payload, headers)
+         SELECT f.event_id, f.business_key, f.event_type, f.aggregate_id,
+                next.last_sequence - c.events
+                    + row_number() OVER (PARTITION BY f.aggregate_id
+                                         ORDER BY f.publish_at, f.event_id),
+                f.topic, f.payload,
+                f.headers || jsonb_build_object(
+                    'scheduled-at', to_char(f.scheduled_at AT TIME ZONE 'UTC',
+                                            'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'),
+                    'publish-at', to_char(f.publish_at AT TIME ZONE 'UTC',
+                                          'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'))
+         FROM fresh f JOIN counts c USING (aggregate_id) JOIN next USING (aggregate_id)
+         ORDER BY f.publish_at, f.event_id
+         RETURNING 1)
+ SELECT EXISTS (SELECT 1 FROM lease), (SELECT count(*) FROM moved)";
+
+/// While `lease` is held and until `stop`: releases due scheduled events every `every`, at once
+/// again while a release finds a full batch (`limit`).
+pub async fn release_while_active(
+    pool: PgPool,
+    lease: Lease,
+    limit: i64,
+    every: Duration,
+    metrics: RelayMetrics,
+    stop: CancellationToken,
+) {
+    let lost = lease.lost().clone();
+    loop {
+        if stop.is_cancelled() || !lease.is_live() {
+            return;
+        }
+        let wait = match release_due(&pool, lease.fence(), limit).await {
+            Ok(n) => {
+                metrics.scheduled_released.inc_by(n);
+                if n as i64 >= limit {
+                    Duration::ZERO
+                } else {
+                    every
+                }
+            }
+            Err(MarkError::LeaseLost(epoch)) => {
+                tracing::warn!(epoch, "releasing scheduled events refused: lease lost");
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "releasing scheduled events failed; retrying");
+                every.max(Duration::from_secs(1))
+            }
+        };
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = lost.cancelled() => return,
+            _ = tokio::time::sleep(wait) => {}
+        }
+    }
+}
