@@ -15,7 +15,7 @@ async fn tables(pool: &PgPool) -> Vec<String> {
     .expect("tables")
 }
 
-const PIPELINE_TABLES: [&str; 16] = [
+const PIPELINE_TABLES: [&str; 17] = [
     "applied_effect",
     "dead_letter",
     "group_history",
@@ -26,6 +26,7 @@ const PIPELINE_TABLES: [&str; 16] = [
     "outbox_attempt",
     "outbox_delivery",
     "outbox_history",
+    "outbox_scheduled",
     "outbox_sequence",
     "outbox_status",
     "outbox_unpublished",

@@ -26,6 +26,13 @@ pub struct OutboxQueue {
     pub failed: i64,
     /// Age of the oldest event not yet published, in seconds.
     pub oldest_unpublished_seconds: Option<f64>,
+    /// Delayed events waiting for their publish time or, due, for the relay to move them (up
+    /// to [`CAP`]).
+    pub scheduled: i64,
+    /// Of those, the ones already due (up to [`CAP`]).
+    pub scheduled_due: i64,
+    /// Seconds until the next delayed event falls due (negative: overdue since).
+    pub next_scheduled_in_seconds: Option<f64>,
 }
 
 /// The relay lease: who publishes.
@@ -95,6 +102,16 @@ pub async fn read(targets: &Targets) -> anyhow::Result<Status> {
     .bind(CAP)
     .fetch_one(&outbox)
     .await?;
+    let (scheduled, scheduled_due, next_scheduled): (i64, i64, Option<f64>) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM (SELECT 1 FROM outbox_scheduled LIMIT $1) x),
+                (SELECT count(*) FROM (SELECT 1 FROM outbox_scheduled
+                                       WHERE publish_at <= clock_timestamp() LIMIT $1) x),
+                (SELECT EXTRACT(EPOCH FROM publish_at - clock_timestamp())::float8
+                 FROM outbox_scheduled ORDER BY publish_at LIMIT 1)",
+    )
+    .bind(CAP)
+    .fetch_one(&outbox)
+    .await?;
     let relay: Vec<RelayLease> = sqlx::query_as(
         "SELECT lease_key, epoch, holder, holder_pid, expires_at > clock_timestamp() AS held,
                 EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = l.holder_pid) AS holder_connected,
@@ -113,6 +130,9 @@ pub async fn read(targets: &Targets) -> anyhow::Result<Status> {
             retrying,
             failed,
             oldest_unpublished_seconds: oldest,
+            scheduled,
+            scheduled_due,
+            next_scheduled_in_seconds: next_scheduled,
         },
         relay,
         groups,
@@ -204,6 +224,20 @@ pub fn print(status: &Status) {
         cell(o.oldest_unpublished_seconds.map(age)),
     ]);
     println!("{outbox}");
+    let mut delayed = table(&["delayed events", "waiting", "due", "next due"]);
+    let _ = delayed.add_row(vec![
+        "scheduled".to_owned(),
+        capped(o.scheduled, CAP),
+        capped(o.scheduled_due, CAP),
+        cell(o.next_scheduled_in_seconds.map(|s| {
+            if s >= 0.0 {
+                format!("in {}", age(s))
+            } else {
+                format!("overdue {}", age(-s))
+            }
+        })),
+    ]);
+    println!("{delayed}");
     let mut relay = table(&["relay lease", "epoch", "holder", "state", "renewed"]);
     for l in &status.relay {
         let state = match (l.held, l.holder_connected) {

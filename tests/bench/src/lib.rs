@@ -16,6 +16,7 @@ pub mod orders;
 pub mod procstat;
 pub mod relay_drain;
 pub mod report;
+pub mod scheduled;
 pub mod services;
 pub mod sustained;
 pub mod table;
@@ -99,6 +100,16 @@ async fn run(settings: &Settings, envs: &EnvRegistry, report: &mut Report) {
         match sustained::run(settings, envs, &mut report.notes).await {
             Ok(s) => report.sustained = Some(s),
             Err(e) => report.errors.push(format!("sustained phase: {e:#}")),
+        }
+    }
+    if settings.runs(Phase::Scheduled) {
+        say(&format!(
+            "phase 6: relay claim with {} delayed events waiting",
+            settings.scheduled_events
+        ));
+        match scheduled::run(settings, envs, &mut report.notes).await {
+            Ok(s) => report.scheduled = Some(s),
+            Err(e) => report.errors.push(format!("scheduled phase: {e:#}")),
         }
     }
     say(&format!(

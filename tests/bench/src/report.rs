@@ -16,6 +16,7 @@ use super::dbprofile::DbActivity;
 use super::latency::LatencyRun;
 use super::procstat::{cores, CpuUse};
 use super::relay_drain::RelayResult;
+use super::scheduled::ScheduledResult;
 use super::sustained::SustainedResult;
 
 /// Largest resident set a service may reach.
@@ -34,6 +35,8 @@ pub struct Report {
     pub consumer: Vec<GroupDrain>,
     pub latency: Vec<LatencyRun>,
     pub sustained: Option<SustainedResult>,
+    /// The relay's claim with many delayed events waiting.
+    pub scheduled: Option<ScheduledResult>,
     /// Highest peak resident memory (VmHWM) of each service over every phase, MiB.
     pub peak_rss_mb: BTreeMap<String, f64>,
     pub targets: Vec<TargetCheck>,
@@ -86,6 +89,7 @@ impl Report {
             consumer: Vec::new(),
             latency: Vec::new(),
             sustained: None,
+            scheduled: None,
             peak_rss_mb: BTreeMap::new(),
             targets: Vec::new(),
             vs_database: BTreeMap::new(),
