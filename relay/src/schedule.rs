@@ -26,21 +26,33 @@ use pipeline_core::db::OUTBOX_CHANNEL;
 /// other writes: nothing moves unless `fence`'s epoch still holds the lease
 /// ([`MarkError::LeaseLost`]). A listening relay is woken when something moved.
 pub async fn release_due(pool: &PgPool, fence: Fence, limit: i64) -> Result<u64, MarkError> {
+    // The planner takes the due rows for a handful (the statistics see them in the future) and
+    // joins the statement's steps by nested loops, whose cost grows with the square of the batch
+    // (seen: 5 s instead of 0.15 s for 5,000 events). Every index lookup the statement needs is
+    // written so that it is not a join, so nested loops can be ruled out for this transaction;
+    // planned on every execution, like the claim.
+    let mut tx = pool.begin().await?;
+    let _ = sqlx::query("SET LOCAL enable_nestloop = off")
+        .execute(&mut *tx)
+        .await?;
     let (held, released): (bool, i64) = sqlx::query_as(RELEASE_SQL)
+        .persistent(false)
         .bind(limit)
         .bind(fence.key)
         .bind(fence.epoch)
-        .fetch_one(pool)
+        .fetch_one(&mut *tx)
         .await?;
-    if !held {
-        return Err(MarkError::LeaseLost(fence.epoch));
-    }
     if released > 0 {
-        // Committed: wake a relay waiting for work (this one's claim loop, if it listens).
+        // Delivered at commit: wakes a relay waiting for work (this one's claim loop, if it
+        // listens).
         let _ = sqlx::query("SELECT pg_notify($1, '')")
             .bind(OUTBOX_CHANNEL)
-            .execute(pool)
+            .execute(&mut *tx)
             .await?;
+    }
+    tx.commit().await?;
+    if !held {
+        return Err(MarkError::LeaseLost(fence.epoch));
     }
     Ok(released as u64)
 }
@@ -55,12 +67,12 @@ const RELEASE_SQL: &str = "WITH lease AS (
          LIMIT $1
          FOR UPDATE SKIP LOCKED),
      taken AS (
-         DELETE FROM outbox_scheduled s USING due WHERE s.event_id = due.event_id
+         DELETE FROM outbox_scheduled s WHERE s.event_id = ANY (ARRAY(SELECT event_id FROM due))
          RETURNING s.*),
      fresh AS (
          SELECT * FROM taken t
-         WHERE NOT EXISTS (SELECT 1 FROM outbox o
-                           WHERE o.business_key = t.business_key AND o.event_type = t.event_type)),
+         WHERE (SELECT count(*) FROM outbox o
+                WHERE o.business_key = t.business_key AND o.event_type = t.event_type) = 0),
      counts AS (
          SELECT aggregate_id, count(*) AS events FROM fresh
          GROUP BY aggregate_id ORDER BY aggregate_id),

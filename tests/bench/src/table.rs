@@ -274,7 +274,7 @@ fn write_report(o: &mut String, r: &Report) -> std::fmt::Result {
             o,
             "\nDelayed events: claim of {} among {} pending events, median/p95 {:.1}/{:.1} ms with none \
              scheduled, {:.1}/{:.1} ms with {} scheduled a day ahead; release with nothing due {:.1}/{:.1} ms, \
-             of {} due events {:.1} ms",
+             of {} due events {:?} ms (five in a row)",
             sc.claim_batch,
             sc.pending_events,
             sc.claim_without_scheduled_ms.0,
