@@ -102,7 +102,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::RunArgs;
 pub use crate::handlers::{
-    demo_groups, Event, Groups, Handler, HandlerError, HandlerTransaction, UnknownGroup, SCHEMA,
+    demo_groups, export_group, Event, Groups, Handler, HandlerError, HandlerTransaction,
+    UnknownGroup, SCHEMA,
 };
 
 /// The consumer library's migrations: what any group needs besides its own effect tables
