@@ -23,7 +23,7 @@ pub const EXPORT_COLUMNS: [&str; 8] = [
     "created_at",
     "updated_at",
     "line_count",
-    "total_cents",
+    "item_count",
 ];
 
 /// Which orders an export holds: every given filter must match. Checked by the order service

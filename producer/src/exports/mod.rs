@@ -28,10 +28,16 @@ pub use store::{Download, ExportService};
 pub struct ExportSettings {
     /// Directory the `export` consumer group writes export files to, served from here: the two
     /// processes must see the same directory (a shared volume when they run on different hosts).
-    #[arg(long = "export-dir", env = "EXPORT_DIR", default_value = "exports")]
+    #[arg(
+        id = "export_dir",
+        long = "export-dir",
+        value_name = "DIR",
+        env = "EXPORT_DIR",
+        default_value = "exports"
+    )]
     pub dir: PathBuf,
     /// Kafka topic of `export.requested` events, which only the `export` group consumes.
-    #[arg(long = "export-topic", env = "EXPORT_JOBS_TOPIC", default_value = EXPORT_JOBS_TOPIC,
+    #[arg(id = "export_topic", long = "export-topic", value_name = "TOPIC", env = "EXPORT_JOBS_TOPIC", default_value = EXPORT_JOBS_TOPIC,
           value_parser = clap::builder::NonEmptyStringValueParser::new())]
     pub topic: String,
 }

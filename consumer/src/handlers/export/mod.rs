@@ -39,7 +39,13 @@ use super::handler::{Event, Handler, HandlerError, HandlerTransaction};
 pub struct ExportSettings {
     /// Directory export files are written to; the order service must serve downloads from the
     /// same directory.
-    #[arg(long = "export-dir", env = "EXPORT_DIR", default_value = "exports")]
+    #[arg(
+        id = "export_dir",
+        long = "export-dir",
+        value_name = "DIR",
+        env = "EXPORT_DIR",
+        default_value = "exports"
+    )]
     pub dir: PathBuf,
     /// How long a finished export stays downloadable, in seconds; then its file is removed.
     #[arg(
@@ -144,7 +150,7 @@ impl HandlerTransaction for ExportTransaction {
             match jobs::state(conn, job_id).await? {
                 // Started before: this is a redelivery, and the job goes on (or is done) as is.
                 Some(state) => {
-                    tracing::debug!(export_id = %job_id, %state, "export already started");
+                    tracing::info!(export_id = %job_id, %state, "export event redelivered; job left as it is");
                     Ok(())
                 }
                 None => Err(HandlerError::Rejected(format!(
