@@ -3,7 +3,8 @@
 # (half of them with two lines) into a fresh database, starts the order service, the relay and a
 # consumer process running only the `export` group, submits an export of every order, waits for
 # it to succeed, and prints the consumer process's peak RSS (VmHWM) before and after the export,
-# the export's duration (the job's started_at to finished_at) and its row count.
+# the export's duration (the job's started_at to finished_at) and its row count; then downloads
+# the file and prints the order service's peak RSS before and after the download.
 #
 #   scripts/export-memory.sh 10000 1000000
 #
@@ -65,7 +66,8 @@ for n in "$@"; do
     rm -f "$OUT"/*-"$n".log
     "$BIN/producer" serve --listen 127.0.0.1:0 --export-dir "$dir" --export-topic "$topic" \
         >"$OUT/producer-$n.log" 2>&1 &
-    PIDS+=($!)
+    producer_pid=$!
+    PIDS+=("$producer_pid")
     addr=$(log_value "$OUT/producer-$n.log" "order service listening on ")
 
     log "seeding $n orders"
@@ -106,7 +108,12 @@ SQL
         "SELECT row_count, round(extract(epoch FROM finished_at - started_at)::numeric, 2)
          FROM export_job WHERE id = '$id'")
     size=$(stat -c %s "$dir/export-$id.csv")
-    line="orders=$n rows=$rows file_bytes=$size export_seconds=$seconds consumer_peak_rss_before_mb=$((before_kb / 1024)) consumer_peak_rss_after_mb=$((peak_kb / 1024))"
+    # The download streams the file: the order service's peak stays where it was too.
+    producer_before_kb=$(vm_kb "$producer_pid" VmHWM)
+    downloaded=$(curl -fsS "http://$addr/exports/$id/download" | wc -c)
+    ((downloaded == size)) || die "downloaded $downloaded bytes of $size"
+    producer_after_kb=$(vm_kb "$producer_pid" VmHWM)
+    line="orders=$n rows=$rows file_bytes=$size export_seconds=$seconds consumer_peak_rss_before_mb=$((before_kb / 1024)) consumer_peak_rss_after_mb=$((peak_kb / 1024)) order_service_peak_rss_before_download_mb=$((producer_before_kb / 1024)) after_download_mb=$((producer_after_kb / 1024))"
     log "$line"
     results+=("$line")
     cleanup
