@@ -10,6 +10,7 @@
 #
 # Settings (environment): SKIP_BUILD=1 uses the binaries already in target/release;
 # EXPORT_TIMEOUT (seconds one export may take, default 1800). Logs in $RUN_DIR/export-memory/.
+# shellcheck source=scripts/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 (($# > 0)) || die "usage: $0 ORDERS [ORDERS...]   e.g. $0 10000 1000000"

@@ -13,6 +13,7 @@ async fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Run(command) => {
             let RunCommand { run: args, export } = *command;
+            consumer::handlers::export::check_runs_alone(&args.groups, &args.topics)?;
             tracing::info!(?args, ?export, "starting consumer");
             let groups =
                 consumer::export_group(consumer::demo_groups(Arc::new(LoggingSender)), export);

@@ -29,6 +29,7 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use pipeline_core::export_events::{ExportRequested, EXPORT_REQUESTED};
+use pipeline_core::order_events::ORDER_EVENTS_TOPIC;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
@@ -109,6 +110,31 @@ impl ExportSettings {
     }
 }
 
+/// Refuses a `consumer run` that would mix export jobs with order events: the export group runs
+/// alone in its process, on a topic other than the order events'. Other groups would dead-letter
+/// every export event they saw, and the export group every order event.
+pub fn check_runs_alone(groups: &[String], topics: &[String]) -> anyhow::Result<()> {
+    if !groups.iter().any(|g| g == "export") {
+        return Ok(());
+    }
+    anyhow::ensure!(
+        groups.iter().all(|g| g == "export"),
+        "the export group runs in a consumer process of its own (--group export alone), \
+         not beside {}",
+        groups
+            .iter()
+            .filter(|g| *g != "export")
+            .cloned()
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    anyhow::ensure!(
+        !topics.iter().any(|t| t == ORDER_EVENTS_TOPIC),
+        "the export group consumes the export topic (--topic export-jobs), not {ORDER_EVENTS_TOPIC}"
+    );
+    Ok(())
+}
+
 /// The export group's handler: starts the job each `export.requested` event names.
 pub struct Exports {
     group: String,
@@ -178,4 +204,27 @@ fn requested_job(event: &Event) -> Result<Uuid, HandlerError> {
         )));
     }
     Ok(requested.job_id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_runs_alone;
+
+    fn names(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn the_export_group_runs_alone_on_its_own_topic() {
+        let export_topic = names(&["export-jobs"]);
+        assert!(check_runs_alone(&names(&["export"]), &export_topic).is_ok());
+        assert!(check_runs_alone(
+            &names(&["inventory", "notification"]),
+            &names(&["order-events"])
+        )
+        .is_ok());
+        let mixed = check_runs_alone(&names(&["export", "inventory"]), &export_topic);
+        assert!(mixed.is_err_and(|e| e.to_string().contains("not beside inventory")));
+        assert!(check_runs_alone(&names(&["export"]), &names(&["order-events"])).is_err());
+    }
 }
