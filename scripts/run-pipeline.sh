@@ -36,6 +36,10 @@ CONSUMER_GROUPS=(inventory notification)
 ORDER_SERVICE_ADDR=127.0.0.1:8080
 RELAY_METRICS_ADDR=127.0.0.1:9101
 CONSUMER_METRICS_ADDR=127.0.0.1:9102
+# Exports: a second consumer process runs the export group alone on its own topic.
+EXPORT_TOPIC=export-jobs
+EXPORT_METRICS_ADDR=127.0.0.1:9104
+EXPORT_DIR="$RUN_DIR/exports"
 
 BIN="${CARGO_TARGET_DIR:-$REPO_ROOT/target}/release"
 GROUP_ARGS=()
@@ -163,6 +167,41 @@ print("%d\t%s" % (done, ", ".join(parts)))
 ' "$@"
 }
 
+# show_export — submits an export of every order, waits for it (up to 60 s) and prints one
+# line: rows, file, checksum, and the download's checksum checked against it.
+show_export() {
+    local job id state answer deadline=$((SECONDS + 60)) started=$SECONDS
+    if ! job=$(curl -fsS --max-time 5 -X POST -H 'content-type: application/json' \
+        -d '{}' "http://$ORDER_SERVICE_ADDR/exports"); then
+        warn "export: POST /exports failed"
+        return 0
+    fi
+    id=$(python3 -c 'import json, sys; print(json.load(sys.stdin)["id"])' <<<"$job")
+    while :; do
+        answer=$(curl -fsS --max-time 5 "http://$ORDER_SERVICE_ADDR/exports/$id" || true)
+        state=$(python3 -c 'import json, sys; print(json.load(sys.stdin).get("state", ""))' <<<"$answer" 2>/dev/null || true)
+        [[ $state == succeeded || $state == failed ]] && break
+        if ((SECONDS >= deadline)); then
+            warn "export $id: still ${state:-unknown} after 60 s (log: $RUN_DIR/export-consumer.log)"
+            return 0
+        fi
+        sleep 0.2
+    done
+    if [[ $state == failed ]]; then
+        warn "export $id failed: $answer"
+        return 0
+    fi
+    local downloaded
+    downloaded=$(curl -fsS --max-time 30 "http://$ORDER_SERVICE_ADDR/exports/$id/download" | sha256sum | cut -d' ' -f1)
+    python3 -c '
+import json, sys
+job, downloaded, seconds = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
+same = "matches the download" if job["checksum"] == downloaded else "DOES NOT MATCH the download (%s)" % downloaded
+print("Export of every order: %s rows in %s s, GET /exports/%s/download, sha256 %s… %s" % (
+    job["row_count"], seconds, job["id"], job["checksum"][:16], same))
+' "$answer" "$downloaded" "$((SECONDS - started))"
+}
+
 # ---------------------------------------------------------------------------------------------
 
 section "[1/9] Preflight"
@@ -172,6 +211,7 @@ done
 require_free_port 127.0.0.1 8080 "the order service (producer serve --listen $ORDER_SERVICE_ADDR)"
 require_free_port 127.0.0.1 9101 "the relay (--metrics-listen $RELAY_METRICS_ADDR)"
 require_free_port 127.0.0.1 9102 "the consumer (--metrics-listen $CONSUMER_METRICS_ADDR)"
+require_free_port 127.0.0.1 9104 "the export consumer (--metrics-listen $EXPORT_METRICS_ADDR)"
 [[ $ORDERS =~ ^[0-9]+$ ]] || die "ORDERS must be a whole number"
 [[ $RATE =~ ^[0-9]+([.][0-9]+)?$ ]] || die "RATE must be a number (orders per second; 0 = as fast as possible)"
 log "logs and pid files in $RUN_DIR"
@@ -201,16 +241,22 @@ export RUST_LOG="${RUST_LOG:-info}"
 log "DATABASE_URL=$DATABASE_URL KAFKA_BROKERS=$KAFKA_BROKERS"
 log "relay ensure-topics --topic $TOPIC --partitions $PARTITIONS"
 "$BIN/relay" ensure-topics --topic "$TOPIC" --partitions "$PARTITIONS"
+"$BIN/relay" ensure-topics --topic "$EXPORT_TOPIC" --partitions 3
+rm -rf "$EXPORT_DIR"
+mkdir -p "$EXPORT_DIR"
 log "producer seed-catalog --products $PRODUCTS"
 "$BIN/producer" seed-catalog --products "$PRODUCTS"
 log "consumer seed-stock --products $PRODUCTS --quantity 1000000"
 "$BIN/consumer" seed-stock --products "$PRODUCTS" --quantity 1000000
 
 section "[6/9] Starting order service, relay, consumer"
-start_service producer "$BIN/producer" serve --listen "$ORDER_SERVICE_ADDR"
+start_service producer "$BIN/producer" serve --listen "$ORDER_SERVICE_ADDR" \
+    --export-dir "$EXPORT_DIR" --export-topic "$EXPORT_TOPIC"
 start_service relay "$BIN/relay" run --metrics-listen "$RELAY_METRICS_ADDR"
 start_service consumer "$BIN/consumer" run "${GROUP_ARGS[@]}" --topic "$TOPIC" \
     --metrics-listen "$CONSUMER_METRICS_ADDR"
+start_service export-consumer "$BIN/consumer" run --group export --topic "$EXPORT_TOPIC" \
+    --metrics-listen "$EXPORT_METRICS_ADDR" --export-dir "$EXPORT_DIR"
 
 log "waiting for http://$ORDER_SERVICE_ADDR/readyz and the relay and consumer metrics ports (up to ${READY_TIMEOUT}s)"
 deadline=$((SECONDS + READY_TIMEOUT))
@@ -221,6 +267,7 @@ while :; do
     [[ $code == 200 ]] || waiting_for+=("order service /readyz (last status $code)")
     port_open "${RELAY_METRICS_ADDR%:*}" "${RELAY_METRICS_ADDR##*:}" || waiting_for+=("relay $RELAY_METRICS_ADDR")
     port_open "${CONSUMER_METRICS_ADDR%:*}" "${CONSUMER_METRICS_ADDR##*:}" || waiting_for+=("consumer $CONSUMER_METRICS_ADDR")
+    port_open "${EXPORT_METRICS_ADDR%:*}" "${EXPORT_METRICS_ADDR##*:}" || waiting_for+=("export consumer $EXPORT_METRICS_ADDR")
     ((${#waiting_for[@]})) || break
     if ((SECONDS >= deadline)); then
         die "not ready after ${READY_TIMEOUT}s: $(IFS=,; echo "${waiting_for[*]}") — see the logs in $RUN_DIR"
@@ -336,7 +383,9 @@ printf 'Orders: %s at %s/s   load: %s   drain: %s   total: %s\n' "$ORDERS" "$RAT
     "$(human_duration $((drain_started - load_started)))" \
     "$(human_duration "$drain_seconds")$( ((drained)) || echo ' (NOT drained)')" \
     "$(human_duration "$SECONDS")"
-echo "Logs: $RUN_DIR/{producer,relay,consumer,nisshi}.log   load summary: $RUN_DIR/load.json"
+echo "Logs: $RUN_DIR/{producer,relay,consumer,export-consumer,nisshi}.log   load summary: $RUN_DIR/load.json"
+echo
+show_export
 echo
 echo "What an operator sees (pipeline status; pipeline trace <order id> follows one order):"
 RUST_LOG=warn "$BIN/pipeline" status --group "$(IFS=,; echo "${CONSUMER_GROUPS[*]}")" --topic "$TOPIC" ||

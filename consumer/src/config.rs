@@ -9,6 +9,7 @@ use pipeline_core::kafka::KafkaArgs;
 use pipeline_core::order_events::ORDER_EVENTS_TOPIC;
 use pipeline_core::telemetry::LogArgs;
 
+use crate::handlers::export::ExportSettings;
 use crate::kafka::MemberSettings;
 use crate::transaction::CUSTOM_PLANS_UP_TO;
 
@@ -28,7 +29,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run consumer groups until SIGTERM or SIGINT.
-    Run(Box<RunArgs>),
+    Run(Box<RunCommand>),
     /// Set the inventory's stock of the demonstration catalogue.
     SeedStock {
         /// The database holding the inventory's stock.
@@ -45,6 +46,18 @@ pub enum Command {
     Report(Box<ReportArgs>),
 }
 
+/// Arguments of `consumer run`: the runtime's, and the settings of the built-in `export` group
+/// (used when it is one of the groups run).
+#[derive(Debug, clap::Args)]
+pub struct RunCommand {
+    /// What `consumer::run` takes.
+    #[command(flatten)]
+    pub run: RunArgs,
+    /// The `export` group's directory, lease, retries and expiry.
+    #[command(flatten)]
+    pub export: ExportSettings,
+}
+
 /// Arguments of `consumer run`, also what `consumer::run` takes.
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
@@ -55,7 +68,7 @@ pub struct RunArgs {
     #[command(flatten)]
     pub kafka: KafkaArgs,
     /// Consumer group to run, repeatable: a name the program registered (`consumer run`:
-    /// inventory, notification).
+    /// inventory, notification, export).
     #[arg(
         long = "group",
         env = "CONSUMER_GROUPS",

@@ -62,7 +62,8 @@
 //! - [`transaction`]: the batch transaction: the message types, dedupe rows, per-order sequence
 //!   with parking, dead letters, shared transactions of several partitions' batches.
 //! - [`handlers`]: what a group does with an event ([`Handler`]), the registry of the groups a
-//!   program runs ([`Groups`]), and the demonstration's inventory and notification groups.
+//!   program runs ([`Groups`]), the demonstration's inventory and notification groups, and the
+//!   order service's export group (a worker beside it writes the export files).
 //!
 //! Beside the path: [`operator`], what the operator command `pipeline` (consumer/operator)
 //! needs from the library, dead-letter resolution with a group's handler, and the run's
@@ -102,7 +103,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::RunArgs;
 pub use crate::handlers::{
-    demo_groups, Event, Groups, Handler, HandlerError, HandlerTransaction, UnknownGroup, SCHEMA,
+    demo_groups, export_group, Event, Groups, Handler, HandlerError, HandlerTransaction,
+    UnknownGroup, SCHEMA,
 };
 
 /// The consumer library's migrations: what any group needs besides its own effect tables

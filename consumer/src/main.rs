@@ -1,6 +1,6 @@
 use std::sync::Arc;
 
-use consumer::config::{Cli, Command};
+use consumer::config::{Cli, Command, RunCommand};
 use consumer::handlers::inventory::seed_stock;
 use consumer::handlers::notification::LoggingSender;
 use consumer::operator;
@@ -11,10 +11,13 @@ async fn main() -> anyhow::Result<()> {
     let cli = <Cli as clap::Parser>::parse();
     telemetry::init(&cli.log);
     match cli.command {
-        Command::Run(args) => {
-            tracing::info!(?args, "starting consumer");
-            let groups = consumer::demo_groups(Arc::new(LoggingSender));
-            consumer::run(*args, &groups, telemetry::shutdown_on_signals()).await
+        Command::Run(command) => {
+            let RunCommand { run: args, export } = *command;
+            consumer::handlers::export::check_runs_alone(&args.groups, &args.topics)?;
+            tracing::info!(?args, ?export, "starting consumer");
+            let groups =
+                consumer::export_group(consumer::demo_groups(Arc::new(LoggingSender)), export);
+            consumer::run(args, &groups, telemetry::shutdown_on_signals()).await
         }
         Command::SeedStock {
             db,

@@ -3,6 +3,7 @@
 pub mod crash_point;
 pub mod db;
 pub mod envelope;
+pub mod export_events;
 pub mod kafka;
 pub mod ops_http;
 pub mod order_events;

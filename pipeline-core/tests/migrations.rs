@@ -51,6 +51,7 @@ async fn the_pipeline_alone_creates_its_tables_and_none_of_the_demo(pool: PgPool
         "inventory_stock",
         "inventory_reservation",
         "notification",
+        "export_job",
     ] {
         assert!(!tables(&pool).await.contains(&demo.to_owned()), "{demo}");
     }
@@ -65,11 +66,13 @@ async fn sets_apply_beside_each_other_in_any_order_and_again(pool: PgPool) {
         .expect("the pipeline's again");
     MIGRATOR.run(&pool).await.expect("every set again");
     let all = tables(&pool).await;
-    for table in
-        PIPELINE_TABLES
-            .iter()
-            .chain(&["relay_lease", "orders", "notification", "inventory_stock"])
-    {
+    for table in PIPELINE_TABLES.iter().chain(&[
+        "relay_lease",
+        "orders",
+        "notification",
+        "inventory_stock",
+        "export_job",
+    ]) {
         assert!(all.contains(&(*table).to_owned()), "{table} missing");
     }
 }

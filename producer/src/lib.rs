@@ -4,6 +4,7 @@
 //! - [`outbox`]: appending events inside the caller's transaction.
 //! - [`orders`]: the order lifecycle and its transactions.
 //! - [`validation`]: checks on client input.
+//! - [`exports`]: asynchronous order exports (jobs submitted, polled, downloaded).
 //! - [`api`]: the HTTP handlers; [`server`] serves them with the operations endpoints.
 //! - [`catalog`]: the demonstration product catalogue.
 //! - [`load`]: the load driver.
@@ -12,6 +13,7 @@
 pub mod api;
 pub mod catalog;
 pub mod cli;
+pub mod exports;
 pub mod load;
 pub mod orders;
 pub mod outbox;

@@ -16,6 +16,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::{self, ApiMetrics, AppState};
+use crate::exports::{ExportService, ExportSettings};
 use crate::orders::{GroupCommitMetrics, GroupCommitSettings, OrderService, PaymentReminders};
 
 /// `producer serve`: run the order service.
@@ -58,18 +59,33 @@ pub struct ServeArgs {
     /// Seconds in-flight requests may take to finish after SIGTERM/SIGINT.
     #[arg(long, env = "SHUTDOWN_GRACE_SECONDS", default_value_t = 10)]
     pub shutdown_grace_seconds: u64,
+    /// Export jobs: the export files' directory and the export topic.
+    #[command(flatten)]
+    pub exports: ExportSettings,
     #[command(flatten)]
     pub db: DbArgs,
     #[command(flatten)]
     pub log: LogArgs,
 }
 
-/// The whole HTTP surface: the order API merged with `/metrics`, `/healthz` and `/readyz`.
+/// The whole HTTP surface: the order API merged with `/metrics`, `/healthz` and `/readyz`, with
+/// the default export settings.
 pub fn app(orders: OrderService, registry: Registry) -> anyhow::Result<Router> {
+    let exports = ExportService::new(orders.pool().clone(), ExportSettings::default());
+    app_with_exports(orders, exports, registry)
+}
+
+/// [`app`], exports served by `exports`.
+pub fn app_with_exports(
+    orders: OrderService,
+    exports: ExportService,
+    registry: Registry,
+) -> anyhow::Result<Router> {
     let metrics = ApiMetrics::register(&registry).context("registering metrics")?;
     let ready = ops_http::database_ready(orders.pool().clone());
     let state = AppState {
         orders,
+        exports,
         metrics: Arc::new(metrics),
     };
     Ok(api::router(state).merge(ops_http::router(registry, ready)))
@@ -125,7 +141,8 @@ pub async fn run(args: ServeArgs, shutdown: CancellationToken) -> anyhow::Result
         let metrics = GroupCommitMetrics::register(&registry).context("registering metrics")?;
         orders = orders.with_group_commit(settings, metrics);
     }
-    let app = app(orders, registry)?;
+    let exports = ExportService::new(pool.clone(), args.exports.clone());
+    let app = app_with_exports(orders, exports, registry)?;
     let listener = TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;

@@ -10,6 +10,7 @@ use futures::future::BoxFuture;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
+use super::export::{self, ExportSettings, Exports};
 use super::handler::Handler;
 use super::inventory::Inventory;
 use super::notification::{self, DispatchSettings, NotificationSender, Notifications};
@@ -115,5 +116,17 @@ pub fn demo_groups(sender: Arc<dyn NotificationSender>) -> Groups {
         .register("notification", Notifications::new)
         .beside("notification", move |pool, stop| {
             notification::dispatch(pool, sender.clone(), DispatchSettings::default(), stop)
+        })
+}
+
+/// `groups` with the order service's `export` group added: it starts each requested export job,
+/// and a worker beside it writes the job's CSV file into `settings.dir` (see
+/// [`export`](super::export)). Its database must be the order service's, and it should run in a
+/// consumer process of its own on the export topic.
+pub fn export_group(groups: Groups, settings: ExportSettings) -> Groups {
+    groups
+        .register("export", Exports::new)
+        .beside("export", move |pool, stop| {
+            export::worker::run(pool, settings.clone(), stop)
         })
 }

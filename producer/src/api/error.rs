@@ -11,6 +11,7 @@ use axum::Json;
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
+use crate::exports::{ExportError, FilterError};
 use crate::orders::OrderError;
 use crate::outbox::EnqueueError;
 use crate::validation::ValidationError;
@@ -70,6 +71,37 @@ impl From<OrderError> for ApiError {
             | OrderError::CorruptStatus(_)
             | OrderError::Enqueue(_) => {
                 tracing::error!(error = %e, "order change refused: inconsistent data");
+                Self::internal()
+            }
+        }
+    }
+}
+
+impl From<FilterError> for ApiError {
+    fn from(e: FilterError) -> Self {
+        Self::new(StatusCode::UNPROCESSABLE_ENTITY, e.to_string())
+    }
+}
+
+impl From<ExportError> for ApiError {
+    fn from(e: ExportError) -> Self {
+        match e {
+            ExportError::NotFound(_) => Self::new(StatusCode::NOT_FOUND, e.to_string()),
+            ExportError::NotReady { .. } => Self::new(StatusCode::CONFLICT, e.to_string()),
+            ExportError::Expired(_) => Self::new(StatusCode::GONE, e.to_string()),
+            ExportError::Database(e) | ExportError::Enqueue(EnqueueError::Database(e)) => {
+                database_error(&e)
+            }
+            ExportError::FileMissing(_) => {
+                tracing::error!(
+                    error = %e,
+                    "a succeeded export's file is not in --export-dir: is it the directory the \
+                     export group writes to?"
+                );
+                Self::internal()
+            }
+            ExportError::Io(_) | ExportError::Enqueue(_) => {
+                tracing::error!(error = %e, "export refused");
                 Self::internal()
             }
         }

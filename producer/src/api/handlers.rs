@@ -129,7 +129,7 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
 
 /// The request's W3C `traceparent`, when it has a well-formed one. A malformed one is ignored,
 /// as the trace context recommendation says, rather than failing the request.
-fn traceparent(headers: &HeaderMap) -> Option<&str> {
+pub(super) fn traceparent(headers: &HeaderMap) -> Option<&str> {
     let value = headers.get(TRACEPARENT)?.to_str().ok()?;
     if is_valid_traceparent(value) {
         Some(value)
@@ -139,6 +139,6 @@ fn traceparent(headers: &HeaderMap) -> Option<&str> {
     }
 }
 
-fn truncate(s: &str, max_chars: usize) -> &str {
+pub(super) fn truncate(s: &str, max_chars: usize) -> &str {
     s.char_indices().nth(max_chars).map_or(s, |(i, _)| &s[..i])
 }

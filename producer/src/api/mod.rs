@@ -7,8 +7,12 @@
 //! | `POST /orders/{id}/pay`    | 200 order, 404, 409 when the lifecycle forbids |
 //! | `POST /orders/{id}/cancel` | same                                          |
 //! | `POST /orders/{id}/ship`   | same                                          |
+//! | `POST /exports`            | 202 pending export job, `Location` header      |
+//! | `GET /exports/{id}`        | 200 export job, 404                           |
+//! | `GET /exports/{id}/download` | 200 CSV file, 404, 409 not finished, 410 expired |
 
 mod error;
+mod exports;
 mod handlers;
 mod metrics;
 
@@ -19,9 +23,11 @@ use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::Router;
 
+use crate::exports::ExportService;
 use crate::orders::OrderService;
 
 pub use error::{ApiError, ApiJson};
+pub use exports::CHECKSUM_HEADER;
 pub use handlers::IDEMPOTENCY_KEY;
 pub use metrics::ApiMetrics;
 
@@ -32,6 +38,7 @@ pub const MAX_BODY_BYTES: usize = 64 * 1024;
 #[derive(Debug, Clone)]
 pub struct AppState {
     pub orders: OrderService,
+    pub exports: ExportService,
     pub metrics: Arc<ApiMetrics>,
 }
 
@@ -44,6 +51,9 @@ pub fn router(state: AppState) -> Router {
         .route("/orders/{id}/pay", post(handlers::pay_order))
         .route("/orders/{id}/cancel", post(handlers::cancel_order))
         .route("/orders/{id}/ship", post(handlers::ship_order))
+        .route("/exports", post(exports::submit_export))
+        .route("/exports/{id}", get(exports::get_export))
+        .route("/exports/{id}/download", get(exports::download_export))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             metrics::track_requests,

@@ -109,11 +109,17 @@ impl TestEnv {
 
     /// Starts the order service on a free port and returns it with its base URL.
     pub async fn order_service(&self) -> anyhow::Result<(Service, String)> {
-        let svc = self.spawn(
-            "producer",
-            "order-service",
-            &["serve", "--listen", "127.0.0.1:0", "--topic", &self.topic],
-        )?;
+        self.order_service_with_args(&[]).await
+    }
+
+    /// [`TestEnv::order_service`] with further `producer serve` arguments (e.g. `--export-dir`).
+    pub async fn order_service_with_args(
+        &self,
+        extra: &[&str],
+    ) -> anyhow::Result<(Service, String)> {
+        let mut args = vec!["serve", "--listen", "127.0.0.1:0", "--topic", &self.topic];
+        args.extend_from_slice(extra);
+        let svc = self.spawn("producer", "order-service", &args)?;
         let addr = svc
             .wait_for_log_value("order service listening on ", Duration::from_secs(30))
             .await?;
@@ -159,6 +165,37 @@ impl TestEnv {
                 "127.0.0.1:0",
             ],
         )?;
+        let addr = svc
+            .wait_for_log_value("consumer metrics listening on ", Duration::from_secs(30))
+            .await?;
+        Ok((svc, addr))
+    }
+
+    /// Starts a consumer process running only the `export` group on `topic`, writing files to
+    /// `dir`, with further `consumer run` arguments; returns it with its metrics address.
+    pub async fn export_consumer(
+        &self,
+        label: &str,
+        topic: &str,
+        dir: &std::path::Path,
+        extra: &[&str],
+    ) -> anyhow::Result<(Service, String)> {
+        let dir = dir.to_string_lossy();
+        let mut args = vec![
+            "run",
+            "--group",
+            "export",
+            "--topic",
+            topic,
+            "--group-prefix",
+            &self.group_prefix,
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--export-dir",
+            &dir,
+        ];
+        args.extend_from_slice(extra);
+        let svc = self.spawn("consumer", label, &args)?;
         let addr = svc
             .wait_for_log_value("consumer metrics listening on ", Duration::from_secs(30))
             .await?;

@@ -87,7 +87,7 @@ async fn payments_reach_the_shipping_group_once_and_in_order(pool: PgPool) {
         let shutdown = shutdown.clone();
         async move {
             let groups = consumer::Groups::new().register("shipping", Shipping::new);
-            consumer::run(*consumer_args, &groups, shutdown).await
+            consumer::run(consumer_args.run, &groups, shutdown).await
         }
     });
 
