@@ -16,7 +16,7 @@
 //! events: `consumer run --group export --topic export-jobs --export-dir DIR`.
 //!
 //! - [`jobs`]: the statements on `export_job` (claim, lease, outcomes, expiry).
-//! - [`file`]: writing a job's file (streamed rows, hashed and counted as they go) and reading a
+//! - [`file`](mod@file): writing a job's file (streamed rows, hashed and counted as they go) and reading a
 //!   finished one back.
 //! - [`worker`]: the loop beside the group: one job at a time, retries, the expiry sweep.
 
