@@ -218,19 +218,33 @@ pub async fn enqueue_all(
     tx: &mut Transaction<'_, Postgres>,
     events: &[NewEvent],
 ) -> Result<Vec<(Uuid, i64)>, EnqueueError> {
+    append(tx, events, None).await
+}
+
+/// [`enqueue_all`], and in the same statement (one round trip for all three) schedules the
+/// `delayed` events as [`enqueue_all_at`] would (a duplicate fact is skipped) and withdraws the
+/// scheduled events of the `withdraw` (business key, event type) pairs as [`cancel_scheduled`]
+/// would: e.g. an order service that records an order's change, schedules its reminder and
+/// withdraws another's in one go. Returns the immediate events' ids and sequence numbers, in
+/// the order given.
+pub async fn enqueue_all_and_schedule(
+    tx: &mut Transaction<'_, Postgres>,
+    events: &[NewEvent],
+    delayed: &[(NewEvent, PublishAt)],
+    withdraw: &[(&str, &str)],
+) -> Result<Vec<(Uuid, i64)>, EnqueueError> {
     if events.is_empty() {
+        // Nothing to sequence: the plain statements do the rest.
+        let _ = enqueue_all_at(tx, delayed).await?;
+        let _ = cancel_scheduled(tx, withdraw).await?;
         return Ok(Vec::new());
     }
-    for event in events {
-        validate(event)?;
-    }
-    let ids: Vec<Uuid> = events.iter().map(|_| Uuid::now_v7()).collect();
-    let field = |f: fn(&NewEvent) -> &str| events.iter().map(f).collect::<Vec<&str>>();
-    let payloads: Vec<&Value> = events.iter().map(|e| &e.payload).collect();
-    let headers: Vec<Value> = events.iter().map(headers_json).collect();
-    // Aggregates' sequence rows are taken in key order, so concurrent callers cannot deadlock on
-    // them; each aggregate advances by its number of events at once.
-    let rows: Vec<(Uuid, i64)> = sqlx::query_as(
+    append(tx, events, Some((delayed, withdraw))).await
+}
+
+/// The statement of [`enqueue_all`]: its common table expressions up to the sequence numbers…
+macro_rules! sequenced_ctes {
+    () => {
         "WITH input AS (
              SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[],
                                   $6::jsonb[], $7::jsonb[])
@@ -244,7 +258,14 @@ pub async fn enqueue_all(
              SELECT aggregate_id, events FROM counts
              ON CONFLICT (aggregate_id)
              DO UPDATE SET last_sequence = s.last_sequence + EXCLUDED.last_sequence
-             RETURNING aggregate_id, last_sequence)
+             RETURNING aggregate_id, last_sequence)"
+    };
+}
+
+/// …and the insert of the events with them.
+macro_rules! sequenced_insert {
+    () => {
+        "
          INSERT INTO outbox (event_id, business_key, event_type, aggregate_id, sequence, topic,
                              payload, headers)
          SELECT i.event_id, i.business_key, i.event_type, i.aggregate_id,
@@ -253,17 +274,83 @@ pub async fn enqueue_all(
                 i.topic, i.payload, i.headers
          FROM input i JOIN counts c USING (aggregate_id) JOIN next USING (aggregate_id)
          ORDER BY i.n
-         RETURNING event_id, sequence",
-    )
+         RETURNING event_id, sequence"
+    };
+}
+
+const ENQUEUE_ALL_SQL: &str = concat!(sequenced_ctes!(), sequenced_insert!());
+
+/// [`ENQUEUE_ALL_SQL`] with two more steps: `$8`…`$16` the delayed events (as
+/// `enqueue_all_at`'s statement), `$17`/`$18` the facts whose scheduled events are withdrawn.
+const ENQUEUE_ALL_AND_SCHEDULE_SQL: &str = concat!(
+    sequenced_ctes!(),
+    ",
+         later AS (",
+    "
+             INSERT INTO outbox_scheduled (event_id, business_key, event_type, aggregate_id, topic,
+                                           payload, headers, publish_at)
+             SELECT l.event_id, l.business_key, l.event_type, l.aggregate_id, l.topic, l.payload,
+                    l.headers, COALESCE(l.at, now() + l.delay_us * interval '1 microsecond')
+             FROM unnest($8::uuid[], $9::text[], $10::text[], $11::text[], $12::text[],
+                         $13::jsonb[], $14::jsonb[], $15::timestamptz[], $16::bigint[])
+                  AS l(event_id, business_key, event_type, aggregate_id, topic, payload, headers,
+                       at, delay_us)
+             WHERE NOT EXISTS (SELECT 1 FROM outbox o
+                               WHERE o.business_key = l.business_key
+                                 AND o.event_type = l.event_type)
+             ON CONFLICT (business_key, event_type) DO NOTHING
+             RETURNING 1",
+    "),
+         withdrawn AS (
+             DELETE FROM outbox_scheduled s
+             USING unnest($17::text[], $18::text[]) AS w(business_key, event_type)
+             WHERE s.business_key = w.business_key AND s.event_type = w.event_type
+             RETURNING 1)",
+    sequenced_insert!()
+);
+
+async fn append(
+    tx: &mut Transaction<'_, Postgres>,
+    events: &[NewEvent],
+    schedule: Option<(&[(NewEvent, PublishAt)], &[(&str, &str)])>,
+) -> Result<Vec<(Uuid, i64)>, EnqueueError> {
+    if events.is_empty() {
+        return Ok(Vec::new());
+    }
+    for event in events {
+        validate(event)?;
+    }
+    let ids: Vec<Uuid> = events.iter().map(|_| Uuid::now_v7()).collect();
+    let field = |f: fn(&NewEvent) -> &str| events.iter().map(f).collect::<Vec<&str>>();
+    let payloads: Vec<&Value> = events.iter().map(|e| &e.payload).collect();
+    let headers: Vec<Value> = events.iter().map(headers_json).collect();
+    // Aggregates' sequence rows are taken in key order, so concurrent callers cannot deadlock on
+    // them; each aggregate advances by its number of events at once.
+    let query = sqlx::query_as::<_, (Uuid, i64)>(match schedule {
+        None => ENQUEUE_ALL_SQL,
+        Some(_) => ENQUEUE_ALL_AND_SCHEDULE_SQL,
+    })
     .bind(&ids)
     .bind(field(|e| &e.business_key))
     .bind(field(|e| &e.event_type))
     .bind(field(|e| &e.aggregate_id))
     .bind(field(|e| &e.topic))
     .bind(&payloads)
-    .bind(&headers)
-    .fetch_all(&mut **tx)
-    .await
+    .bind(&headers);
+    let rows = match schedule {
+        None => query.fetch_all(&mut **tx).await,
+        Some((delayed, withdraw)) => {
+            let later = schedule::ScheduledColumns::of(delayed)?;
+            let keys: Vec<&str> = withdraw.iter().map(|(k, _)| *k).collect();
+            let types: Vec<&str> = withdraw.iter().map(|(_, t)| *t).collect();
+            later
+                .bind_to(query)
+                .bind(keys)
+                .bind(types)
+                .fetch_all(&mut **tx)
+                .await
+        }
+    }
     .map_err(|e| match &e {
         sqlx::Error::Database(db) if db.constraint() == Some("outbox_business_fact_key") => {
             EnqueueError::AlreadyRecorded

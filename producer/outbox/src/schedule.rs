@@ -24,7 +24,7 @@ pub enum PublishAt {
 
 impl PublishAt {
     /// `(absolute time, delay in microseconds)`: one of them is used, the other is `None`.
-    fn split(self) -> Result<(Option<DateTime<Utc>>, Option<i64>), EnqueueError> {
+    pub(crate) fn split(self) -> Result<(Option<DateTime<Utc>>, Option<i64>), EnqueueError> {
         match self {
             PublishAt::At(at) => Ok((Some(at), None)),
             PublishAt::After(delay) => {
@@ -95,45 +95,28 @@ pub async fn enqueue_all_at(
     if events.is_empty() {
         return Ok(Vec::new());
     }
-    let mut ats = Vec::with_capacity(events.len());
-    let mut delays = Vec::with_capacity(events.len());
-    for (event, when) in events {
-        validate(event)?;
-        let (at, delay) = when.split()?;
-        ats.push(at);
-        delays.push(delay);
-    }
-    let ids: Vec<Uuid> = events.iter().map(|_| Uuid::now_v7()).collect();
-    let field = |f: fn(&NewEvent) -> &str| events.iter().map(|(e, _)| f(e)).collect::<Vec<_>>();
-    let payloads: Vec<&serde_json::Value> = events.iter().map(|(e, _)| &e.payload).collect();
-    let headers: Vec<serde_json::Value> = events.iter().map(|(e, _)| headers_json(e)).collect();
+    let columns = ScheduledColumns::of(events)?;
+    let ids = columns.ids.clone();
     // A fact already in the outbox (published at once) is not scheduled again; one already
     // scheduled is left to the unique constraint.
-    let inserted: Vec<(Uuid, DateTime<Utc>)> = sqlx::query_as(
-        "INSERT INTO outbox_scheduled (event_id, business_key, event_type, aggregate_id, topic,
-                                       payload, headers, publish_at)
-         SELECT i.event_id, i.business_key, i.event_type, i.aggregate_id, i.topic, i.payload,
-                i.headers, COALESCE(i.at, now() + i.delay_us * interval '1 microsecond')
-         FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::jsonb[],
-                     $7::jsonb[], $8::timestamptz[], $9::bigint[])
-              AS i(event_id, business_key, event_type, aggregate_id, topic, payload, headers, at,
-                   delay_us)
-         WHERE NOT EXISTS (SELECT 1 FROM outbox o
-                           WHERE o.business_key = i.business_key AND o.event_type = i.event_type)
-         ON CONFLICT (business_key, event_type) DO NOTHING
-         RETURNING event_id, publish_at",
-    )
-    .bind(&ids)
-    .bind(field(|e| &e.business_key))
-    .bind(field(|e| &e.event_type))
-    .bind(field(|e| &e.aggregate_id))
-    .bind(field(|e| &e.topic))
-    .bind(&payloads)
-    .bind(&headers)
-    .bind(&ats)
-    .bind(&delays)
-    .fetch_all(&mut **tx)
-    .await?;
+    let inserted: Vec<(Uuid, DateTime<Utc>)> = columns
+        .bind_to(sqlx::query_as(
+            "INSERT INTO outbox_scheduled (event_id, business_key, event_type, aggregate_id, topic,
+                                           payload, headers, publish_at)
+             SELECT i.event_id, i.business_key, i.event_type, i.aggregate_id, i.topic, i.payload,
+                    i.headers, COALESCE(i.at, now() + i.delay_us * interval '1 microsecond')
+             FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[],
+                         $6::jsonb[], $7::jsonb[], $8::timestamptz[], $9::bigint[])
+                  AS i(event_id, business_key, event_type, aggregate_id, topic, payload, headers,
+                       at, delay_us)
+             WHERE NOT EXISTS (SELECT 1 FROM outbox o
+                               WHERE o.business_key = i.business_key
+                                 AND o.event_type = i.event_type)
+             ON CONFLICT (business_key, event_type) DO NOTHING
+             RETURNING event_id, publish_at",
+        ))
+        .fetch_all(&mut **tx)
+        .await?;
     let mut outcomes = Vec::with_capacity(events.len());
     for (id, (event, _)) in ids.iter().zip(events) {
         match inserted.iter().find(|(e, _)| e == id) {
@@ -147,6 +130,70 @@ pub async fn enqueue_all_at(
         }
     }
     Ok(outcomes)
+}
+
+/// The columns of delayed events, as the statements that schedule them bind them.
+pub(crate) struct ScheduledColumns<'a> {
+    ids: Vec<Uuid>,
+    business_keys: Vec<&'a str>,
+    event_types: Vec<&'a str>,
+    aggregate_ids: Vec<&'a str>,
+    topics: Vec<&'a str>,
+    payloads: Vec<&'a serde_json::Value>,
+    headers: Vec<serde_json::Value>,
+    ats: Vec<Option<DateTime<Utc>>>,
+    delays: Vec<Option<i64>>,
+}
+
+impl<'a> ScheduledColumns<'a> {
+    /// Checks `events` and lays them out as columns, each with a new event id.
+    pub(crate) fn of(events: &'a [(NewEvent, PublishAt)]) -> Result<Self, EnqueueError> {
+        let mut columns = ScheduledColumns {
+            ids: Vec::with_capacity(events.len()),
+            business_keys: Vec::with_capacity(events.len()),
+            event_types: Vec::with_capacity(events.len()),
+            aggregate_ids: Vec::with_capacity(events.len()),
+            topics: Vec::with_capacity(events.len()),
+            payloads: Vec::with_capacity(events.len()),
+            headers: Vec::with_capacity(events.len()),
+            ats: Vec::with_capacity(events.len()),
+            delays: Vec::with_capacity(events.len()),
+        };
+        for (event, when) in events {
+            validate(event)?;
+            let (at, delay) = when.split()?;
+            columns.ids.push(Uuid::now_v7());
+            columns.business_keys.push(&event.business_key);
+            columns.event_types.push(&event.event_type);
+            columns.aggregate_ids.push(&event.aggregate_id);
+            columns.topics.push(&event.topic);
+            columns.payloads.push(&event.payload);
+            columns.headers.push(headers_json(event));
+            columns.ats.push(at);
+            columns.delays.push(delay);
+        }
+        Ok(columns)
+    }
+
+    /// Binds the nine columns, in order, as the next parameters of `query`.
+    pub(crate) fn bind_to<'q, O>(
+        self,
+        query: sqlx::query::QueryAs<'q, Postgres, O, sqlx::postgres::PgArguments>,
+    ) -> sqlx::query::QueryAs<'q, Postgres, O, sqlx::postgres::PgArguments>
+    where
+        'a: 'q,
+    {
+        query
+            .bind(self.ids)
+            .bind(self.business_keys)
+            .bind(self.event_types)
+            .bind(self.aggregate_ids)
+            .bind(self.topics)
+            .bind(self.payloads)
+            .bind(self.headers)
+            .bind(self.ats)
+            .bind(self.delays)
+    }
 }
 
 /// The id of the event already recorded for `event`'s (business key, event type), scheduled or

@@ -1,28 +1,44 @@
 //! Payment reminders: a delayed `order.payment_reminder` event for each order placed, withdrawn
 //! when the order is paid or cancelled before it is due.
 //!
-//! Both happen in the transaction of the change, with the outbox's delayed events
-//! ([`crate::outbox::enqueue_all_at`], [`crate::outbox::cancel_scheduled`]): a reminder exists if
+//! Both happen in the transaction of the change, in the statement that appends the change's
+//! event ([`crate::outbox::enqueue_all_and_schedule`]): a reminder exists if
 //! and only if its order was placed, and a pay or cancel that commits before the reminder is due
 //! leaves none. The relay publishes a reminder that is still there when it falls due, after every
 //! event the order committed before it.
 
 use pipeline_core::order_events::{OrderStatus, ORDER_PAYMENT_REMINDER};
-use sqlx::{Postgres, Transaction};
 
 use super::{Order, OrderError, OrderService};
-use crate::outbox::{self, PublishAt};
+use crate::outbox::{NewEvent, PublishAt};
+
+/// What a transaction's changes do to payment reminders.
+#[derive(Debug, Default)]
+pub(super) struct ReminderChanges {
+    /// Reminders of the orders placed.
+    pub(super) schedule: Vec<(NewEvent, PublishAt)>,
+    /// Business keys (order ids) whose reminder is withdrawn: the orders paid or cancelled.
+    pub(super) withdraw: Vec<String>,
+}
+
+impl ReminderChanges {
+    /// The (business key, event type) pairs of the reminders to withdraw.
+    pub(super) fn withdrawn_facts(&self) -> Vec<(&str, &str)> {
+        self.withdraw
+            .iter()
+            .map(|k| (k.as_str(), ORDER_PAYMENT_REMINDER))
+            .collect()
+    }
+}
 
 impl OrderService {
-    /// Schedules the reminders of the orders `changed` placed, and withdraws those of the
-    /// orders it paid or cancelled: at most one statement each.
-    pub(super) async fn schedule_reminders(
+    /// The reminders of the orders `changed` placed, and the orders it paid or cancelled, whose
+    /// reminders are withdrawn; written with the changes' events in one statement.
+    pub(super) fn reminder_changes(
         &self,
-        tx: &mut Transaction<'_, Postgres>,
         changed: &[(&Order, Option<&str>)],
-    ) -> Result<(), OrderError> {
-        let mut reminders = Vec::new();
-        let mut settled = Vec::new();
+    ) -> Result<ReminderChanges, OrderError> {
+        let mut changes = ReminderChanges::default();
         for (order, traceparent) in changed {
             match order.status {
                 OrderStatus::Placed => {
@@ -33,21 +49,14 @@ impl OrderService {
                     };
                     let mut event = self.event_for(order, *traceparent)?;
                     ORDER_PAYMENT_REMINDER.clone_into(&mut event.event_type);
-                    reminders.push((event, when));
+                    changes.schedule.push((event, when));
                 }
-                OrderStatus::Paid | OrderStatus::Cancelled => settled.push(order),
+                OrderStatus::Paid | OrderStatus::Cancelled => {
+                    changes.withdraw.push(order.order_id.to_string());
+                }
                 OrderStatus::Shipped => {}
             }
         }
-        outbox::enqueue_all_at(tx, &reminders).await?;
-        if !settled.is_empty() {
-            let keys: Vec<String> = settled.iter().map(|o| o.order_id.to_string()).collect();
-            let facts: Vec<(&str, &str)> = keys
-                .iter()
-                .map(|k| (k.as_str(), ORDER_PAYMENT_REMINDER))
-                .collect();
-            let _ = outbox::cancel_scheduled(tx, &facts).await?;
-        }
-        Ok(())
+        Ok(changes)
     }
 }

@@ -85,7 +85,9 @@ impl OrderService {
             .iter()
             .map(|(order, traceparent)| self.event_for(order, *traceparent))
             .collect::<Result<Vec<_>, _>>()?;
-        match outbox::enqueue_all(tx, &events).await {
+        let reminders = self.reminder_changes(changed)?;
+        let withdraw = reminders.withdrawn_facts();
+        match outbox::enqueue_all_and_schedule(tx, &events, &reminders.schedule, &withdraw).await {
             Ok(_) => {}
             Err(EnqueueError::AlreadyRecorded) => {
                 return Err(match changed {
@@ -98,7 +100,6 @@ impl OrderService {
             }
             Err(e) => return Err(e.into()),
         }
-        self.schedule_reminders(tx, changed).await?;
         if self.notify_relay && !events.is_empty() {
             outbox::notify_relay(tx).await?;
         }
