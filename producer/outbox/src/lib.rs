@@ -309,10 +309,14 @@ const ENQUEUE_ALL_AND_SCHEDULE_SQL: &str = concat!(
     sequenced_insert!()
 );
 
+/// Delayed events to schedule and (business key, event type) pairs to withdraw, with the events
+/// of [`append`].
+type ScheduleChanges<'a> = (&'a [(NewEvent, PublishAt)], &'a [(&'a str, &'a str)]);
+
 async fn append(
     tx: &mut Transaction<'_, Postgres>,
     events: &[NewEvent],
-    schedule: Option<(&[(NewEvent, PublishAt)], &[(&str, &str)])>,
+    schedule: Option<ScheduleChanges<'_>>,
 ) -> Result<Vec<(Uuid, i64)>, EnqueueError> {
     if events.is_empty() {
         return Ok(Vec::new());
