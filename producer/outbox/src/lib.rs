@@ -239,6 +239,10 @@ pub async fn enqueue_all_and_schedule(
         let _ = cancel_scheduled(tx, withdraw).await?;
         return Ok(Vec::new());
     }
+    if delayed.is_empty() && withdraw.is_empty() {
+        // Nothing scheduled or withdrawn: enqueue_all's own statement, without the two steps.
+        return append(tx, events, None).await;
+    }
     append(tx, events, Some((delayed, withdraw))).await
 }
 
