@@ -16,7 +16,7 @@ async fn main() -> anyhow::Result<()> {
             consumer::handlers::export::check_runs_alone(&args.groups, &args.topics)?;
             tracing::info!(?args, ?export, "starting consumer");
             let groups =
-                consumer::export_group(consumer::demo_groups(Arc::new(LoggingSender)), export);
+                consumer::export_group(consumer::demo_groups(Arc::new(LoggingSender)), export)?;
             consumer::run(args, &groups, telemetry::shutdown_on_signals()).await
         }
         Command::SeedStock {

@@ -57,6 +57,9 @@ impl Runtime {
         let dead_letters = dead_letter_sink(&args).await?;
         let registry = Registry::new();
         let metrics = ConsumerMetrics::register(&registry).context("registering metrics")?;
+        for group in &args.groups {
+            groups.register_metrics(group, &registry)?;
+        }
         let lag_collector = LagCollector::new().context("lag metrics")?;
         registry
             .register(Box::new(lag_collector.clone()))

@@ -1,7 +1,8 @@
 //! The export group's handler and worker against a real PostgreSQL (`#[sqlx::test]`,
 //! `DATABASE_URL`): a redelivered event leaves the job as it is, an unknown job is rejected, a
 //! file renamed by an attempt that died before recording it is adopted rather than rewritten,
-//! transient failures are retried then failed as retryable, unreadable filters fail for good.
+//! transient failures are retried then failed as retryable, unreadable filters fail for good, and
+//! the jobs waiting are counted as the metrics report them.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
@@ -211,4 +212,28 @@ async fn failures_are_retried_then_failed_and_unreadable_filters_fail_for_good(p
     );
     assert_eq!(row(&pool, id).await.3, Some(false));
     assert!(!dir.exists() || std::fs::read_dir(&dir).expect("dir").count() == 0);
+}
+
+#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+async fn the_jobs_waiting_are_the_pending_and_processing_ones_with_the_oldest_age(pool: PgPool) {
+    use consumer::handlers::export::jobs::waiting;
+    assert_eq!(waiting(&pool).await.expect("waiting"), (0, 0.0));
+    let old = job(&pool, serde_json::json!({}), "pending").await;
+    sqlx::query("UPDATE export_job SET created_at = now() - interval '10 minutes' WHERE id = $1")
+        .bind(old)
+        .execute(&pool)
+        .await
+        .expect("age");
+    let _ = job(&pool, serde_json::json!({}), "processing").await;
+    sqlx::query(
+        "INSERT INTO export_job (id, filters, state, file_name, row_count, checksum, created_at)
+         VALUES ($1, '{}', 'succeeded', 'f', 1, 'c', now() - interval '1 day')",
+    )
+    .bind(Uuid::now_v7())
+    .execute(&pool)
+    .await
+    .expect("finished job");
+    let (jobs, oldest) = waiting(&pool).await.expect("waiting");
+    assert_eq!(jobs, 2, "the finished job does not wait");
+    assert!((600.0..660.0).contains(&oldest), "oldest {oldest}");
 }

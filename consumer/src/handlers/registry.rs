@@ -7,9 +7,11 @@ use std::future::Future;
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
+use prometheus::Registry;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
+use super::export::metrics::ExportMetrics;
 use super::export::{self, ExportSettings, Exports};
 use super::handler::Handler;
 use super::inventory::Inventory;
@@ -17,6 +19,7 @@ use super::notification::{self, DispatchSettings, NotificationSender, Notificati
 
 type MakeHandler = Arc<dyn Fn(String) -> Arc<dyn Handler> + Send + Sync>;
 type BesideTask = Arc<dyn Fn(PgPool, CancellationToken) -> BoxFuture<'static, ()> + Send + Sync>;
+type RegisterMetrics = Arc<dyn Fn(&Registry) -> prometheus::Result<()> + Send + Sync>;
 
 /// The groups a program can run, by name.
 #[derive(Clone, Default)]
@@ -28,6 +31,7 @@ pub struct Groups {
 struct Entry {
     make: MakeHandler,
     beside: Option<BesideTask>,
+    metrics: Option<RegisterMetrics>,
 }
 
 /// A group name nothing is registered under.
@@ -58,9 +62,14 @@ impl Groups {
         make: impl Fn(String) -> H + Send + Sync + 'static,
     ) -> Groups {
         let make: MakeHandler = Arc::new(move |id| Arc::new(make(id)) as Arc<dyn Handler>);
-        let _ = self
-            .entries
-            .insert(name.to_owned(), Entry { make, beside: None });
+        let _ = self.entries.insert(
+            name.to_owned(),
+            Entry {
+                make,
+                beside: None,
+                metrics: None,
+            },
+        );
         self
     }
 
@@ -76,6 +85,20 @@ impl Groups {
     {
         if let Some(entry) = self.entries.get_mut(name) {
             entry.beside = Some(Arc::new(move |pool, stop| Box::pin(task(pool, stop))));
+        }
+        self
+    }
+
+    /// Registers, with `register`, the metrics of what runs beside the group `name` (registered
+    /// before) on the process's registry, served with the runtime's own: called once when the
+    /// group starts, not at all when the process does not run it.
+    pub fn metrics(
+        mut self,
+        name: &str,
+        register: impl Fn(&Registry) -> prometheus::Result<()> + Send + Sync + 'static,
+    ) -> Groups {
+        if let Some(entry) = self.entries.get_mut(name) {
+            entry.metrics = Some(Arc::new(register));
         }
         self
     }
@@ -100,6 +123,15 @@ impl Groups {
         Ok(self.entry(name)?.beside.as_ref().map(|t| t(pool, stop)))
     }
 
+    /// Registers the metrics group `name` brought (see [`Groups::metrics`]) on `registry`.
+    pub fn register_metrics(&self, name: &str, registry: &Registry) -> anyhow::Result<()> {
+        if let Some(register) = &self.entry(name)?.metrics {
+            register(registry)
+                .map_err(|e| anyhow::anyhow!("registering the metrics of group {name}: {e}"))?;
+        }
+        Ok(())
+    }
+
     fn entry(&self, name: &str) -> Result<&Entry, UnknownGroup> {
         self.entries.get(name).ok_or_else(|| UnknownGroup {
             name: name.to_owned(),
@@ -121,12 +153,15 @@ pub fn demo_groups(sender: Arc<dyn NotificationSender>) -> Groups {
 
 /// `groups` with the order service's `export` group added: it starts each requested export job,
 /// and a worker beside it writes the job's CSV file into `settings.dir` (see
-/// [`export`](super::export)). Its database must be the order service's, and it should run in a
-/// consumer process of its own on the export topic.
-pub fn export_group(groups: Groups, settings: ExportSettings) -> Groups {
-    groups
+/// [`export`](super::export)), counted in the `export_*` metrics. Its database must be the order
+/// service's, and it should run in a consumer process of its own on the export topic.
+pub fn export_group(groups: Groups, settings: ExportSettings) -> prometheus::Result<Groups> {
+    let metrics = ExportMetrics::new()?;
+    let worker_metrics = metrics.clone();
+    Ok(groups
         .register("export", Exports::new)
         .beside("export", move |pool, stop| {
-            export::worker::run(pool, settings.clone(), stop)
+            export::worker::run(pool, settings.clone(), worker_metrics.clone(), stop)
         })
+        .metrics("export", move |registry| metrics.register(registry)))
 }

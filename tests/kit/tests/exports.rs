@@ -2,14 +2,15 @@
 //! publishes its event on the export topic, a consumer process running only the `export` group
 //! writes the file; the client polls and downloads it. Checked: the file holds exactly the
 //! orders the filters match, its checksum is the bytes downloaded and the job's, a redelivered
-//! job event writes no second file, and an expired export's file is removed.
+//! job event writes no second file, and an expired export's file is removed; the export
+//! consumer's metrics count the export, its rows and the expiry.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use pipeline_testkit::kafka::committed_lag;
-use pipeline_testkit::{wait_until, Service, TestEnv};
+use pipeline_testkit::{metric_sum, scrape, scrape_sum, wait_until, Service, TestEnv};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -31,6 +32,8 @@ struct Exports {
     url: String,
     http: reqwest::Client,
     services: Vec<Service>,
+    /// The first export consumer's metrics address.
+    consumer_metrics: String,
 }
 
 impl Exports {
@@ -46,7 +49,7 @@ impl Exports {
             .order_service_with_args(&["--export-dir", &dir_arg, "--export-topic", &topic])
             .await?;
         let (relay, _) = env.relay("relay").await?;
-        let (consumer, _) = env
+        let (consumer, consumer_metrics) = env
             .export_consumer("export-consumer", &topic, &dir, consumer_args)
             .await?;
         let exports = Exports {
@@ -56,6 +59,7 @@ impl Exports {
             url,
             http: reqwest::Client::new(),
             services: vec![order_service, relay],
+            consumer_metrics,
         };
         Ok((exports, consumer))
     }
@@ -312,6 +316,27 @@ async fn ten_thousand_orders_are_exported_downloaded_and_never_written_twice() -
     let job_id = Uuid::parse_str(&id)?;
     let done = exports.wait_for_state(&id, "succeeded").await?;
     assert_eq!(done["row_count"], MATCHING);
+    // The worker's metrics count the one export, its rows and its duration (counted just
+    // after the job is recorded).
+    wait_until("export counted", Duration::from_secs(10), || async {
+        let done = scrape_sum(&exports.consumer_metrics, "export_jobs_total", &[]).await?;
+        Ok((done > 0.0).then_some(()))
+    })
+    .await?;
+    let metrics = scrape(&exports.consumer_metrics).await?;
+    assert_eq!(
+        metric_sum(&metrics, "export_jobs_total", &[r#"outcome="succeeded""#]),
+        1.0
+    );
+    assert_eq!(metric_sum(&metrics, "export_jobs_total", &[]), 1.0);
+    assert_eq!(
+        metric_sum(&metrics, "export_rows_total", &[]),
+        MATCHING as f64
+    );
+    assert_eq!(
+        metric_sum(&metrics, "export_duration_seconds_count", &[]),
+        1.0
+    );
 
     // The download: every matching order, once, in creation order, and the checksum of the
     // bytes received is the one announced and the one recorded.
@@ -393,7 +418,7 @@ async fn ten_thousand_orders_are_exported_downloaded_and_never_written_twice() -
         Duration::from_secs(60),
     )?;
     assert_eq!(processed_rows(&exports).await?, 0, "dedupe rows cleared");
-    let (consumer, _) = exports
+    let (consumer, consumer_metrics) = exports
         .env
         .export_consumer("export-consumer-2", &exports.topic, &exports.dir, &[])
         .await?;
@@ -418,6 +443,11 @@ async fn ten_thousand_orders_are_exported_downloaded_and_never_written_twice() -
         "same file, same inode and mtime, no temporary file"
     );
     assert_eq!(exports.job_row(job_id).await?, row_before, "job unchanged");
+    assert_eq!(
+        scrape_sum(&consumer_metrics, "export_jobs_total", &[]).await?,
+        0.0,
+        "the second consumer attempted no export"
+    );
     let dead: i64 = sqlx::query_scalar("SELECT count(*) FROM dead_letter WHERE group_name = $1")
         .bind(exports.env.group("export"))
         .fetch_one(&exports.env.pool)
@@ -483,6 +513,18 @@ async fn an_expired_export_is_removed_and_answers_gone() -> anyhow::Result<()> {
         "{reason}"
     );
     assert!(dir_listing(&exports.dir)?.is_empty());
+    wait_until("expiry counted", Duration::from_secs(10), || async {
+        let expired = scrape_sum(&exports.consumer_metrics, "export_expired_total", &[]).await?;
+        Ok((expired > 0.0).then_some(()))
+    })
+    .await?;
+    let metrics = scrape(&exports.consumer_metrics).await?;
+    assert_eq!(metric_sum(&metrics, "export_expired_total", &[]), 1.0);
+    assert_eq!(metric_sum(&metrics, "export_jobs_waiting", &[]), 0.0);
+    assert_eq!(
+        metric_sum(&metrics, "export_oldest_waiting_seconds", &[]),
+        0.0
+    );
 
     consumer.stop_cleanly(Duration::from_secs(30)).await?;
     exports.stop().await

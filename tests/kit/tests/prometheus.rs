@@ -1,5 +1,5 @@
 //! The monitoring files against a real Prometheus: it scrapes the running pipeline (order
-//! service, relay, consumer) every second with the repository's alert rules loaded, while ~300
+//! service, relay, consumer, export consumer) every second with the repository's alert rules loaded, while ~300
 //! orders go through. Then, through Prometheus's HTTP API: the metrics of the contract exist with
 //! this environment's labels, the lag returns to 0 after the drain, the end-to-end histogram
 //! counted every event, and every query of the Grafana dashboard and every alert rule evaluates
@@ -8,7 +8,7 @@
 //! Needs `prometheus` (Debian's package; scripts/test.sh installs it): `PROMETHEUS_BIN`, else
 //! `prometheus` on PATH. Without either the test says so and passes.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -65,6 +65,13 @@ const CORE_SERIES: &[&str] = &[
     "consumer_group_uncommitted_partitions",
     "consumer_group_members",
     "lag_collector_last_success_timestamp_seconds",
+    // export consumer
+    "export_jobs_total",
+    "export_duration_seconds_bucket",
+    "export_rows_total",
+    "export_expired_total",
+    "export_jobs_waiting",
+    "export_oldest_waiting_seconds",
 ];
 
 /// Dashboard queries that may rightly return nothing in a healthy run: they select series that
@@ -121,9 +128,14 @@ impl Prometheus {
              rule_files:\n  - {:?}\nscrape_configs:\n",
             rules.display().to_string()
         );
+        let mut jobs: BTreeMap<&str, Vec<String>> = BTreeMap::new();
         for (job, addr) in targets {
+            jobs.entry(job).or_default().push(format!("'{addr}'"));
+        }
+        for (job, addrs) in jobs {
             config.push_str(&format!(
-                "  - job_name: {job}\n    static_configs:\n      - targets: ['{addr}']\n"
+                "  - job_name: {job}\n    static_configs:\n      - targets: [{}]\n",
+                addrs.join(", ")
             ));
         }
         let config_path = dir.join("prometheus.yml");
@@ -326,6 +338,18 @@ async fn prometheus_scrapes_the_pipeline_and_evaluates_dashboard_and_alerts() ->
     let (order_service, url) = env.order_service().await?;
     let (relay, relay_metrics) = env.relay("relay").await?;
     let (consumer, consumer_metrics) = env.consumer("consumer").await?;
+    let export_topic = format!("exports-{}", env.topic);
+    env.kafka()
+        .ensure_topics(std::slice::from_ref(&export_topic), 3)
+        .await?;
+    let (export_consumer, export_metrics) = env
+        .export_consumer(
+            "export-consumer",
+            &export_topic,
+            &env.log_dir.join("exports"),
+            &[],
+        )
+        .await?;
     let order_addr = url.trim_start_matches("http://").to_owned();
 
     let mut prom = Prometheus::start(
@@ -335,17 +359,18 @@ async fn prometheus_scrapes_the_pipeline_and_evaluates_dashboard_and_alerts() ->
             ("order-service", &order_addr),
             ("relay", &relay_metrics),
             ("consumer", &consumer_metrics),
+            ("consumer", &export_metrics),
         ],
     )
     .await?;
     wait_until(
-        "Prometheus scraping all three targets",
+        "Prometheus scraping all four targets",
         Duration::from_secs(30),
         || async {
             Ok(prom
                 .value(r#"sum(up{job=~"order-service|relay|consumer"})"#)
                 .await?
-                .filter(|&up| up == 3.0))
+                .filter(|&up| up == 4.0))
         },
     )
     .await?;
@@ -618,7 +643,7 @@ async fn prometheus_scrapes_the_pipeline_and_evaluates_dashboard_and_alerts() ->
     println!("{} alert rules evaluated, none firing", rules.len());
 
     prom.stop();
-    for service in [consumer, relay, order_service] {
+    for service in [export_consumer, consumer, relay, order_service] {
         service.stop_cleanly(Duration::from_secs(30)).await?;
     }
     Ok(())

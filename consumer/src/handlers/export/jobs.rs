@@ -211,6 +211,18 @@ pub async fn mark_expired(pool: &PgPool, ids: &[Uuid]) -> Result<u64, sqlx::Erro
     Ok(done.rows_affected())
 }
 
+/// Jobs submitted and not finished (pending or processing), and the age in seconds of the
+/// oldest of them (0 when there is none).
+pub async fn waiting(pool: &PgPool) -> Result<(i64, f64), sqlx::Error> {
+    sqlx::query_as(
+        "SELECT count(*),
+                COALESCE(EXTRACT(EPOCH FROM clock_timestamp() - min(created_at)), 0)::float8
+         FROM export_job WHERE state IN ('pending', 'processing')",
+    )
+    .fetch_one(pool)
+    .await
+}
+
 pub(crate) fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }

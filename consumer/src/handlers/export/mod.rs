@@ -19,9 +19,11 @@
 //! - [`file`](mod@file): writing a job's file (streamed rows, hashed and counted as they go) and reading a
 //!   finished one back.
 //! - [`worker`]: the loop beside the group: one job at a time, retries, the expiry sweep.
+//! - [`metrics`]: what the worker's attempts and sweeps came to, for Prometheus.
 
 pub mod file;
 pub mod jobs;
+pub mod metrics;
 pub mod worker;
 
 use std::path::PathBuf;

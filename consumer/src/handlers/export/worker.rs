@@ -1,7 +1,8 @@
 //! The worker beside the `export` group: claims one processing job at a time under a lease,
 //! writes its file ([`file::write_export`]) and records the outcome; retries transient failures
 //! with backoff up to `--export-max-attempts`; and every `--export-sweep-interval-ms` removes
-//! the files of expired exports and temporary files left by dead workers.
+//! the files of expired exports and temporary files left by dead workers and reads the jobs still
+//! waiting. Each attempt's outcome and each sweep go into [`ExportMetrics`].
 
 use std::time::{Duration, Instant};
 
@@ -13,6 +14,7 @@ use uuid::Uuid;
 
 use super::file::{self, WriteError};
 use super::jobs;
+use super::metrics::ExportMetrics;
 use super::ExportSettings;
 use crate::backoff::backoff;
 
@@ -63,8 +65,13 @@ pub enum Step {
     },
 }
 
-/// Runs the worker until `stop`.
-pub async fn run(pool: PgPool, settings: ExportSettings, stop: CancellationToken) {
+/// Runs the worker until `stop`, counting what it does in `metrics`.
+pub async fn run(
+    pool: PgPool,
+    settings: ExportSettings,
+    metrics: ExportMetrics,
+    stop: CancellationToken,
+) {
     if let Err(e) = tokio::fs::create_dir_all(&settings.dir).await {
         tracing::error!(dir = %settings.dir.display(), error = %e, "cannot create the export directory");
     }
@@ -72,12 +79,15 @@ pub async fn run(pool: PgPool, settings: ExportSettings, stop: CancellationToken
     let mut swept_at: Option<Instant> = None;
     while !stop.is_cancelled() {
         if swept_at.is_none_or(|t| t.elapsed() >= sweep_every) {
-            if let Err(e) = sweep(&pool, &settings).await {
-                tracing::warn!(error = format!("{e:#}"), "export sweep failed; retrying");
-            }
+            sweep_and_measure(&pool, &settings, &metrics).await;
             swept_at = Some(Instant::now());
         }
-        let wait = match export_next(&pool, &settings, &stop).await {
+        let started = Instant::now();
+        let step = export_next(&pool, &settings, &stop).await;
+        if let Ok(step) = &step {
+            count(&metrics, step, started.elapsed());
+        }
+        let wait = match step {
             Ok(Step::Idle) => Duration::from_millis(settings.poll_ms),
             Ok(_) => Duration::ZERO,
             Err(e) => {
@@ -89,6 +99,37 @@ pub async fn run(pool: PgPool, settings: ExportSettings, stop: CancellationToken
             _ = stop.cancelled() => {}
             _ = tokio::time::sleep(wait) => {}
         }
+    }
+}
+
+/// [`sweep`], then the jobs still waiting, into `metrics`; a failure of either is logged and
+/// left for the next sweep.
+async fn sweep_and_measure(pool: &PgPool, settings: &ExportSettings, metrics: &ExportMetrics) {
+    match sweep(pool, settings).await {
+        Ok(expired) => metrics.expired.inc_by(expired),
+        Err(e) => tracing::warn!(error = format!("{e:#}"), "export sweep failed; retrying"),
+    }
+    match jobs::waiting(pool).await {
+        Ok((jobs, oldest_seconds)) => {
+            metrics.waiting.set(jobs);
+            metrics.oldest_waiting.set(oldest_seconds);
+        }
+        Err(e) => tracing::warn!(error = %e, "reading the waiting export jobs failed"),
+    }
+}
+
+/// Counts one step of the worker, which took `took` from its claim.
+fn count(metrics: &ExportMetrics, step: &Step, took: Duration) {
+    match step {
+        Step::Idle | Step::Stopped { .. } => {}
+        Step::Succeeded { rows, .. } => {
+            metrics.attempt("succeeded");
+            metrics.duration.observe(took.as_secs_f64());
+            metrics.rows.inc_by(u64::try_from(*rows).unwrap_or(0));
+        }
+        Step::RetryLater { .. } => metrics.attempt("retried"),
+        Step::Failed { .. } => metrics.attempt("failed"),
+        Step::LeaseLost { .. } => metrics.attempt("lease_lost"),
     }
 }
 
