@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 
+use anyhow::Context;
 use futures::future::BoxFuture;
 use prometheus::Registry;
 use sqlx::PgPool;
@@ -127,7 +128,7 @@ impl Groups {
     pub fn register_metrics(&self, name: &str, registry: &Registry) -> anyhow::Result<()> {
         if let Some(register) = &self.entry(name)?.metrics {
             register(registry)
-                .map_err(|e| anyhow::anyhow!("registering the metrics of group {name}: {e}"))?;
+                .with_context(|| format!("registering the metrics of group {name}"))?;
         }
         Ok(())
     }

@@ -1,7 +1,7 @@
-//! The monitoring files against a real Prometheus: it scrapes the running pipeline (order
-//! service, relay, consumer, export consumer) every second with the repository's alert rules loaded, while ~300
-//! orders go through. Then, through Prometheus's HTTP API: the metrics of the contract exist with
-//! this environment's labels, the lag returns to 0 after the drain, the end-to-end histogram
+//! The monitoring files against a real Prometheus: it scrapes the running pipeline (order service,
+//! relay, consumer, export consumer) every second with the repository's alert rules loaded, while
+//! ~300 orders go through. Then, through Prometheus's HTTP API: the metrics of the contract exist
+//! with this environment's labels, the lag returns to 0 after the drain, the end-to-end histogram
 //! counted every event, and every query of the Grafana dashboard and every alert rule evaluates
 //! without error (and the dashboard's queries return data, so a misspelt metric name shows).
 //!
