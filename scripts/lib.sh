@@ -178,7 +178,7 @@ install_postgres() {
 }
 
 # Lets every user connect over loopback TCP without a password (a local development cluster only:
-# called for clusters these scripts installed or created, never for one found configured).
+# called for clusters these scripts installed, created or started, never for one found running).
 pg_trust_loopback() {
     local ver=$1 cluster=$2
     local hba="/etc/postgresql/$ver/$cluster/pg_hba.conf"
@@ -192,7 +192,7 @@ pg_trust_loopback() {
 # ensure_postgres — PostgreSQL accepting connections on 127.0.0.1:5432 as user postgres, without
 # a password. Installs Debian's server package when missing, creates or starts the cluster.
 ensure_postgres() {
-    local wait_s="${PG_WAIT_SECONDS:-60}" fresh=0
+    local wait_s="${PG_WAIT_SECONDS:-60}" fresh=0 started=0 ver='' cluster=''
     if ! pg_accepting; then
         if ! have pg_ctlcluster || [[ -z $(pg_server_version) ]]; then
             install_postgres
@@ -212,6 +212,7 @@ ensure_postgres() {
             line=$(pg_lsclusters -h | awk -v p="$PG_PORT" '$3 == p { print; exit }')
         fi
         read -r ver cluster _port status _ <<<"$line"
+        [[ $status == online* ]] || started=1
         if ((fresh)); then
             pg_trust_loopback "$ver" "$cluster"
         fi
@@ -232,7 +233,16 @@ ensure_postgres() {
         done
     fi
     local out
-    if ! out=$(PGCONNECT_TIMEOUT=5 psql -w -X -Atq "$PG_ADMIN_URL" -c 'SHOW server_version' 2>&1); then
+    if ! out=$(PGCONNECT_TIMEOUT=5 psql -w -X -Atq "$PG_ADMIN_URL" -c 'SHOW server_version' 2>&1) &&
+        ((started && !fresh)); then
+        # A cluster that came with the machine's packages, stopped until now, with their default
+        # password authentication on loopback: make it the local development cluster.
+        pg_trust_loopback "$ver" "$cluster"
+        as_root pg_ctlcluster --skip-systemctl-redirect "$ver" "$cluster" reload
+        sleep 1
+        out=$(PGCONNECT_TIMEOUT=5 psql -w -X -Atq "$PG_ADMIN_URL" -c 'SHOW server_version' 2>&1) || true
+    fi
+    if ! [[ $out =~ ^[0-9] ]]; then
         die "PostgreSQL accepts connections on $PG_HOST:$PG_PORT but 'psql -U postgres' without a password fails: $out
 (the scripts expect trust auth for host connections from 127.0.0.1, as on the CI machines)"
     fi
