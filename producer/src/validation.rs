@@ -2,13 +2,18 @@
 //!
 //! Every rule here answers with a [`ValidationError`] whose message is safe to show the client;
 //! the API turns it into a 4xx. Nothing that passes these checks can make PostgreSQL reject the
-//! write for a reason the client caused (NUL characters, out-of-range integers).
+//! write for a reason the client caused (NUL characters, out-of-range integers). Request types
+//! are read from JSON objects only, never from arrays by position; the API also refuses a body
+//! with a NUL character anywhere, even in a field it does not read (`api::body`).
 
 use std::collections::HashSet;
+use std::fmt;
 
 use chrono::{DateTime, Utc};
 use pipeline_core::order_events::OrderLine;
-use serde::{Deserialize, Serialize};
+use serde::de::value::MapAccessDeserializer;
+use serde::de::{MapAccess, Visitor};
+use serde::{Deserialize, Deserializer, Serialize};
 use sha2::{Digest, Sha256};
 
 /// Longest customer id accepted, in characters.
@@ -24,8 +29,9 @@ pub const MAX_QUANTITY: i64 = 10_000;
 /// Longest `Idempotency-Key` accepted, in bytes.
 pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 200;
 
-/// The body of `POST /orders`, as sent.
+/// The body of `POST /orders`, as sent: a JSON object (see `object_only!`).
 #[derive(Debug, Clone, Deserialize)]
+#[serde(remote = "Self")]
 pub struct CreateOrderRequest {
     pub customer_id: String,
     #[serde(default)]
@@ -37,13 +43,40 @@ pub struct CreateOrderRequest {
     pub payment_reminder_at: Option<DateTime<Utc>>,
 }
 
-/// One requested line. The quantity is read wide so that an absurd value gets our message,
-/// not a deserialisation error.
+/// One requested line, a JSON object (see `object_only!`). The quantity is read wide so that
+/// an absurd value gets our message, not a deserialisation error.
 #[derive(Debug, Clone, Deserialize)]
+#[serde(remote = "Self")]
 pub struct RequestedLine {
     pub product_id: String,
     pub quantity: i64,
 }
+
+/// Implements `Deserialize` for a struct deriving it with `#[serde(remote = "Self")]`, taking
+/// its fields from a JSON object only. serde's derive alone also reads a struct from a JSON array,
+/// its fields by position, so that `["c-1", null, [["sku-1", 1]]]` would be taken for an order.
+macro_rules! object_only {
+    ($request:ident) => {
+        impl<'de> Deserialize<'de> for $request {
+            fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                struct Fields;
+                impl<'de> Visitor<'de> for Fields {
+                    type Value = $request;
+                    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                        f.write_str("a JSON object")
+                    }
+                    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<$request, A::Error> {
+                        // The derived (inherent) function, reading the object's fields by name.
+                        $request::deserialize(MapAccessDeserializer::new(map))
+                    }
+                }
+                deserializer.deserialize_map(Fields)
+            }
+        }
+    };
+}
+object_only!(CreateOrderRequest);
+object_only!(RequestedLine);
 
 /// A request that passed every check. Serialises canonically, which is what the idempotency
 /// fingerprint is computed from.
@@ -286,6 +319,27 @@ mod tests {
     }
 
     #[test]
+    fn requests_are_objects_not_arrays() {
+        let order: CreateOrderRequest = serde_json::from_str(
+            r#"{"customer_id": "c", "lines": [{"product_id": "p", "quantity": 1}],
+                "payment_reminder_at": null, "unknown": [1]}"#,
+        )
+        .expect("an object");
+        assert_eq!((order.customer_id.as_str(), order.lines.len()), ("c", 1));
+        for positional in [
+            r#"["c", null, [{"product_id": "p", "quantity": 1}]]"#,
+            r#"{"customer_id": "c", "lines": [["p", 1]]}"#,
+            r#"{"customer_id": "c", "lines": ["p"]}"#,
+            "[]",
+        ] {
+            let e = serde_json::from_str::<CreateOrderRequest>(positional)
+                .expect_err(positional)
+                .to_string();
+            assert!(e.contains("expected a JSON object"), "{positional}: {e}");
+        }
+    }
+
+    #[test]
     fn fingerprint_follows_content() {
         let a = validate_order(request("c", &[("p", 1)])).expect("valid");
         let b = validate_order(request("c", &[("p", 2)])).expect("valid");
@@ -320,5 +374,7 @@ mod tests {
         assert!(validate_idempotency_key("load-1").is_ok());
         assert!(validate_idempotency_key("").is_err());
         assert!(validate_idempotency_key("a b").is_err());
+        assert!(validate_idempotency_key("a\0b").is_err());
+        assert!(validate_idempotency_key("caf\u{e9}").is_err());
     }
 }

@@ -81,7 +81,7 @@ async fn bad_create_requests_are_refused_without_writes(pool: PgPool) {
             JSON,
             b"[1, 2]".to_vec(),
             422,
-            "invalid request body",
+            "request body must be a JSON object, not an array",
         ),
         (
             "missing lines",

@@ -131,7 +131,7 @@ async fn bad_requests_are_refused_with_a_reason_and_write_nothing(pool: PgPool) 
             "not an object",
             br#"[1, 2]"#.to_vec(),
             422,
-            "invalid request body",
+            "request body must be a JSON object, not an array",
         ),
     ];
     for (name, body, expected, reason) in cases {

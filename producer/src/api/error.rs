@@ -4,11 +4,9 @@
 //! may help) with a generic message; the cause goes to the log, never to the client.
 
 use axum::extract::rejection::{BytesRejection, JsonRejection, PathRejection};
-use axum::extract::{FromRequest, Request};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde::de::DeserializeOwned;
 use serde_json::json;
 
 use crate::exports::{ExportError, FilterError};
@@ -153,7 +151,7 @@ impl From<JsonRejection> for ApiError {
     }
 }
 
-fn body_error(e: &BytesRejection) -> ApiError {
+pub(super) fn body_error(e: &BytesRejection) -> ApiError {
     if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
         ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -170,23 +168,6 @@ fn body_error(e: &BytesRejection) -> ApiError {
 impl From<PathRejection> for ApiError {
     fn from(rejection: PathRejection) -> Self {
         Self::new(StatusCode::BAD_REQUEST, rejection.body_text())
-    }
-}
-
-/// `axum::Json`, with refusals answered by our JSON error body instead of axum's plain text.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct ApiJson<T>(pub T);
-
-impl<T, S> FromRequest<S> for ApiJson<T>
-where
-    T: DeserializeOwned,
-    S: Send + Sync,
-{
-    type Rejection = ApiError;
-
-    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        let Json(value) = Json::<T>::from_request(req, state).await?;
-        Ok(Self(value))
     }
 }
 

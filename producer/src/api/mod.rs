@@ -10,7 +10,11 @@
 //! | `POST /exports`            | 202 pending export job, `Location` header      |
 //! | `GET /exports/{id}`        | 200 export job, 404                           |
 //! | `GET /exports/{id}/download` | 200 CSV file, 404, 409 not finished, 410 expired |
+//!
+//! A body, where a route takes one, is a single JSON object (`body::ApiJson`); every refusal is
+//! `{"error": "..."}` with a 4xx or 5xx (`error`).
 
+mod body;
 mod error;
 mod exports;
 mod handlers;
@@ -26,7 +30,8 @@ use axum::Router;
 use crate::exports::ExportService;
 use crate::orders::OrderService;
 
-pub use error::{ApiError, ApiJson};
+pub use body::ApiJson;
+pub use error::ApiError;
 pub use exports::CHECKSUM_HEADER;
 pub use handlers::IDEMPOTENCY_KEY;
 pub use metrics::ApiMetrics;

@@ -188,3 +188,26 @@ pub async fn outbox_rows(
     .await
     .expect("read outbox")
 }
+
+/// Rows in every table of the test database, by table name: equal before and after a request
+/// that wrote nothing anywhere.
+pub async fn every_table_count(pool: &PgPool) -> std::collections::BTreeMap<String, i64> {
+    let tables: Vec<(String, String)> = sqlx::query_as(
+        "SELECT table_schema::text, table_name::text FROM information_schema.tables
+         WHERE table_type = 'BASE TABLE'
+           AND table_schema NOT IN ('pg_catalog', 'information_schema')",
+    )
+    .fetch_all(pool)
+    .await
+    .expect("list tables");
+    let mut counts = std::collections::BTreeMap::new();
+    for (schema, table) in tables {
+        let (count,): (i64,) =
+            sqlx::query_as(&format!("SELECT count(*) FROM \"{schema}\".\"{table}\""))
+                .fetch_one(pool)
+                .await
+                .expect("count rows");
+        let _ = counts.insert(format!("{schema}.{table}"), count);
+    }
+    counts
+}
