@@ -7,6 +7,8 @@ use chrono::{DateTime, Utc};
 use rdkafka::message::{Header, Headers, OwnedHeaders};
 use uuid::Uuid;
 
+use crate::record::RecordHeaders;
+
 /// Header carrying the event's unique id (the consumers' idempotency key).
 pub const EVENT_ID: &str = "event-id";
 /// Header carrying the event type, e.g. `order.placed`.
@@ -19,6 +21,12 @@ pub const AGGREGATE_ID: &str = "aggregate-id";
 pub const OCCURRED_AT: &str = "occurred-at";
 /// W3C trace context, copied from the request that caused the event when it had one.
 pub const TRACEPARENT: &str = "traceparent";
+
+/// The longest aggregate id (record key) an event may have, in bytes: it is a key of B-tree
+/// indexes (an order's progress, parked events, history), whose entries must fit in a page.
+pub const MAX_KEY_BYTES: usize = 1024;
+/// The longest event type, in bytes.
+pub const MAX_EVENT_TYPE_BYTES: usize = 255;
 
 /// The envelope of one event, as consumers see it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,6 +46,14 @@ pub enum EnvelopeError {
     MissingKey,
     #[error("record key is not UTF-8")]
     KeyNotUtf8,
+    #[error("record key holds a NUL byte")]
+    KeyHasNul,
+    #[error("record key is {0} bytes long, more than an aggregate id may be ({MAX_KEY_BYTES})")]
+    KeyTooLong(usize),
+    #[error(
+        "a header name is not UTF-8 (the Kafka protocol requires it); its bytes cannot be read"
+    )]
+    HeaderNameNotUtf8,
     #[error("missing header `{0}`")]
     MissingHeader(&'static str),
     #[error("header `{name}` is invalid: {reason}")]
@@ -72,27 +88,50 @@ impl Envelope {
         headers
     }
 
-    /// Reads the envelope from a record's key and headers.
+    /// Reads the envelope from a record's key and headers as the Kafka client gives them.
     pub fn from_record<H: Headers>(
         key: Option<&[u8]>,
         headers: Option<&H>,
+    ) -> Result<Self, EnvelopeError> {
+        Self::from_key_and_headers(key, &RecordHeaders::read(headers))
+    }
+
+    /// Reads the envelope from a record's key and headers. Every text it takes from them is
+    /// UTF-8 without NUL, so PostgreSQL's `text` takes it.
+    pub fn from_key_and_headers(
+        key: Option<&[u8]>,
+        headers: &RecordHeaders,
     ) -> Result<Self, EnvelopeError> {
         let key = key.ok_or(EnvelopeError::MissingKey)?;
         let key = std::str::from_utf8(key).map_err(|_| EnvelopeError::KeyNotUtf8)?;
         if key.is_empty() {
             return Err(EnvelopeError::MissingKey);
         }
+        if key.contains('\0') {
+            return Err(EnvelopeError::KeyHasNul);
+        }
+        if key.len() > MAX_KEY_BYTES {
+            return Err(EnvelopeError::KeyTooLong(key.len()));
+        }
+        if headers.unreadable_names() > 0 {
+            return Err(EnvelopeError::HeaderNameNotUtf8);
+        }
         let find = |name: &'static str| -> Result<&str, EnvelopeError> {
-            let headers = headers.ok_or(EnvelopeError::MissingHeader(name))?;
             let value = headers
-                .iter()
-                .find(|h| h.key == name)
-                .and_then(|h| h.value)
+                .get(name)
+                .flatten()
                 .ok_or(EnvelopeError::MissingHeader(name))?;
-            std::str::from_utf8(value).map_err(|_| EnvelopeError::InvalidHeader {
+            let value = std::str::from_utf8(value).map_err(|_| EnvelopeError::InvalidHeader {
                 name,
                 reason: "not UTF-8".into(),
-            })
+            })?;
+            if value.contains('\0') {
+                return Err(EnvelopeError::InvalidHeader {
+                    name,
+                    reason: "holds a NUL byte".into(),
+                });
+            }
+            Ok(value)
         };
         let invalid =
             |name: &'static str, e: &dyn std::fmt::Display| EnvelopeError::InvalidHeader {
@@ -103,6 +142,12 @@ impl Envelope {
         let event_type = find(EVENT_TYPE)?.to_owned();
         if event_type.is_empty() {
             return Err(invalid(EVENT_TYPE, &"empty"));
+        }
+        if event_type.len() > MAX_EVENT_TYPE_BYTES {
+            return Err(invalid(
+                EVENT_TYPE,
+                &format!("longer than {MAX_EVENT_TYPE_BYTES} bytes"),
+            ));
         }
         let sequence: i64 = find(SEQUENCE)?.parse().map_err(|e| invalid(SEQUENCE, &e))?;
         if sequence < 1 {
@@ -213,5 +258,55 @@ mod tests {
             Envelope::from_record(msg.key(), msg.headers()),
             Err(EnvelopeError::KeyMismatch { .. })
         ));
+    }
+
+    #[test]
+    fn refuses_what_postgresql_text_refuses() {
+        let env = sample();
+        let with = |key: &[u8], extra: &[(&str, &[u8])]| {
+            let mut pairs: Vec<(&str, Option<&[u8]>)> = Vec::new();
+            let (id, seq, at) = (
+                env.event_id.to_string(),
+                env.sequence.to_string(),
+                env.occurred_at.to_rfc3339(),
+            );
+            let defaults: [(&str, &[u8]); 5] = [
+                (EVENT_ID, id.as_bytes()),
+                (EVENT_TYPE, b"order.placed"),
+                (SEQUENCE, seq.as_bytes()),
+                (AGGREGATE_ID, key),
+                (OCCURRED_AT, at.as_bytes()),
+            ];
+            for (name, value) in defaults {
+                let value = extra
+                    .iter()
+                    .find(|(n, _)| *n == name)
+                    .map_or(value, |(_, v)| *v);
+                pairs.push((name, Some(value)));
+            }
+            Envelope::from_key_and_headers(Some(key), &RecordHeaders::from_pairs(pairs))
+        };
+        assert!(with(b"order-1", &[]).is_ok());
+        assert_eq!(with(b"\xff\xfe", &[]), Err(EnvelopeError::KeyNotUtf8));
+        assert_eq!(with(b"order\0", &[]), Err(EnvelopeError::KeyHasNul));
+        let long = vec![b'k'; MAX_KEY_BYTES + 1];
+        assert_eq!(
+            with(&long, &[]),
+            Err(EnvelopeError::KeyTooLong(MAX_KEY_BYTES + 1))
+        );
+        assert!(with(&long[..MAX_KEY_BYTES], &[]).is_ok());
+        for (name, value) in [
+            (EVENT_TYPE, b"order\0placed".as_slice()),
+            (EVENT_TYPE, b"\xc3"),
+            (AGGREGATE_ID, b"order-1\0"),
+            (SEQUENCE, b"1\0"),
+        ] {
+            assert!(
+                matches!(with(b"order-1", &[(name, value)]), Err(EnvelopeError::InvalidHeader { name: n, .. }) if n == name),
+                "{name}"
+            );
+        }
+        let long_type = "t".repeat(MAX_EVENT_TYPE_BYTES + 1);
+        assert!(with(b"order-1", &[(EVENT_TYPE, long_type.as_bytes())]).is_err());
     }
 }

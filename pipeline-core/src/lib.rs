@@ -8,4 +8,5 @@ pub mod kafka;
 pub mod ops_http;
 pub mod order_events;
 pub mod overlap;
+pub mod record;
 pub mod telemetry;

@@ -8,6 +8,7 @@
 use chrono::{DateTime, Utc};
 use consumer::operator::dead_letters::{self as resolve, Resolution, ResolveError};
 use consumer::Groups;
+use pipeline_core::record::{escape, RecordHeaders};
 use serde::Serialize;
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -52,18 +53,25 @@ pub struct Letter {
     pub parked_behind: i64,
 }
 
-/// One letter whole.
+/// One letter whole. The record's bytes are shown escaped: UTF-8 text as it is, a backslash as
+/// `\\`, control characters as `\0`, `\n`, `\u{1b}`…, and bytes that are not UTF-8 as `\xNN`
+/// (reversible, so the exact bytes can be read back from it).
 #[derive(Debug, Serialize)]
 pub struct ShownLetter {
     /// The listed fields.
     #[serde(flatten)]
     pub letter: Letter,
-    /// The record's headers.
-    pub headers: serde_json::Value,
-    /// The record's value, as text when it is UTF-8.
+    /// The record's headers in order, duplicates and all: name and escaped value (`None`: a
+    /// header without a value).
+    pub headers: Vec<(String, Option<String>)>,
+    /// The record's value, escaped.
     pub payload: Option<String>,
-    /// The record's key, as text when it is UTF-8.
+    /// The value's length in bytes.
+    pub payload_bytes: Option<usize>,
+    /// The record's key, escaped.
     pub key: Option<String>,
+    /// The key's length in bytes.
+    pub key_bytes: Option<usize>,
     /// The sequences parked behind it.
     pub parked_sequences: Vec<i64>,
 }
@@ -81,13 +89,11 @@ pub struct Outcome {
     pub released: usize,
 }
 
-const LETTER_COLUMNS: &str = "d.id, d.event_id,
-    COALESCE(d.order_id, convert_from(d.key, 'UTF8')) AS order_id, d.sequence, d.event_type,
+const LETTER_COLUMNS: &str = "d.id, d.event_id, d.order_id, d.sequence, d.event_type,
     d.topic, d.partition, d.kafka_offset, d.reason, d.attempts, d.status, d.created_at,
     d.resolved_at, d.resolution,
     (SELECT count(*) FROM parked_event p
-     WHERE p.group_name = d.group_name
-       AND p.order_id = COALESCE(d.order_id, convert_from(d.key, 'UTF8'))) AS parked_behind";
+     WHERE p.group_name = d.group_name AND p.order_id = d.order_id) AS parked_behind";
 
 /// Letters of `group` matching `filter` and `status`, in each order's sequence.
 pub async fn list(
@@ -119,8 +125,8 @@ pub async fn list(
            AND ($4::text IS NULL OR strpos(d.reason, $4) > 0)
            AND ($5::timestamptz IS NULL OR d.created_at >= $5)
            AND ($6::timestamptz IS NULL OR d.created_at < $6)
-           AND ($7::text IS NULL OR COALESCE(d.order_id, convert_from(d.key, 'UTF8')) = $7)
-         ORDER BY COALESCE(d.order_id, convert_from(d.key, 'UTF8')), d.sequence NULLS FIRST, d.id
+           AND ($7::text IS NULL OR d.order_id = $7)
+         ORDER BY d.order_id, d.sequence NULLS FIRST, d.id
          LIMIT 10000"
     ))
     .bind(group)
@@ -188,11 +194,12 @@ async fn show(pool: &PgPool, group: &str, id: i64) -> anyhow::Result<ShownLetter
             what: "dead letter",
             id: format!("{id} in group {group}"),
         })?;
-    let (headers, payload, key): (serde_json::Value, Option<Vec<u8>>, Option<Vec<u8>>) =
-        sqlx::query_as("SELECT headers, payload, key FROM dead_letter WHERE id = $1")
-            .bind(id)
-            .fetch_one(pool)
-            .await?;
+    let stored: StoredRecord = sqlx::query_as(
+        "SELECT headers, header_names, header_values, payload, key FROM dead_letter WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_one(pool)
+    .await?;
     let parked_sequences: Vec<i64> = sqlx::query_scalar(
         "SELECT sequence FROM parked_event WHERE group_name = $1 AND order_id = $2 ORDER BY sequence",
     )
@@ -200,19 +207,44 @@ async fn show(pool: &PgPool, group: &str, id: i64) -> anyhow::Result<ShownLetter
     .bind(&letter.order_id)
     .fetch_all(pool)
     .await?;
-    let text = |b: Option<Vec<u8>>| {
-        b.map(|b| {
-            String::from_utf8(b)
-                .unwrap_or_else(|e| format!("(not UTF-8: {} bytes)", e.as_bytes().len()))
-        })
+    let text = |b: &Option<Vec<u8>>| b.as_deref().map(|b| escape(b).into_owned());
+    let headers = match (&stored.header_names, &stored.header_values) {
+        (Some(names), Some(values)) => RecordHeaders::from_columns(names, values)
+            .iter()
+            .map(|(k, v)| {
+                (
+                    escape(k.as_bytes()).into_owned(),
+                    v.map(|v| escape(v).into_owned()),
+                )
+            })
+            .collect(),
+        // Letters recorded before the exact headers were kept: their readable form.
+        _ => match &stored.headers {
+            serde_json::Value::Object(map) => map
+                .iter()
+                .map(|(k, v)| (k.clone(), v.as_str().map(str::to_owned)))
+                .collect(),
+            _ => Vec::new(),
+        },
     };
     Ok(ShownLetter {
         letter,
         headers,
-        payload: text(payload),
-        key: text(key),
+        payload: text(&stored.payload),
+        payload_bytes: stored.payload.as_ref().map(Vec::len),
+        key: text(&stored.key),
+        key_bytes: stored.key.as_ref().map(Vec::len),
         parked_sequences,
     })
+}
+
+#[derive(sqlx::FromRow)]
+struct StoredRecord {
+    headers: serde_json::Value,
+    header_names: Option<Vec<Vec<u8>>>,
+    header_values: Option<Vec<Option<Vec<u8>>>>,
+    payload: Option<Vec<u8>>,
+    key: Option<Vec<u8>>,
 }
 
 async fn act(
@@ -342,11 +374,11 @@ fn print_list(letters: &[Letter]) {
     for l in letters {
         let _ = t.add_row(vec![
             l.id.to_string(),
-            cell(l.order_id.as_ref()),
+            text_cell(l.order_id.as_deref()),
             cell(l.sequence),
-            cell(l.event_type.as_ref()),
+            text_cell(l.event_type.as_deref()),
             format!("{}/{}", l.partition, l.kafka_offset),
-            l.reason.clone(),
+            text_cell(Some(&l.reason)),
             l.attempts.to_string(),
             l.status.clone(),
             l.created_at.format("%Y-%m-%d %H:%M:%S").to_string(),
@@ -363,10 +395,10 @@ fn print_shown(s: &ShownLetter) {
     let rows: Vec<(&str, String)> = vec![
         ("id", l.id.to_string()),
         ("status", l.status.clone()),
-        ("order", cell(l.order_id.as_ref())),
+        ("order", text_cell(l.order_id.as_deref())),
         ("sequence", cell(l.sequence)),
         ("event", cell(l.event_id)),
-        ("type", cell(l.event_type.as_ref())),
+        ("type", text_cell(l.event_type.as_deref())),
         (
             "record",
             format!(
@@ -374,18 +406,41 @@ fn print_shown(s: &ShownLetter) {
                 l.topic, l.partition, l.kafka_offset
             ),
         ),
-        ("reason", l.reason.clone()),
+        ("reason", text_cell(Some(&l.reason))),
         ("attempts", l.attempts.to_string()),
         ("recorded", l.created_at.to_rfc3339()),
         ("settled", cell(l.resolved_at.map(|t| t.to_rfc3339()))),
-        ("note", cell(l.resolution.as_ref())),
-        ("key", cell(s.key.as_ref())),
-        ("headers", s.headers.to_string()),
-        ("payload", cell(s.payload.as_ref())),
+        ("note", text_cell(l.resolution.as_deref())),
+        ("key", bytes_cell(s.key.as_ref(), s.key_bytes)),
+        (
+            "headers",
+            s.headers
+                .iter()
+                .map(|(k, v)| match v {
+                    Some(v) => format!("{k}: {v}"),
+                    None => format!("{k} (no value)"),
+                })
+                .collect::<Vec<_>>()
+                .join("\n"),
+        ),
+        ("payload", bytes_cell(s.payload.as_ref(), s.payload_bytes)),
         ("parked behind", format!("{:?}", s.parked_sequences)),
     ];
     for (k, v) in rows {
         let _ = t.add_row(vec![k.to_owned(), v]);
     }
     println!("{t}");
+}
+
+/// Escaped bytes with their length: `"…" (N bytes)`, or `-` when there are none.
+fn bytes_cell(text: Option<&String>, len: Option<usize>) -> String {
+    match (text, len) {
+        (Some(t), Some(n)) => format!("{t} ({n} bytes)"),
+        _ => cell(text),
+    }
+}
+
+/// Text that came with a record, escaped for a terminal (no control characters).
+fn text_cell(text: Option<&str>) -> String {
+    cell(text.map(|t| escape(t.as_bytes())))
 }

@@ -2,8 +2,12 @@
 //! event), in time order: written by the service, each failed publish attempt, published with
 //! its partition and offset, and each group's outcome, with the operators' actions among them.
 //! Reads the outbox's history (`outbox_history`) and each group's (`group_history`) by index.
+//!
+//! A record that names no order (no key, or a key that cannot be an order id: not UTF-8, a NUL,
+//! too long) is found by its key as `pipeline dead-letters show` prints it, escaped (`\xff\xfe`).
 
 use chrono::{DateTime, Utc};
+use pipeline_core::record::{escape, unescape};
 use serde::Serialize;
 use uuid::Uuid;
 
@@ -90,6 +94,30 @@ pub async fn read(targets: &Targets, id: &str) -> anyhow::Result<Trace> {
         .bind(event_id)
         .fetch_all(&pool)
         .await?;
+        // Dead letters without an order whose record's key is `id` (escaped): their steps are
+        // found by their record, and the operators' actions by the letter.
+        let key = unescape(id).unwrap_or_else(|_| id.as_bytes().to_vec());
+        let unnamed: Vec<Step> = sqlx::query_as(
+            "WITH letter AS (
+                 SELECT id, topic, partition, kafka_offset FROM dead_letter
+                 WHERE group_name = $1 AND key = $2 AND order_id IS NULL)
+             SELECT t.at, t.transition, t.event_id, t.sequence, t.event_type, t.detail,
+                    t.partition AS kafka_partition, t.kafka_offset
+             FROM group_transition t
+             JOIN letter l ON (l.topic, l.partition, l.kafka_offset) = (t.topic, t.partition, t.kafka_offset)
+             WHERE t.group_name = $1 AND t.order_id IS NULL
+             UNION ALL
+             SELECT x.acted_at, x.action, x.event_id, NULL, NULL,
+                    format('by %s: %s', x.actor, x.reason), l.partition, l.kafka_offset
+             FROM operator_action x
+             JOIN letter l ON x.detail ->> 'dead_letter' = l.id::text
+             WHERE x.group_name = $1",
+        )
+        .bind(targets.qualified(&group))
+        .bind(&key)
+        .fetch_all(&pool)
+        .await?;
+        rows.extend(unnamed);
         for row in &mut rows {
             row.place.clone_from(&group);
         }
@@ -123,8 +151,8 @@ pub async fn read(targets: &Targets, id: &str) -> anyhow::Result<Trace> {
 /// Prints the trace as a table.
 pub fn print(trace: &Trace) {
     match trace.event_id {
-        Some(e) => println!("event {e} of order {}", trace.order_id),
-        None => println!("order {}", trace.order_id),
+        Some(e) => println!("event {e} of order {}", escape(trace.order_id.as_bytes())),
+        None => println!("order {}", escape(trace.order_id.as_bytes())),
     }
     let mut t = table(&[
         "at",
@@ -150,7 +178,10 @@ pub fn print(trace: &Trace) {
                 (Some(p), Some(o)) => format!("{p}/{o}"),
                 _ => "-".to_owned(),
             },
-            s.detail.clone().unwrap_or_default(),
+            s.detail
+                .as_deref()
+                .map(|d| escape(d.as_bytes()).into_owned())
+                .unwrap_or_default(),
         ]);
     }
     println!("{t}");

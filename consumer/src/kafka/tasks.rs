@@ -8,9 +8,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use pipeline_core::envelope::Envelope;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
-use rdkafka::message::{BorrowedMessage, Headers, Message};
+use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::TopicPartitionList;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 use tokio_util::sync::CancellationToken;
@@ -189,19 +188,12 @@ impl PartitionTasks {
 }
 
 fn inbound_message(msg: &BorrowedMessage<'_>) -> InboundMessage {
-    let headers = msg.headers();
-    InboundMessage {
-        topic: msg.topic().to_owned(),
-        partition: msg.partition(),
-        offset: msg.offset(),
-        key: msg.key().map(<[u8]>::to_vec),
-        payload: msg.payload().map(<[u8]>::to_vec),
-        headers: RecordHeaders::from_pairs(
-            headers
-                .into_iter()
-                .flat_map(|h| h.iter())
-                .map(|h| (h.key, h.value)),
-        ),
-        envelope: Envelope::from_record(msg.key(), headers),
-    }
+    InboundMessage::from_record(
+        msg.topic(),
+        msg.partition(),
+        msg.offset(),
+        msg.key(),
+        msg.payload(),
+        RecordHeaders::read(msg.headers()),
+    )
 }

@@ -22,7 +22,9 @@ pub enum Resolution {
     Replay,
     /// Pass over the event for good: its order moves past it and its parked events are applied
     /// in sequence. For a record without a readable event, the order (from the record's key, or
-    /// named by the operator) moves past its gap, up to its first parked event.
+    /// named by the operator) moves past its gap, up to its first parked event; a record that
+    /// names no order (no key, or one that cannot be an order id) holds nothing back and is just
+    /// closed.
     Skip,
     /// Close a letter that holds nothing back (no event of its order parked behind it).
     Discard,
@@ -59,7 +61,8 @@ pub struct Request<'a> {
     pub actor: &'a str,
     /// Why (recorded, and kept with the letter).
     pub note: &'a str,
-    /// For a skip of a record with neither a readable event nor a UTF-8 key: its order.
+    /// For a skip of a record with neither a readable event nor a key that is an order id: the
+    /// order it held back.
     pub for_order: Option<&'a str>,
 }
 
@@ -80,9 +83,6 @@ pub enum ResolveError {
     /// A replay was asked of a record that is not a readable event.
     #[error("dead letter {0} has no readable event (no key or envelope headers): it can only be skipped or discarded")]
     Unreadable(i64),
-    /// A skip of a record whose order is unknown.
-    #[error("dead letter {0} names no order (no readable event, no UTF-8 key): give its order with --for-order")]
-    NoOrder(i64),
     /// A discard of a letter whose order has events parked behind it.
     #[error("order {order_id} has {parked} event(s) parked behind dead letter {id}: skip or replay it instead, so they are applied")]
     HoldsParked {
@@ -172,7 +172,6 @@ pub async fn list(
 #[derive(sqlx::FromRow)]
 struct Letter {
     status: String,
-    key: Option<Vec<u8>>,
     event_id: Option<Uuid>,
     order_id: Option<String>,
     sequence: Option<i64>,
@@ -210,7 +209,7 @@ pub async fn resolve(
     let group = handler.group();
     let mut tx = pool.begin().await?;
     let letter: Letter = sqlx::query_as(
-        "SELECT status, key, event_id, order_id, sequence, event_type, payload, headers, created_at
+        "SELECT status, event_id, order_id, sequence, event_type, payload, headers, created_at
          FROM dead_letter WHERE id = $1 AND group_name = $2 FOR UPDATE",
     )
     .bind(id)
@@ -227,7 +226,6 @@ pub async fn resolve(
     let order = letter
         .order_id
         .clone()
-        .or_else(|| letter.key.clone().and_then(|k| String::from_utf8(k).ok()))
         .or_else(|| request.for_order.map(str::to_owned));
     let mut resolved = Resolved {
         id,
@@ -285,7 +283,8 @@ pub async fn resolve(
             )
             .await?;
         }
-        (Resolution::Skip, None) => return Err(ResolveError::NoOrder(id)),
+        // No order: no event of any order waits for it.
+        (Resolution::Skip, None) => {}
         (Resolution::Skip, Some(order)) => match (letter.sequence, readable(&letter)) {
             (Some(seq), Some(_)) => {
                 pass(

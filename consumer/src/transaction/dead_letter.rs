@@ -11,8 +11,10 @@ use std::time::Duration;
 use anyhow::Context;
 use chrono::{DateTime, SecondsFormat, Utc};
 use futures::future::try_join_all;
+use pipeline_core::envelope::MAX_KEY_BYTES;
 use pipeline_core::kafka::KafkaArgs;
-use rdkafka::error::KafkaError;
+use pipeline_core::record::{escape, without_nul};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use sqlx::PgConnection;
@@ -38,6 +40,9 @@ pub mod headers {
     pub const FIRST_FAILURE_AT: &str = "dlq-first-failure-at";
     /// RFC 3339 time of the last failed attempt.
     pub const LAST_FAILURE_AT: &str = "dlq-last-failure-at";
+    /// Set when the original record's key, headers and payload were left out because Kafka
+    /// refused them (too large with these headers, say): why. The `dead_letter` row keeps them.
+    pub const CONTENT_OMITTED: &str = "dlq-content-omitted";
 }
 
 /// One dead letter of a batch.
@@ -72,7 +77,9 @@ impl DeadLetter {
     }
 }
 
-/// Records `letter` in the `dead_letter` table (once per group and record).
+/// Records `letter` in the `dead_letter` table (once per group and record). Nothing the record
+/// carries can make this fail: its key, payload and headers are stored as bytes, and every text
+/// column takes only text PostgreSQL accepts (escaped where it comes from the record).
 pub async fn record(
     conn: &mut PgConnection,
     group: &str,
@@ -80,46 +87,62 @@ pub async fn record(
 ) -> Result<(), sqlx::Error> {
     let msg = &letter.message;
     let env = letter.event.as_ref().map(|e| &e.envelope);
+    let order_id = letter_order(letter);
+    let reason = without_nul(&letter.reason);
     tracing::warn!(
         group, topic = %msg.topic, partition = msg.partition, offset = msg.offset,
-        event_id = ?env.map(|e| e.event_id), order_id = ?env.map(|e| e.aggregate_id.as_str()),
-        reason = %letter.reason, "message dead-lettered"
+        event_id = ?env.map(|e| e.event_id), order_id = ?order_id,
+        key = ?msg.key.as_deref().map(escape),
+        reason = %reason, "message dead-lettered"
     );
+    let (header_names, header_values) = msg.headers.to_columns();
     // The letter and its place in the event's history, in one statement.
     sqlx::query(
         "WITH letter AS (
              INSERT INTO dead_letter (group_name, event_id, order_id, sequence, event_type, topic,
                                       partition, kafka_offset, reason, key, payload, headers,
+                                      header_names, header_values,
                                       attempts, first_failure_at, last_failure_at)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)
              ON CONFLICT (group_name, topic, partition, kafka_offset) DO NOTHING
              RETURNING group_name, event_id, order_id, sequence, event_type, topic, partition,
-                       kafka_offset, reason, key)
+                       kafka_offset, reason)
          INSERT INTO group_transition (group_name, event_id, order_id, sequence, event_type,
                                        transition, detail, topic, partition, kafka_offset)
-         SELECT group_name, event_id,
-                COALESCE(order_id, convert_from(key, 'UTF8')), sequence, event_type,
+         SELECT group_name, event_id, order_id, sequence, event_type,
                 'dead_lettered', reason, topic, partition, kafka_offset
          FROM letter",
     )
     .bind(group)
     .bind(env.map(|e| e.event_id))
-    .bind(env.map(|e| e.aggregate_id.clone()))
+    .bind(order_id)
     .bind(env.map(|e| e.sequence))
-    .bind(env.map(|e| e.event_type.clone()))
+    .bind(env.map(|e| without_nul(&e.event_type)))
     .bind(&msg.topic)
     .bind(msg.partition)
     .bind(msg.offset)
-    .bind(&letter.reason)
+    .bind(&*reason)
     .bind(&msg.key)
     .bind(&msg.payload)
-    .bind(msg.headers.to_json())
+    .bind(msg.headers.to_display_json())
+    .bind(header_names)
+    .bind(header_values)
     .bind(letter.attempts)
     .bind(letter.first_failure_at)
     .bind(letter.last_failure_at)
     .execute(conn)
     .await?;
     Ok(())
+}
+
+/// The order a letter belongs to: its event's, else its record's key when that could be an
+/// order id (UTF-8, no NUL, not too long); none otherwise.
+fn letter_order(letter: &DeadLetter) -> Option<&str> {
+    if let Some(event) = &letter.event {
+        return Some(&event.envelope.aggregate_id);
+    }
+    let key = std::str::from_utf8(letter.message.key.as_deref()?).ok()?;
+    (!key.is_empty() && !key.contains('\0') && key.len() <= MAX_KEY_BYTES).then_some(key)
 }
 
 /// Publishes dead letters to Kafka.
@@ -157,7 +180,30 @@ impl DeadLetterSink {
         Ok(())
     }
 
+    /// Publishes one letter: the record's key, headers and payload as they were, then ours. A
+    /// record Kafka refuses for its content (too large with our headers, say) is published
+    /// without its own headers and payload, which the `dead_letter` row keeps, so no content
+    /// stops a dead letter.
     async fn publish_one(&self, group: &str, letter: &DeadLetter) -> Result<(), KafkaError> {
+        match self.send(group, letter, None).await {
+            Err(KafkaError::MessageProduction(code)) if refused_for_content(code) => {
+                let why = format!(
+                    "the record was refused by Kafka ({code}); its key, headers and payload are kept in the dead_letter table"
+                );
+                tracing::warn!(group, topic = %letter.message.topic, partition = letter.message.partition,
+                    offset = letter.message.offset, error = %code, "dead letter published without its record's content");
+                self.send(group, letter, Some(&why)).await
+            }
+            other => other,
+        }
+    }
+
+    async fn send(
+        &self,
+        group: &str,
+        letter: &DeadLetter,
+        content_omitted: Option<&str>,
+    ) -> Result<(), KafkaError> {
         let msg = &letter.message;
         let topic = self.topic_for(&msg.topic);
         let (partition, offset, attempts) = (
@@ -171,18 +217,11 @@ impl DeadLetterSink {
         let last = letter
             .last_failure_at
             .to_rfc3339_opts(SecondsFormat::Micros, true);
-        let mut hdrs = OwnedHeaders::new();
-        // The original headers first, then ours.
-        if let serde_json::Value::Object(map) = msg.headers.to_json() {
-            for (k, v) in &map {
-                let value = v
-                    .as_str()
-                    .map(str::to_owned)
-                    .unwrap_or_else(|| v.to_string());
-                hdrs = hdrs.insert(Header {
-                    key: k,
-                    value: Some(&value),
-                });
+        let mut hdrs = OwnedHeaders::new_with_capacity(msg.headers.len() + 9);
+        // The original headers first, exactly, then ours.
+        if content_omitted.is_none() {
+            for (key, value) in msg.headers.iter() {
+                hdrs = hdrs.insert(Header { key, value });
             }
         }
         for (key, value) in [
@@ -194,17 +233,20 @@ impl DeadLetterSink {
             (headers::ATTEMPTS, attempts.as_str()),
             (headers::FIRST_FAILURE_AT, first.as_str()),
             (headers::LAST_FAILURE_AT, last.as_str()),
-        ] {
+        ]
+        .into_iter()
+        .chain(content_omitted.map(|why| (headers::CONTENT_OMITTED, why)))
+        {
             hdrs = hdrs.insert(Header {
                 key,
                 value: Some(value),
             });
         }
         let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&topic).headers(hdrs);
-        if let Some(k) = &msg.key {
+        if let (Some(k), None) = (&msg.key, content_omitted) {
             record = record.key(k.as_slice());
         }
-        if let Some(p) = &msg.payload {
+        if let (Some(p), None) = (&msg.payload, content_omitted) {
             record = record.payload(p.as_slice());
         }
         self.producer
@@ -213,4 +255,18 @@ impl DeadLetterSink {
             .map(|_| ())
             .map_err(|(e, _)| e)
     }
+}
+
+/// Errors Kafka answers for a record's content, which no retry can change.
+fn refused_for_content(code: RDKafkaErrorCode) -> bool {
+    matches!(
+        code,
+        RDKafkaErrorCode::MessageSizeTooLarge
+            | RDKafkaErrorCode::InvalidMessageSize
+            | RDKafkaErrorCode::InvalidMessage
+            | RDKafkaErrorCode::InvalidRecord
+            | RDKafkaErrorCode::MessageBatchTooLarge
+            | RDKafkaErrorCode::InvalidArgument
+            | RDKafkaErrorCode::BadMessage
+    )
 }

@@ -4,6 +4,7 @@
 
 use chrono::{DateTime, Utc};
 use pipeline_core::envelope::{Envelope, EnvelopeError};
+pub use pipeline_core::record::RecordHeaders;
 use uuid::Uuid;
 
 use crate::handlers::Event;
@@ -21,53 +22,32 @@ pub struct InboundMessage {
     pub key: Option<Vec<u8>>,
     /// The record's payload (JSON for our events), if it has one.
     pub payload: Option<Vec<u8>>,
-    /// All headers as a JSON object (values decoded lossily), kept for dead letters.
+    /// The record's headers, in order, with their exact bytes (kept in dead letters).
     pub headers: RecordHeaders,
     /// The envelope read from the key and headers, or why the record is not one of our events
     /// (it is then dead-lettered).
     pub envelope: Result<Envelope, EnvelopeError>,
 }
 
-/// A record's headers as compact JSON text: one allocation per queued message instead of a map
-/// of strings, parsed only when a dead letter needs them.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RecordHeaders(Box<str>);
-
-impl RecordHeaders {
-    /// Headers as a record carries them: each value decoded lossily as UTF-8, `null` without
-    /// one. Written straight to JSON text, with no map built on the way.
-    pub fn from_pairs<'a>(pairs: impl IntoIterator<Item = (&'a str, Option<&'a [u8]>)>) -> Self {
-        struct Pairs<'a>(Vec<(&'a str, Option<&'a [u8]>)>);
-        impl serde::Serialize for Pairs<'_> {
-            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-                s.collect_map(
-                    self.0
-                        .iter()
-                        .map(|(k, v)| (k, v.map(String::from_utf8_lossy))),
-                )
-            }
+impl InboundMessage {
+    /// A record as the Kafka client hands it over, its envelope read from its key and headers.
+    pub fn from_record(
+        topic: &str,
+        partition: i32,
+        offset: i64,
+        key: Option<&[u8]>,
+        payload: Option<&[u8]>,
+        headers: RecordHeaders,
+    ) -> Self {
+        InboundMessage {
+            topic: topic.to_owned(),
+            partition,
+            offset,
+            key: key.map(<[u8]>::to_vec),
+            payload: payload.map(<[u8]>::to_vec),
+            envelope: Envelope::from_key_and_headers(key, &headers),
+            headers,
         }
-        let text = serde_json::to_string(&Pairs(pairs.into_iter().collect()))
-            .unwrap_or_else(|_| "{}".to_owned());
-        RecordHeaders(text.into_boxed_str())
-    }
-
-    /// The headers as a JSON object.
-    pub fn to_json(&self) -> serde_json::Value {
-        serde_json::from_str(&self.0)
-            .unwrap_or_else(|_| serde_json::Value::Object(serde_json::Map::new()))
-    }
-}
-
-impl Default for RecordHeaders {
-    fn default() -> Self {
-        RecordHeaders("{}".into())
-    }
-}
-
-impl From<serde_json::Value> for RecordHeaders {
-    fn from(value: serde_json::Value) -> Self {
-        RecordHeaders(value.to_string().into_boxed_str())
     }
 }
 
@@ -120,13 +100,36 @@ pub(crate) struct Pending<'m> {
     pub(crate) event: Event,
 }
 
-/// The event a message carries, or why it is not one (then it is dead-lettered).
+/// The event a message carries, or why it is not one (then it is dead-lettered). An event's
+/// text is UTF-8 without NUL throughout (its envelope's and its payload's), so whatever a handler
+/// writes of it, PostgreSQL's `text` and `jsonb` take.
 pub(crate) fn read_event(msg: &InboundMessage) -> Result<Event, String> {
     let envelope = msg.envelope.clone().map_err(|e| e.to_string())?;
     let payload = msg.payload.as_deref().ok_or("record has no payload")?;
     let payload: serde_json::Value =
         serde_json::from_slice(payload).map_err(|e| format!("payload is not JSON: {e}"))?;
+    if holds_nul_escape(msg.payload.as_deref().unwrap_or_default()) && holds_nul(&payload) {
+        return Err(
+            "payload holds a NUL character (\\u0000), which PostgreSQL's text and jsonb refuse"
+                .into(),
+        );
+    }
     Ok(Event { envelope, payload })
+}
+
+/// Whether JSON text may hold a NUL character: the only way to write one is the escape `\u0000`.
+fn holds_nul_escape(json: &[u8]) -> bool {
+    json.windows(6).any(|w| w == b"\\u0000")
+}
+
+/// Whether a string or an object key anywhere in `value` holds a NUL character.
+fn holds_nul(value: &serde_json::Value) -> bool {
+    match value {
+        serde_json::Value::String(s) => s.contains('\0'),
+        serde_json::Value::Array(items) => items.iter().any(holds_nul),
+        serde_json::Value::Object(map) => map.iter().any(|(k, v)| k.contains('\0') || holds_nul(v)),
+        _ => false,
+    }
 }
 
 /// The partition a batch belongs to and the token this consumer owns it with.
@@ -139,26 +142,4 @@ pub struct Fence {
     /// This consumer's ownership token, as claimed in `partition_owner`; batches are refused
     /// once another member's token replaces it.
     pub owner: Uuid,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::RecordHeaders;
-
-    #[test]
-    fn record_headers_keep_every_header_as_json() {
-        let headers = RecordHeaders::from_pairs([
-            ("event-id", Some(b"e-1".as_slice())),
-            ("quote\"d", Some(b"caf\xc3\xa9 \xff".as_slice())),
-            ("empty", None),
-        ]);
-        assert_eq!(
-            headers.to_json(),
-            serde_json::json!({"event-id": "e-1", "quote\"d": "café \u{fffd}", "empty": null})
-        );
-        assert_eq!(
-            RecordHeaders::from_pairs([]).to_json(),
-            serde_json::json!({})
-        );
-    }
 }

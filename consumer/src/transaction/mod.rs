@@ -29,6 +29,7 @@ pub(crate) use effects::{apply_one, TransactionState};
 pub use error::ProcessError;
 pub use message::{BatchReport, Fence, InboundMessage, Outcome, RecordHeaders};
 pub(crate) use sequence::release_parked;
+pub use sequence::{decide, Decision};
 pub use shared::{SharedResult, SharedTransactionSettings, SharedTransactions};
 pub use store::{claim_partition, CUSTOM_PLANS_UP_TO};
 pub(crate) use store::{record_applied, set_outcomes, AppliedEffect, OutcomeChange};

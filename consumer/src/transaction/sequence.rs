@@ -10,9 +10,51 @@ use uuid::Uuid;
 use super::dead_letter::{self, DeadLetter};
 use super::effects::{apply_one, TransactionState};
 use super::error::ProcessError;
-use super::message::{BatchReport, InboundMessage, Outcome, Pending};
+use super::message::{read_event, BatchReport, InboundMessage, Outcome, Pending};
 use super::store::{set_outcomes, AppliedEffect, OutcomeChange};
 use crate::handlers::{Event, HandlerTransaction};
+
+/// What becomes of a record a group has not processed yet, given its order's last applied
+/// sequence: the decision the batch transaction takes for it (see [`decide`]).
+#[derive(Debug, Clone)]
+pub enum Decision {
+    /// The order's next event: applied now (unless the handler rejects it).
+    Apply(Event),
+    /// Ahead of its order's next sequence: parked until the gap closes.
+    Park(Event),
+    /// A sequence the order already applied: flagged stale, not applied.
+    Stale(Event),
+    /// Not a readable event: dead-lettered with this reason.
+    DeadLetter(String),
+}
+
+/// The decision for `msg` when its order's last applied sequence is `last` (0: none yet).
+pub fn decide(msg: &InboundMessage, last: i64) -> Decision {
+    match read_event(msg) {
+        Err(reason) => Decision::DeadLetter(reason),
+        Ok(event) => match step(event.envelope.sequence, last) {
+            Step::Apply => Decision::Apply(event),
+            Step::Park => Decision::Park(event),
+            Step::Stale => Decision::Stale(event),
+        },
+    }
+}
+
+enum Step {
+    Apply,
+    Park,
+    Stale,
+}
+
+fn step(sequence: i64, last: i64) -> Step {
+    if sequence == last.saturating_add(1) {
+        Step::Apply
+    } else if sequence <= last {
+        Step::Stale
+    } else {
+        Step::Park
+    }
+}
 
 /// Applies, parks or skips one new event according to its order's next expected sequence.
 pub(crate) async fn handle_event(
@@ -25,7 +67,7 @@ pub(crate) async fn handle_event(
 ) -> Result<Outcome, ProcessError> {
     let env = &p.event.envelope;
     let last = state.progress.get(&env.aggregate_id).copied().unwrap_or(0);
-    if env.sequence == last + 1 {
+    if let Step::Apply = step(env.sequence, last) {
         return match apply_one(tx, effects, &p.event).await? {
             Ok(()) => {
                 state.effects.push(AppliedEffect::of(&p.event));
@@ -55,7 +97,7 @@ pub(crate) async fn handle_event(
         };
     }
     report.out_of_sequence += 1;
-    if env.sequence <= last {
+    if let Step::Stale = step(env.sequence, last) {
         tracing::warn!(
             last_applied = last,
             "event sequence already applied under another event id; not applied"
