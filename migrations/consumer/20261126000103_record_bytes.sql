@@ -25,3 +25,9 @@ END $$;
 -- far longer than a B-tree entry can be.
 CREATE INDEX IF NOT EXISTS dead_letter_key_idx ON dead_letter USING hash (key)
     WHERE order_id IS NULL;
+
+-- A parked event keeps its record's payload and headers exactly too, so a dead letter raised when
+-- it is released (its handler rejects it) holds the record as it arrived.
+ALTER TABLE parked_event ADD COLUMN IF NOT EXISTS record_payload bytea;
+ALTER TABLE parked_event ADD COLUMN IF NOT EXISTS header_names bytea[];
+ALTER TABLE parked_event ADD COLUMN IF NOT EXISTS header_values bytea[];

@@ -10,7 +10,7 @@ use uuid::Uuid;
 use super::dead_letter::{self, DeadLetter};
 use super::effects::{apply_one, TransactionState};
 use super::error::ProcessError;
-use super::message::{read_event, BatchReport, InboundMessage, Outcome, Pending};
+use super::message::{read_event, BatchReport, InboundMessage, Outcome, Pending, RecordHeaders};
 use super::store::{set_outcomes, AppliedEffect, OutcomeChange};
 use crate::handlers::{Event, HandlerTransaction};
 
@@ -149,7 +149,8 @@ pub(crate) async fn release_parked(
     loop {
         let row: Option<ParkedRow> = sqlx::query_as(
             "DELETE FROM parked_event WHERE group_name = $1 AND order_id = $2 AND sequence = $3
-             RETURNING event_id, event_type, payload, occurred_at, topic, partition, kafka_offset",
+             RETURNING event_id, event_type, payload, occurred_at, topic, partition, kafka_offset,
+                       record_payload, header_names, header_values",
         )
         .bind(group)
         .bind(order)
@@ -177,13 +178,20 @@ pub(crate) async fn release_parked(
                 tracing::info!(group, event_id = %row.event_id, order_id = order, sequence = last, "parked event released and applied");
             }
             Err(reason) => {
+                // The record as it arrived (rows parked before its bytes were kept: rebuilt).
+                let headers = match (&row.header_names, &row.header_values) {
+                    (Some(names), Some(values)) => RecordHeaders::from_columns(names, values),
+                    _ => RecordHeaders::default(),
+                };
                 let msg = InboundMessage {
                     topic: row.topic,
                     partition: row.partition,
                     offset: row.kafka_offset,
                     key: Some(order.as_bytes().to_vec()),
-                    payload: serde_json::to_vec(&row.payload).ok(),
-                    headers: Default::default(),
+                    payload: row
+                        .record_payload
+                        .or_else(|| serde_json::to_vec(&row.payload).ok()),
+                    headers,
                     envelope: Ok(event.envelope.clone()),
                 };
                 let letter = DeadLetter::now(&msg, Some(&event), &reason);
@@ -210,6 +218,9 @@ struct ParkedRow {
     topic: String,
     partition: i32,
     kafka_offset: i64,
+    record_payload: Option<Vec<u8>>,
+    header_names: Option<Vec<Vec<u8>>>,
+    header_values: Option<Vec<Option<Vec<u8>>>>,
 }
 
 pub(crate) async fn park(
@@ -220,12 +231,14 @@ pub(crate) async fn park(
     reason: &str,
 ) -> Result<(), sqlx::Error> {
     let env = &event.envelope;
+    let (header_names, header_values) = msg.headers.to_columns();
     // The parked event and its place in the event's history, in one statement.
     sqlx::query(
         "WITH parked AS (
              INSERT INTO parked_event (group_name, order_id, sequence, event_id, event_type,
-                                       payload, occurred_at, topic, partition, kafka_offset, reason)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+                                       payload, occurred_at, topic, partition, kafka_offset, reason,
+                                       record_payload, header_names, header_values)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
              ON CONFLICT (group_name, order_id, sequence) DO NOTHING
              RETURNING group_name, event_id, order_id, sequence, event_type, topic, partition,
                        kafka_offset, reason)
@@ -246,6 +259,9 @@ pub(crate) async fn park(
     .bind(msg.partition)
     .bind(msg.offset)
     .bind(reason)
+    .bind(&msg.payload)
+    .bind(header_names)
+    .bind(header_values)
     .execute(tx)
     .await?;
     Ok(())
