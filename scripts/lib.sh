@@ -18,6 +18,7 @@
 #                          postgres://postgres@127.0.0.1:5432/nisshi?sslmode=disable
 #   BROKER_WAIT_SECONDS    how long to wait for the broker's port (default 60)
 #   BROKER_LOG_LEVEL       RUST_LOG given to nisshi (default warn; info logs every request); our RUST_LOG is not passed on
+#   PIPELINE_BROKER        nisshi (default) or kafka: Apache Kafka 4 instead of nisshi (settings in "Apache Kafka" below)
 
 set -euo pipefail
 
@@ -352,6 +353,14 @@ _broker_storage_local_db() {
 # nisshi if missing (ensure_nisshi), starts it in the background (log $RUN_DIR/nisshi.log, pid
 # $RUN_DIR/nisshi.pid) and sets BROKER_STARTED=1; stop it with stop_broker.
 ensure_broker() {
+    case ${PIPELINE_BROKER:-nisshi} in
+    nisshi) ;;
+    kafka)
+        ensure_kafka # Apache Kafka instead (see "Apache Kafka" below)
+        return
+        ;;
+    *) die "PIPELINE_BROKER=$PIPELINE_BROKER: expected nisshi (the default) or kafka" ;;
+    esac
     if port_open "$BROKER_HOST" "$BROKER_PORT"; then
         log "using the broker already listening on $BROKER_HOST:$BROKER_PORT (not started by this script, left running)"
         return 0
@@ -394,6 +403,10 @@ ensure_broker() {
 
 # stop_broker — stops the broker ensure_broker started (no-op otherwise).
 stop_broker() {
+    if ((KAFKA_STARTED)); then
+        stop_kafka
+        return 0
+    fi
     if ((BROKER_STARTED)) && [[ -n $BROKER_PID ]]; then
         if pid_alive "$BROKER_PID"; then
             log "stopping nisshi (pid $BROKER_PID)"
@@ -401,6 +414,295 @@ stop_broker() {
         fi
         rm -f "$RUN_DIR/nisshi.pid"
         BROKER_STARTED=0
+    fi
+}
+
+# ---------------------------------------------------------------------------------------------
+# Apache Kafka (opt-in: PIPELINE_BROKER=kafka)
+#
+# The real broker, 4.x in KRaft combined mode (broker and controller in one JVM), its jars from
+# Maven Central: deploy/kafka/pom.xml lists them, deploy/kafka/server.properties.in and
+# deploy/kafka/log4j2.properties configure it. ensure_broker starts it instead of nisshi when
+# PIPELINE_BROKER=kafka; scripts/kafka.sh start|stop|status|fetch runs it by hand.
+# Needs Java 17 or newer (installs Debian's openjdk-17-jre-headless when there is none) and Maven
+# (Debian's maven package) for the first fetch only.
+#
+# Settings (environment):
+#   PIPELINE_BROKER        what ensure_broker starts: nisshi (default) or kafka
+#   KAFKA_BROKERS          with PIPELINE_BROKER=kafka: an existing cluster to use (nothing is fetched
+#                          or started; BROKER_HOST/BROKER_PORT take its first address)
+#   KAFKA_PORT             the clients' port on 127.0.0.1 (default 9092)
+#   KAFKA_CONTROLLER_PORT  the KRaft controller's port on 127.0.0.1 (default 9093)
+#   KAFKA_CACHE            the jars' folder (default ~/.cache/pipeline/kafka-<version>, outside the
+#                          work tree), fetched once and reused while it matches deploy/kafka/pom.xml
+#   KAFKA_JAVA             the java command (default: java on PATH when it is 17 or newer)
+#   KAFKA_HEAP_OPTS        JVM heap (default -Xms256m -Xmx512m)
+#   KAFKA_JVM_OPTS         other JVM options (default: G1 with Kafka's own scripts' settings)
+#   KAFKA_PARTITIONS       partitions of a topic created on first use (default 4, as nisshi)
+#   KAFKA_LOG_LEVEL        log4j2 root level in $RUN_DIR/kafka.log (default WARN)
+#   KAFKA_KEEP_DATA        1 = keep $RUN_DIR/kafka-data from one start to the next (same ports);
+#                          default: a new empty cluster at each start, like nisshi's memory storage
+#   KAFKA_STOP_SECONDS     how long stop_kafka waits after SIGTERM before SIGKILL (default 30)
+#   BROKER_WAIT_SECONDS    how long to wait for it to answer (default 120 for Kafka)
+
+KAFKA_DIR="$REPO_ROOT/deploy/kafka"
+# 1 once ensure_kafka has started a broker (stop_kafka, or stop_broker, stops it).
+KAFKA_STARTED=0
+KAFKA_PID=
+# The java command ensure_kafka_java found.
+KAFKA_JAVA_CMD=
+
+# kafka_version — the Kafka version deploy/kafka/pom.xml pins.
+kafka_version() {
+    sed -n 's:.*<kafka\.version>\([^<]*\)</kafka\.version>.*:\1:p' "$KAFKA_DIR/pom.xml" | head -n1
+}
+
+# kafka_cache_dir — the folder holding the broker's jars.
+kafka_cache_dir() {
+    printf '%s\n' "${KAFKA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/pipeline/kafka-$(kafka_version)}"
+}
+
+# _java_major JAVA — the Java feature version of that java command (8, 11, 17, ...), or nothing.
+_java_major() {
+    "$1" -XshowSettings:properties -version 2>&1 |
+        sed -n 's/^ *java\.specification\.version = \(1\.\)\{0,1\}\([0-9]*\).*/\2/p' | head -n1
+}
+
+# ensure_kafka_java — sets KAFKA_JAVA_CMD to a Java 17 or newer (Kafka 4 brokers need 17):
+# KAFKA_JAVA, else java on PATH, else Debian's OpenJDK 17 (installed when missing).
+ensure_kafka_java() {
+    [[ -n $KAFKA_JAVA_CMD ]] && return 0
+    local cand major pass
+    if [[ -n ${KAFKA_JAVA:-} ]]; then
+        major=$(_java_major "$KAFKA_JAVA") || true
+        [[ -n $major ]] || die "KAFKA_JAVA=$KAFKA_JAVA does not run"
+        ((major >= 17)) || die "KAFKA_JAVA=$KAFKA_JAVA is Java $major; Kafka 4 brokers need Java 17 or newer"
+        KAFKA_JAVA_CMD=$KAFKA_JAVA
+        return 0
+    fi
+    for pass in 1 2; do
+        for cand in java /usr/lib/jvm/java-17-openjdk-*/bin/java; do
+            if [[ $cand == */* ]]; then [[ -x $cand ]] || continue; else have "$cand" || continue; fi
+            major=$(_java_major "$cand") || true
+            if [[ -n $major ]] && ((major >= 17)); then
+                KAFKA_JAVA_CMD=$cand
+                return 0
+            fi
+        done
+        ((pass == 1)) || break
+        have apt-get || die "Kafka 4 brokers need Java 17 or newer: none found, and no apt-get to install it (set KAFKA_JAVA)"
+        log "no Java 17 or newer: installing Debian's openjdk-17-jre-headless"
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends openjdk-17-jre-headless >/dev/null
+        hash -r
+    done
+    die "apt-get install openjdk-17-jre-headless left no Java 17 (set KAFKA_JAVA)"
+}
+
+# ensure_maven — mvn on PATH (Debian's maven package when missing).
+ensure_maven() {
+    have mvn && return 0
+    have apt-get || die "fetching Kafka's jars needs Maven (mvn), and apt-get is not available to install it"
+    log "mvn not found: installing Debian's maven package"
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends maven >/dev/null
+    hash -r
+    have mvn || die "apt-get install maven left no mvn on PATH"
+}
+
+# kafka_fetch — the broker's jars in kafka_cache_dir, fetched with Maven (deploy/kafka/pom.xml)
+# unless a complete copy for this very pom.xml is there (its .complete file holds the pom's
+# sha256). Prints nothing; the cache folder is kafka_cache_dir.
+kafka_fetch() {
+    local version cache want
+    version=$(kafka_version)
+    [[ -n $version ]] || die "no <kafka.version> in $KAFKA_DIR/pom.xml"
+    cache=$(kafka_cache_dir)
+    want=$(sha256sum "$KAFKA_DIR/pom.xml" | cut -d' ' -f1)
+    if [[ -f $cache/.complete && $(<"$cache/.complete") == "$want" ]]; then
+        return 0
+    fi
+    ensure_maven
+    ensure_kafka_java # Maven needs a JDK or JRE too
+    log "fetching Apache Kafka $version's jars (deploy/kafka/pom.xml, Maven Central) into $cache"
+    local started=$SECONDS tmp mvn_log="$RUN_DIR/kafka-fetch.log"
+    mkdir -p "$(dirname "$cache")"
+    # Into a folder of its own, then renamed: a fetch cut short, or one racing another, never
+    # leaves a half-filled cache behind.
+    tmp=$(mktemp -d "$cache.tmp.XXXXXX")
+    if ! mvn -q -B -Dstyle.color=never -f "$KAFKA_DIR/pom.xml" \
+        dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$tmp" \
+        >"$mvn_log" 2>&1 </dev/null; then
+        rm -rf "$tmp"
+        tail -n 30 "$mvn_log" >&2 || true
+        die "Maven could not fetch Kafka's jars (log above, full log in $mvn_log)"
+    fi
+    [[ -f $tmp/kafka_2.13-$version.jar ]] || {
+        rm -rf "$tmp"
+        die "Maven's copy-dependencies left no kafka_2.13-$version.jar (see $mvn_log)"
+    }
+    printf '%s\n' "$want" >"$tmp/.complete"
+    if [[ -e $cache ]]; then
+        local old="$cache.old.$$"
+        mv -T "$cache" "$old" 2>/dev/null || true
+        rm -rf "$old"
+    fi
+    if ! mv -T "$tmp" "$cache" 2>/dev/null; then
+        rm -rf "$tmp"
+        [[ -f $cache/.complete && $(<"$cache/.complete") == "$want" ]] ||
+            die "could not move Kafka's jars into $cache"
+    fi
+    log "Kafka $version: $(find "$cache" -name '*.jar' | wc -l) jars ($(du -sh "$cache" | cut -f1)) in $(human_duration $((SECONDS - started)))"
+}
+
+# kafka_metadata_ok HOST PORT — true when a Kafka broker there answers a Metadata request (v4,
+# no topics) naming at least one live broker: the broker is registered and unfenced, not just
+# listening. Plain TCP from bash, no JVM, a few milliseconds.
+kafka_metadata_ok() {
+    local hex
+    # Request: size 23; api key 3 (Metadata), version 4, correlation id 1, client id "pipeline";
+    # topics: empty array; allow_auto_topic_creation: false. Response: size, correlation id,
+    # throttle time, then the broker array's length.
+    # shellcheck disable=SC2016 # $1 and $2 expand in the inner shell
+    hex=$(timeout 5 bash -c '
+        exec 3<>"/dev/tcp/$1/$2" || exit 1
+        printf "\x00\x00\x00\x17\x00\x03\x00\x04\x00\x00\x00\x01\x00\x08pipeline\x00\x00\x00\x00\x00" >&3
+        dd bs=1 count=16 <&3 2>/dev/null | od -An -v -tx1
+    ' _ "$1" "$2" 2>/dev/null) || return 1
+    hex=${hex//[[:space:]]/}
+    [[ ${#hex} -eq 32 && ${hex:8:8} == 00000001 ]] || return 1
+    ((16#${hex:24:8} >= 1))
+}
+
+# kafka_pid_from_file — the pid in $RUN_DIR/kafka.pid when that process is a running Kafka
+# broker (kafka.Kafka), else nothing (and status 1).
+kafka_pid_from_file() {
+    local pid
+    pid=$(cat "$RUN_DIR/kafka.pid" 2>/dev/null) || return 1
+    [[ $pid =~ ^[0-9]+$ ]] || return 1
+    pid_alive "$pid" || return 1
+    tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q ' kafka\.Kafka ' || return 1
+    printf '%s\n' "$pid"
+}
+
+# _kafka_new_cluster_id — 16 random bytes in Kafka's base64url form (22 characters), not starting
+# with '-' (the storage tool would take it for an option).
+_kafka_new_cluster_id() {
+    local id
+    while :; do
+        id=$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=\n')
+        [[ $id == -* ]] || break
+    done
+    printf '%s\n' "$id"
+}
+
+# ensure_kafka — an Apache Kafka broker on 127.0.0.1:KAFKA_PORT (sets BROKER_PORT to it). With
+# KAFKA_BROKERS set, uses that cluster and starts nothing; when something already listens on the
+# port, uses it. Otherwise fetches the jars (kafka_fetch), writes $RUN_DIR/kafka.properties,
+# formats $RUN_DIR/kafka-data as a one-node KRaft cluster, starts kafka.Kafka in the background
+# (log $RUN_DIR/kafka.log, pid $RUN_DIR/kafka.pid), waits until it logs "Kafka Server started"
+# and answers a Metadata request, and sets KAFKA_STARTED=1 and BROKER_STARTED=1; stop it with
+# stop_kafka (or stop_broker).
+ensure_kafka() {
+    local port="${KAFKA_PORT:-9092}" cport="${KAFKA_CONTROLLER_PORT:-9093}"
+    local partitions="${KAFKA_PARTITIONS:-4}" level="${KAFKA_LOG_LEVEL:-WARN}"
+    [[ $port =~ ^[0-9]+$ && $cport =~ ^[0-9]+$ && $port != "$cport" ]] ||
+        die "KAFKA_PORT ($port) and KAFKA_CONTROLLER_PORT ($cport) must be two different port numbers"
+    [[ $partitions =~ ^[1-9][0-9]*$ ]] || die "KAFKA_PARTITIONS must be a positive number"
+    if [[ -n ${KAFKA_BROKERS:-} ]]; then
+        local first=${KAFKA_BROKERS%%,*}
+        first=${first#*://}
+        if [[ $first =~ ^(.+):([0-9]+)$ ]]; then
+            BROKER_HOST=${BASH_REMATCH[1]}
+            BROKER_PORT=${BASH_REMATCH[2]}
+        fi
+        log "KAFKA_BROKERS=$KAFKA_BROKERS: using that cluster (no broker fetched or started)"
+        kafka_metadata_ok "$BROKER_HOST" "$BROKER_PORT" ||
+            warn "$BROKER_HOST:$BROKER_PORT does not answer a plaintext Metadata request (not up yet, or TLS/SASL)"
+        return 0
+    fi
+    BROKER_PORT=$port
+    if port_open "$BROKER_HOST" "$port"; then
+        local running
+        if running=$(kafka_pid_from_file); then
+            log "using the Kafka broker already running on $BROKER_HOST:$port (pid $running, from an earlier start; left running)"
+        else
+            log "using the broker already listening on $BROKER_HOST:$port (not started by this script, left running)"
+        fi
+        kafka_metadata_ok "$BROKER_HOST" "$port" ||
+            warn "the broker on $BROKER_HOST:$port does not answer a Kafka Metadata request"
+        return 0
+    fi
+    require_free_port "$BROKER_HOST" "$cport" "Kafka's controller listener (KAFKA_CONTROLLER_PORT)"
+    ensure_kafka_java
+    kafka_fetch
+    local cache version props="$RUN_DIR/kafka.properties" data="$RUN_DIR/kafka-data"
+    local klog="$RUN_DIR/kafka.log" log4j="$KAFKA_DIR/log4j2.properties"
+    cache=$(kafka_cache_dir)
+    version=$(kafka_version)
+    sed -e "s|@HOST@|$BROKER_HOST|g" -e "s|@PORT@|$port|g" -e "s|@CONTROLLER_PORT@|$cport|g" \
+        -e "s|@DATA_DIR@|$data|g" -e "s|@PARTITIONS@|$partitions|g" \
+        "$KAFKA_DIR/server.properties.in" >"$props"
+    local heap jvm
+    read -r -a heap <<<"${KAFKA_HEAP_OPTS:--Xms256m -Xmx512m}"
+    read -r -a jvm <<<"${KAFKA_JVM_OPTS:--XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:InitiatingHeapOccupancyPercent=35 -XX:+ExplicitGCInvokesConcurrent -XX:+ExitOnOutOfMemoryError -Djava.awt.headless=true}"
+    local started=$SECONDS
+    : >"$klog"
+    if [[ ${KAFKA_KEEP_DATA:-0} == 1 && -f $data/meta.properties ]]; then
+        log "Kafka: keeping the cluster in $data (KAFKA_KEEP_DATA=1)"
+    else
+        rm -rf "$data"
+        local cluster_id
+        cluster_id=$(_kafka_new_cluster_id)
+        if ! "$KAFKA_JAVA_CMD" -Xmx256m -Dlog4j2.configurationFile="$log4j" -cp "$cache/*" \
+            kafka.tools.StorageTool format --standalone --cluster-id "$cluster_id" --config "$props" \
+            >>"$klog" 2>&1 </dev/null; then
+            tail -n 30 "$klog" >&2 || true
+            die "formatting Kafka's storage in $data failed (log above, full log in $klog)"
+        fi
+    fi
+    log "starting Apache Kafka $version (KRaft) on $BROKER_HOST:$port, controller on :$cport (log: $klog)"
+    (
+        cd "$RUN_DIR"
+        exec "$KAFKA_JAVA_CMD" "${heap[@]}" "${jvm[@]}" \
+            -Dlog4j2.configurationFile="$log4j" -Dkafka.root.log.level="$level" \
+            -cp "$cache/*" kafka.Kafka "$props"
+    ) >>"$klog" 2>&1 </dev/null &
+    KAFKA_PID=$!
+    KAFKA_STARTED=1
+    BROKER_PID=$KAFKA_PID
+    BROKER_STARTED=1
+    echo "$KAFKA_PID" >"$RUN_DIR/kafka.pid"
+    local wait_s="${BROKER_WAIT_SECONDS:-120}"
+    local deadline=$((SECONDS + wait_s))
+    until grep -q 'Kafka Server started' "$klog" && kafka_metadata_ok "$BROKER_HOST" "$port"; do
+        if ! pid_alive "$KAFKA_PID"; then
+            wait "$KAFKA_PID" 2>/dev/null || true
+            KAFKA_STARTED=0 BROKER_STARTED=0 KAFKA_PID='' BROKER_PID=''
+            rm -f "$RUN_DIR/kafka.pid"
+            tail -n 30 "$klog" >&2 || true
+            die "Kafka exited before answering on $BROKER_HOST:$port (log above, full log in $klog)"
+        fi
+        if ((SECONDS >= deadline)); then
+            tail -n 30 "$klog" >&2 || true
+            die "Kafka does not answer a Metadata request on $BROKER_HOST:$port after ${wait_s}s (log: $klog)"
+        fi
+        sleep 0.5
+    done
+    log "broker up on $BROKER_HOST:$port (Apache Kafka $version, pid $KAFKA_PID, ready in $(human_duration $((SECONDS - started))))"
+}
+
+# stop_kafka — stops the broker ensure_kafka started (no-op otherwise): SIGTERM (a controlled
+# shutdown), up to KAFKA_STOP_SECONDS (default 30), then SIGKILL.
+stop_kafka() {
+    if ((KAFKA_STARTED)) && [[ -n $KAFKA_PID ]]; then
+        if pid_alive "$KAFKA_PID"; then
+            log "stopping Apache Kafka (pid $KAFKA_PID)"
+            stop_pid kafka "$KAFKA_PID" "${KAFKA_STOP_SECONDS:-30}" || true
+        fi
+        rm -f "$RUN_DIR/kafka.pid"
+        KAFKA_STARTED=0 KAFKA_PID=''
+        BROKER_STARTED=0 BROKER_PID=''
     fi
 }
 
