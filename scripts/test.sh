@@ -5,10 +5,11 @@
 #
 # Brings up PostgreSQL (127.0.0.1:5432) and a Kafka-protocol broker (nisshi, 127.0.0.1:9092),
 # installing them when missing (and Prometheus: prometheus, promtool), builds the binaries, runs
-# the workspace's tests against them, checks the monitoring files (scripts/check-observability.sh),
-# then clippy and rustfmt. Exits non-zero when any step fails. A broker it started is stopped at
-# exit; PostgreSQL is left running. Extra arguments go to `cargo test`, e.g.
-# `scripts/test.sh -p relay`.
+# the workspace's tests against them, fuzzes the consumer's record decoding for a minute
+# (scripts/fuzz.sh), runs the short verification, checks the monitoring files
+# (scripts/check-observability.sh), then clippy and rustfmt. Exits non-zero when any step fails.
+# A broker it started is stopped at exit; PostgreSQL is left running. Extra arguments go to
+# `cargo test`, e.g. `scripts/test.sh -p relay`.
 set -euo pipefail
 # shellcheck source=scripts/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -102,6 +103,12 @@ step "cargo test" env \
     PIPELINE_BIN_DIR="$TARGET_DIR/release" \
     PROMETHEUS_BIN="$(command -v prometheus)" \
     cargo test --release --workspace "$@"
+# The coverage-guided fuzzer over the path from a raw Kafka record to its decision, bounded
+# (FUZZ_SECONDS, default 60), after replaying every kept regression input; skipped like the
+# verification run when extra cargo test arguments narrow the run.
+if (($# == 0)); then
+    step "fuzz (raw record to decision)" scripts/fuzz.sh "${FUZZ_SECONDS:-60}"
+fi
 # Under load and faults (it restarts PostgreSQL, so it runs once the tests are done with it);
 # a few minutes, skipped when extra cargo test arguments narrow the run.
 if (($# == 0)); then

@@ -112,10 +112,11 @@ impl RecordHeaders {
                 .iter()
                 .zip(values.iter().chain(std::iter::repeat(&None)))
                 .map(|(k, v)| {
-                    (
-                        escape(k).into_owned().into_boxed_str(),
-                        v.as_deref().map(Into::into),
-                    )
+                    let name = match std::str::from_utf8(k) {
+                        Ok(name) => name.into(),
+                        Err(_) => escape(k).into_owned().into_boxed_str(),
+                    };
+                    (name, v.as_deref().map(Into::into))
                 })
                 .collect(),
             unreadable_names: 0,

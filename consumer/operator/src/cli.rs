@@ -77,7 +77,8 @@ pub enum Command {
     /// attempt, published (partition, offset), and what each group did with it, with every
     /// operator action.
     Trace {
-        /// An order id, or an event id (a UUID).
+        /// An order id, an event id (a UUID), or the key of a dead letter that names no order,
+        /// escaped as `dead-letters show` prints it (e.g. `'\xff\xfe'`).
         id: String,
     },
     /// A group's (`--group G`) dead letters: list, show, replay, skip or discard.
@@ -220,7 +221,8 @@ pub struct LetterAction {
     /// Every open letter of the group (when no filter is given).
     #[arg(long)]
     pub all: bool,
-    /// For an unreadable record without a key: the order it belongs to (`skip` only).
+    /// For an unreadable record whose key is not an order id (none, not UTF-8, a NUL): the
+    /// order it held back (`skip` only). Without it such a letter is closed, moving no order.
     #[arg(long = "for-order")]
     pub for_order: Option<String>,
     /// Who and why.

@@ -94,10 +94,11 @@ fn is_unavailable(e: &sqlx::Error) -> bool {
     }
 }
 
-/// Data exceptions (22) and integrity violations (23) raised while applying one event are about
+/// Data exceptions (22), integrity violations (23) and a value past a limit of the database's
+/// (54000, a value too large for an index entry, say) raised while applying one event are about
 /// that event: it is dead-lettered rather than retried.
 pub(crate) fn is_rejection(e: &sqlx::Error) -> bool {
     sqlstate(e)
-        .map(|c| c.starts_with("22") || c.starts_with("23"))
+        .map(|c| c.starts_with("22") || c.starts_with("23") || c == "54000")
         .unwrap_or(false)
 }
