@@ -173,3 +173,25 @@ impl RunArgs {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    /// With the default settings an event Kafka refuses for good (message too large, invalid
+    /// topic…) is marked failed, and its order reported held, within seconds.
+    #[test]
+    fn a_permanent_error_gives_up_within_seconds_by_default() {
+        let cli = Cli::try_parse_from(["relay", "run"]).expect("the defaults parse");
+        let Command::Run(args) = cli.command else {
+            panic!("not the run command");
+        };
+        let retry = args.retry_policy();
+        assert!(retry.gives_up(args.max_attempts, true));
+        assert!(!retry.gives_up(args.max_attempts - 1, true));
+        let waits: Duration = (1..args.max_attempts).map(|a| retry.delay(a)).sum();
+        assert!(waits <= Duration::from_secs(4), "{waits:?}");
+    }
+}

@@ -20,6 +20,8 @@ pub struct RelayMetrics {
     pub last_success: Gauge,
     pub active: IntGauge,
     pub unpublished: IntGauge,
+    pub failed: IntGauge,
+    pub held: IntGauge,
     pub oldest_unpublished_age: Gauge,
     pub producer_queue: IntGauge,
     pub producer_queue_max: IntGauge,
@@ -91,6 +93,16 @@ impl RelayMetrics {
             unpublished: IntGauge::new(
                 "outbox_unpublished_events",
                 "Outbox events not yet published",
+            )?,
+            failed: IntGauge::new(
+                "outbox_failed_events",
+                "Outbox events the relay gave up on (state failed: a permanent error such as \
+                 message too large, after --max-attempts), waiting for an operator's requeue",
+            )?,
+            held: IntGauge::new(
+                "outbox_held_events",
+                "Outbox events waiting behind a failed event of their aggregate: they go out, in \
+                 order, once it is requeued and published",
             )?,
             oldest_unpublished_age: Gauge::new(
                 "outbox_oldest_unpublished_age_seconds",
@@ -196,6 +208,8 @@ impl RelayMetrics {
         registry.register(Box::new(m.last_success.clone()))?;
         registry.register(Box::new(m.active.clone()))?;
         registry.register(Box::new(m.unpublished.clone()))?;
+        registry.register(Box::new(m.failed.clone()))?;
+        registry.register(Box::new(m.held.clone()))?;
         registry.register(Box::new(m.oldest_unpublished_age.clone()))?;
         registry.register(Box::new(m.producer_queue.clone()))?;
         registry.register(Box::new(m.producer_queue_max.clone()))?;
@@ -211,6 +225,7 @@ impl RelayMetrics {
         for reason in [
             "message_too_large",
             "unknown_topic",
+            "invalid_topic",
             "invalid_message",
             "not_authorized",
             "timeout",

@@ -1,6 +1,6 @@
 //! Producing a claimed batch to Kafka and collecting every delivery report.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -168,7 +168,11 @@ pub struct BatchDelivery {
 /// Produces `events` in order (key = aggregate id) and waits for every delivery report.
 ///
 /// The idempotent producer keeps the order of one partition across its internal retries. When an
-/// event cannot even be queued, the later events of its aggregate in this batch are not sent.
+/// event cannot even be queued (the producer refuses it: too large for `message.max.bytes`…), the
+/// later events of its aggregate in this batch are not sent. One the broker refuses after it was
+/// queued cannot hold the later events of its aggregate already sent with it: those may be
+/// published ahead of it (see [`published_ahead_of_failures`]); consumer groups park them until
+/// the gap closes.
 pub async fn publish_batch(producer: &RelayProducer, events: &[OutboxEvent]) -> BatchDelivery {
     let mut outcome = BatchDelivery::default();
     let mut blocked: HashSet<&str> = HashSet::new();
@@ -249,12 +253,64 @@ pub async fn publish_batch(producer: &RelayProducer, events: &[OutboxEvent]) -> 
     outcome
 }
 
+/// The published events of `delivery` that overtook a failed event of their aggregate in the
+/// same batch: (published id, failed id). Empty unless the broker refused an event after later
+/// events of its aggregate were sent.
+pub fn published_ahead_of_failures(
+    events: &[OutboxEvent],
+    delivery: &BatchDelivery,
+) -> Vec<(i64, i64)> {
+    if delivery.failed.is_empty() || delivery.published.is_empty() {
+        return Vec::new();
+    }
+    let by_id: HashMap<i64, &OutboxEvent> = events.iter().map(|e| (e.id, e)).collect();
+    // Each aggregate's earliest failed event.
+    let mut first_failed: HashMap<&str, &OutboxEvent> = HashMap::new();
+    for f in &delivery.failed {
+        if let Some(event) = by_id.get(&f.id) {
+            let earliest = first_failed
+                .entry(event.aggregate_id.as_str())
+                .or_insert(event);
+            if event.sequence < earliest.sequence {
+                *earliest = event;
+            }
+        }
+    }
+    delivery
+        .published
+        .iter()
+        .filter_map(|p| {
+            let event = by_id.get(&p.id)?;
+            let failed = first_failed.get(event.aggregate_id.as_str())?;
+            (failed.sequence < event.sequence).then_some((event.id, failed.id))
+        })
+        .collect()
+}
+
 fn failure(event: &OutboxEvent, error: &KafkaError) -> DeliveryFailure {
     let (permanent, reason) = classify(error);
+    let error = if reason == "message_too_large" {
+        // Kafka's message says "too large" but not how large: the operator needs the sizes.
+        let headers: usize = event
+            .extra_headers()
+            .iter()
+            .map(|(name, value)| name.len() + value.len())
+            .sum();
+        format!(
+            "{error}: record of {} bytes (payload {} bytes, key {} bytes, extra headers {} bytes, \
+             before the envelope headers)",
+            event.payload.len() + event.aggregate_id.len() + headers,
+            event.payload.len(),
+            event.aggregate_id.len(),
+            headers,
+        )
+    } else {
+        error.to_string()
+    };
     DeliveryFailure {
         id: event.id,
         attempts_before: event.attempts,
-        error: error.to_string(),
+        error,
         permanent,
         reason,
     }
@@ -272,16 +328,115 @@ pub fn classify(error: &KafkaError) -> (bool, &'static str) {
         },
     };
     match code {
+        // MessageBatchTooLarge is Kafka's RECORD_LIST_TOO_LARGE (18).
         MessageSizeTooLarge | InvalidMessageSize | MessageBatchTooLarge => {
             (true, "message_too_large")
         }
         UnknownTopic | UnknownTopicOrPartition | UnknownPartition => (true, "unknown_topic"),
-        InvalidMessage | InvalidRecord | BadMessage | InvalidArgument => (true, "invalid_message"),
+        // Kafka's INVALID_TOPIC_EXCEPTION (17): a name it never accepts.
+        InvalidTopic => (true, "invalid_topic"),
+        InvalidMessage
+        | InvalidRecord
+        | BadMessage
+        | InvalidArgument
+        | UnsupportedForMessageFormat => (true, "invalid_message"),
         TopicAuthorizationFailed | ClusterAuthorizationFailed => (true, "not_authorized"),
         MessageTimedOut | RequestTimedOut => (false, "timeout"),
         QueueFull => (false, "queue_full"),
         // The producer instance is unusable; the relay replaces it and the event is retried.
         Fatal => (false, "producer_fatal"),
         _ => (false, "broker"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use chrono::Utc;
+    use uuid::Uuid;
+
+    use super::*;
+
+    fn event(id: i64, aggregate_id: &str, sequence: i64) -> OutboxEvent {
+        OutboxEvent {
+            id,
+            event_id: Uuid::now_v7(),
+            event_type: "order.placed".into(),
+            aggregate_id: aggregate_id.into(),
+            sequence,
+            topic: "orders".into(),
+            payload: "{}".into(),
+            headers: serde_json::json!({}),
+            attempts: 0,
+            created_at: Utc::now(),
+        }
+    }
+
+    fn published(id: i64) -> Published {
+        Published {
+            id,
+            partition: 0,
+            offset: id,
+        }
+    }
+
+    fn failed(id: i64) -> DeliveryFailure {
+        DeliveryFailure {
+            id,
+            attempts_before: 0,
+            error: "Broker: Message size too large".into(),
+            permanent: true,
+            reason: "message_too_large",
+        }
+    }
+
+    #[test]
+    fn events_published_ahead_of_a_refused_one_of_their_aggregate_are_found() {
+        let events = [
+            event(1, "a", 1),
+            event(2, "b", 1),
+            event(3, "a", 2),
+            event(4, "b", 2),
+            event(5, "a", 3),
+        ];
+        // a/1 refused by the broker, a/2 and b/1 published, a/3 failed too, b/2 published.
+        let delivery = BatchDelivery {
+            published: vec![published(2), published(3), published(4)],
+            failed: vec![failed(1), failed(5)],
+            held: 0,
+        };
+        assert_eq!(published_ahead_of_failures(&events, &delivery), [(3, 1)]);
+        let in_order = BatchDelivery {
+            published: vec![published(1), published(2), published(4)],
+            failed: vec![failed(3)],
+            held: 0,
+        };
+        assert!(published_ahead_of_failures(&events, &in_order).is_empty());
+    }
+
+    #[test]
+    fn errors_no_retry_can_heal_are_permanent() {
+        use RDKafkaErrorCode::*;
+        for (code, reason) in [
+            (MessageSizeTooLarge, "message_too_large"),
+            (InvalidMessageSize, "message_too_large"),
+            (MessageBatchTooLarge, "message_too_large"),
+            (InvalidTopic, "invalid_topic"),
+            (UnknownTopicOrPartition, "unknown_topic"),
+            (InvalidRecord, "invalid_message"),
+            (UnsupportedForMessageFormat, "invalid_message"),
+            (TopicAuthorizationFailed, "not_authorized"),
+        ] {
+            let error = KafkaError::MessageProduction(code);
+            assert_eq!(classify(&error), (true, reason), "{code:?}");
+        }
+        for (code, reason) in [
+            (MessageTimedOut, "timeout"),
+            (QueueFull, "queue_full"),
+            (NotLeaderForPartition, "broker"),
+            (Fatal, "producer_fatal"),
+        ] {
+            let error = KafkaError::MessageProduction(code);
+            assert_eq!(classify(&error), (false, reason), "{code:?}");
+        }
     }
 }

@@ -22,7 +22,7 @@ use crate::config::RunArgs;
 use crate::lease::{Elector, Lease};
 use crate::mark::{mark_published, record_failures, FailedAttempt, MarkError};
 use crate::metrics::RelayMetrics;
-use crate::publish::{publish_batch, ProducerHandle, RelayProducer};
+use crate::publish::{publish_batch, published_ahead_of_failures, ProducerHandle, RelayProducer};
 use crate::schedule::release_while_active;
 
 /// Counts of one relay step.
@@ -106,6 +106,14 @@ pub async fn publish_claimed(
     for f in &delivery.failed {
         metrics.publish_errors.with_label_values(&[f.reason]).inc();
         tracing::warn!(outbox_id = f.id, error = %f.error, permanent = f.permanent, "publish attempt failed");
+    }
+    for (published, failed) in published_ahead_of_failures(events, &delivery) {
+        tracing::warn!(
+            outbox_id = published,
+            failed_outbox_id = failed,
+            "event published ahead of an earlier event of its aggregate that the broker refused; \
+             consumer groups park it until that one is published"
+        );
     }
     let given_up = failures.iter().filter(|f| f.give_up).count();
     metrics
@@ -417,9 +425,29 @@ pub async fn watch_backlog(
     shutdown: CancellationToken,
 ) {
     loop {
-        // Scheduled events: only the due head of the due-time index is read, however many
-        // wait further ahead.
-        let row: Result<(i64, f64, f64, i64, f64), _> = sqlx::query_as(
+        if let Err(e) = refresh_backlog(&pool, lease_key, &metrics).await {
+            tracing::warn!(error = %e, "cannot read outbox backlog");
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(every) => {}
+        }
+    }
+}
+
+/// One reading of [`watch_backlog`]: the relay's queue (events waiting, failed, and held behind
+/// a failed event of their aggregate; the oldest's age), the lease's vacancy and the delayed
+/// events that are due.
+pub async fn refresh_backlog(
+    pool: &PgPool,
+    lease_key: i64,
+    metrics: &RelayMetrics,
+) -> Result<(), sqlx::Error> {
+    // Scheduled events: only the due head of the due-time index is read, however many wait
+    // further ahead. Held events: from each failed event (a handful), its aggregate's later
+    // events through the outbox's (aggregate, sequence) index.
+    let (count, age, vacant, due, overdue, failed, held): (i64, f64, f64, i64, f64, i64, i64) =
+        sqlx::query_as(
             "SELECT count(*),
                     COALESCE(EXTRACT(EPOCH FROM clock_timestamp() - min(created_at)), 0)::float8,
                     (SELECT COALESCE(max(EXTRACT(EPOCH FROM clock_timestamp() - expires_at)), 0)::float8
@@ -428,25 +456,24 @@ pub async fn watch_backlog(
                        AND expires_at > '-infinity'),
                     (SELECT count(*) FROM outbox_scheduled WHERE publish_at <= clock_timestamp()),
                     (SELECT COALESCE(EXTRACT(EPOCH FROM clock_timestamp() - min(publish_at)), 0)::float8
-                     FROM outbox_scheduled WHERE publish_at <= clock_timestamp())
+                     FROM outbox_scheduled WHERE publish_at <= clock_timestamp()),
+                    count(*) FILTER (WHERE state = 'failed'),
+                    (SELECT count(DISTINCT h.id)
+                     FROM outbox_unpublished f
+                     JOIN outbox o ON o.aggregate_id = f.aggregate_id AND o.sequence > f.sequence
+                     JOIN outbox_unpublished h ON h.id = o.id AND h.state = 'pending'
+                     WHERE f.state = 'failed' AND f.attempts > 0)
              FROM outbox_unpublished",
         )
         .bind(lease_key)
-        .fetch_one(&pool)
-        .await;
-        match row {
-            Ok((count, age, vacant, due, overdue)) => {
-                metrics.unpublished.set(count);
-                metrics.oldest_unpublished_age.set(age.max(0.0));
-                metrics.lease_vacant.set(vacant.max(0.0));
-                metrics.scheduled_due.set(due);
-                metrics.scheduled_overdue.set(overdue.max(0.0));
-            }
-            Err(e) => tracing::warn!(error = %e, "cannot read outbox backlog"),
-        }
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(every) => {}
-        }
-    }
+        .fetch_one(pool)
+        .await?;
+    metrics.unpublished.set(count);
+    metrics.oldest_unpublished_age.set(age.max(0.0));
+    metrics.lease_vacant.set(vacant.max(0.0));
+    metrics.scheduled_due.set(due);
+    metrics.scheduled_overdue.set(overdue.max(0.0));
+    metrics.failed.set(failed);
+    metrics.held.set(held);
+    Ok(())
 }
