@@ -1,9 +1,15 @@
-//! The outbox library on its own: sequences, duplicates and transactions.
-//! Needs `DATABASE_URL` (see `common/mod.rs`).
+//! The outbox library on its own: sequences, duplicates, transactions, and the events it refuses
+//! before writing anything. Needs `DATABASE_URL` (see `common/mod.rs`).
 
-use producer::outbox::{enqueue, enqueue_all, EnqueueError, Enqueued, NewEvent};
+use std::time::Duration;
+
+use producer::outbox::{
+    enqueue, enqueue_all, enqueue_all_and_schedule, enqueue_all_at, enqueue_at, EnqueueError,
+    Enqueued, NewEvent, Outbox, OutboxSettings, PublishAt, DEFAULT_MAX_MESSAGE_BYTES,
+    MAX_AGGREGATE_ID_BYTES, MAX_BUSINESS_KEY_BYTES, MAX_EVENT_TYPE_BYTES,
+};
 use serde_json::json;
-use sqlx::PgPool;
+use sqlx::{PgPool, Postgres, Transaction};
 
 fn event(business_key: &str, event_type: &str, aggregate_id: &str) -> NewEvent {
     NewEvent {
@@ -267,4 +273,314 @@ async fn concurrent_enqueue_all_of_shared_aggregates_neither_deadlocks_nor_skips
         seqs.sort_unstable();
         assert_eq!(seqs, (1..=20).collect::<Vec<i64>>());
     }
+}
+
+/// An event PostgreSQL or Kafka would refuse: what is wrong with it, the event, and whether an
+/// error is the one the library gives instead.
+type RefusedEvent = (&'static str, NewEvent, fn(&EnqueueError) -> bool);
+
+fn refused_events() -> Vec<RefusedEvent> {
+    let with = |change: fn(&mut NewEvent)| {
+        let mut e = event("bad", "order.placed", "order-bad");
+        change(&mut e);
+        e
+    };
+    vec![
+        (
+            "NUL in the aggregate id (the Kafka key)",
+            with(|e| e.aggregate_id.push('\0')),
+            |e| matches!(e, EnqueueError::NulCharacter("aggregate_id")),
+        ),
+        (
+            "NUL in the event type",
+            with(|e| e.event_type = "order.\0placed".into()),
+            |e| matches!(e, EnqueueError::NulCharacter("event_type")),
+        ),
+        (
+            "NUL in the business key",
+            with(|e| e.business_key.insert(0, '\0')),
+            |e| matches!(e, EnqueueError::NulCharacter("business_key")),
+        ),
+        ("NUL in the topic", with(|e| e.topic.push('\0')), |e| {
+            matches!(e, EnqueueError::NulCharacter("topic"))
+        }),
+        (
+            "NUL in a header name",
+            with(|e| e.headers.push(("x-\0".into(), "v".into()))),
+            |e| matches!(e, EnqueueError::NulCharacter("headers")),
+        ),
+        (
+            "NUL in a header value",
+            with(|e| e.headers.push(("x-tenant".into(), "v\0".into()))),
+            |e| matches!(e, EnqueueError::NulCharacter("headers")),
+        ),
+        (
+            "\\u0000 in a payload string",
+            with(|e| e.payload = json!({"note": ["ok", "bad\u{0}"]})),
+            |e| matches!(e, EnqueueError::NulCharacter("payload")),
+        ),
+        (
+            "\\u0000 in a payload key",
+            with(|e| e.payload = json!({"no\u{0}te": 1})),
+            |e| matches!(e, EnqueueError::NulCharacter("payload")),
+        ),
+        (
+            "an aggregate id longer than consumer groups take",
+            with(|e| e.aggregate_id = "o".repeat(MAX_AGGREGATE_ID_BYTES + 1)),
+            |e| {
+                matches!(e, EnqueueError::TooLong { field: "aggregate_id", len, limit }
+                         if *len == MAX_AGGREGATE_ID_BYTES + 1 && *limit == MAX_AGGREGATE_ID_BYTES)
+            },
+        ),
+        (
+            "an event type longer than consumer groups take",
+            with(|e| e.event_type = "é".repeat(128)),
+            |e| {
+                matches!(
+                    e,
+                    EnqueueError::TooLong {
+                        field: "event_type",
+                        len: 256,
+                        limit: 255
+                    }
+                )
+            },
+        ),
+        (
+            "a business key longer than its index takes",
+            with(|e| e.business_key = "k".repeat(MAX_BUSINESS_KEY_BYTES + 1)),
+            |e| {
+                matches!(
+                    e,
+                    EnqueueError::TooLong {
+                        field: "business_key",
+                        ..
+                    }
+                )
+            },
+        ),
+        (
+            "a topic name Kafka refuses",
+            with(|e| e.topic = "order events".into()),
+            |e| matches!(e, EnqueueError::InvalidTopic(t) if t == "order events"),
+        ),
+        (
+            "a payload larger than the default message size",
+            with(|e| e.payload = json!({"blob": "x".repeat(DEFAULT_MAX_MESSAGE_BYTES)})),
+            |e| {
+                matches!(e, EnqueueError::TooLarge { size, limit: DEFAULT_MAX_MESSAGE_BYTES }
+                         if *size > DEFAULT_MAX_MESSAGE_BYTES)
+            },
+        ),
+    ]
+}
+
+/// Rows in every table an append writes to.
+async fn rows_written(tx: &mut Transaction<'_, Postgres>) -> i64 {
+    sqlx::query_scalar(
+        "SELECT (SELECT count(*) FROM outbox) + (SELECT count(*) FROM outbox_unpublished)
+              + (SELECT count(*) FROM outbox_scheduled) + (SELECT count(*) FROM outbox_sequence)",
+    )
+    .fetch_one(&mut **tx)
+    .await
+    .expect("count")
+}
+
+#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+async fn every_entry_point_refuses_what_postgresql_or_kafka_would_and_writes_nothing(pool: PgPool) {
+    let soon = PublishAt::After(Duration::from_secs(60));
+    let good = event("good", "order.placed", "order-good");
+    let mut tx = pool.begin().await.expect("begin");
+    for (case, bad, expected) in refused_events() {
+        let outcomes = [
+            ("enqueue", enqueue(&mut tx, &bad).await.map(|_| ())),
+            (
+                "enqueue_all",
+                enqueue_all(&mut tx, &[good.clone(), bad.clone()])
+                    .await
+                    .map(|_| ()),
+            ),
+            (
+                "enqueue_at",
+                enqueue_at(&mut tx, &bad, soon).await.map(|_| ()),
+            ),
+            (
+                "enqueue_all_at",
+                enqueue_all_at(&mut tx, &[(good.clone(), soon), (bad.clone(), soon)])
+                    .await
+                    .map(|_| ()),
+            ),
+            (
+                "enqueue_all_and_schedule (immediate)",
+                enqueue_all_and_schedule(&mut tx, &[good.clone(), bad.clone()], &[], &[])
+                    .await
+                    .map(|_| ()),
+            ),
+            (
+                "enqueue_all_and_schedule (delayed)",
+                enqueue_all_and_schedule(
+                    &mut tx,
+                    std::slice::from_ref(&good),
+                    &[(bad.clone(), soon)],
+                    &[("o1", "order.payment_reminder")],
+                )
+                .await
+                .map(|_| ()),
+            ),
+            (
+                "enqueue_all_and_schedule (delayed only)",
+                enqueue_all_and_schedule(&mut tx, &[], &[(bad.clone(), soon)], &[])
+                    .await
+                    .map(|_| ()),
+            ),
+        ];
+        for (entry_point, outcome) in outcomes {
+            match outcome {
+                Err(e) => assert!(expected(&e), "{case}, {entry_point}: wrong error {e:?}"),
+                Ok(()) => panic!("{case}: {entry_point} accepted it"),
+            }
+            // Refused before any statement: the transaction is still usable and holds nothing.
+            assert_eq!(rows_written(&mut tx).await, 0, "{case}, {entry_point}");
+        }
+    }
+    // A NUL in a fact to withdraw matches no recorded event: nothing to withdraw, no error.
+    let withdrawn =
+        producer::outbox::cancel_scheduled(&mut tx, &[("o\0", "order.payment_reminder")])
+            .await
+            .expect("cancel");
+    assert_eq!(withdrawn, 0);
+    let written = enqueue_all_and_schedule(
+        &mut tx,
+        std::slice::from_ref(&good),
+        &[],
+        &[("o\0", "order.payment_reminder")],
+    )
+    .await
+    .expect("enqueue_all_and_schedule");
+    assert_eq!(written.len(), 1);
+    tx.commit().await.expect("commit");
+    assert_eq!(sequences(&pool, "order-good").await, [1]);
+}
+
+#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+async fn without_the_checks_postgresql_would_refuse_the_nul_characters(pool: PgPool) {
+    // What the checks spare callers: a database error that aborts their transaction, which they
+    // could not tell from a transient fault.
+    for (column, text, payload, code) in [
+        ("aggregate_id", "order\0", json!({}), "22021"),
+        ("payload", "order", json!({"note": "\u{0}"}), "22P05"),
+    ] {
+        let e = sqlx::query(
+            "INSERT INTO outbox (event_id, business_key, event_type, aggregate_id, sequence, topic,
+                                 payload)
+             VALUES (gen_random_uuid(), 'k', 'e', $1, 1, 't', $2)",
+        )
+        .bind(text)
+        .bind(&payload)
+        .execute(&pool)
+        .await
+        .expect_err("PostgreSQL refuses it");
+        let code_seen = e
+            .as_database_error()
+            .and_then(|db| db.code())
+            .map(|c| c.into_owned());
+        assert_eq!(code_seen.as_deref(), Some(code), "{column}: {e}");
+    }
+}
+
+#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+async fn the_size_limit_is_a_setting_and_counts_key_headers_and_payload(pool: PgPool) {
+    let limit = 10_000;
+    let outbox = Outbox::new(OutboxSettings {
+        max_message_bytes: limit,
+    });
+    // A payload that brings the event to exactly the limit, then one byte over.
+    let mut at_limit = event("fits", "order.placed", "order-1");
+    at_limit.payload = json!({"k": ""});
+    let base = at_limit.message_size().expect("size");
+    at_limit.payload = json!({"k": "x".repeat(limit - base)});
+    assert_eq!(at_limit.message_size(), Some(limit));
+    let mut over = at_limit.clone();
+    over.business_key = "too-big".into();
+    over.payload = json!({"k": "x".repeat(limit - base + 1)});
+    // Escaped characters count as PostgreSQL writes them out: a newline is two bytes.
+    let mut escaped = at_limit.clone();
+    escaped.business_key = "escaped".into();
+    escaped.payload = json!({"k": format!("\n{}", "x".repeat(limit - base - 1))});
+    // The key and the headers count as well as the payload.
+    let mut longer_key = at_limit.clone();
+    longer_key.business_key = "longer-key".into();
+    longer_key.aggregate_id = "order-10".into();
+    let mut more_headers = at_limit.clone();
+    more_headers.business_key = "more-headers".into();
+    more_headers.headers.push(("x-tenant".into(), "a".into()));
+
+    let mut tx = pool.begin().await.expect("begin");
+    for too_big in [&over, &escaped, &longer_key, &more_headers] {
+        let size = too_big.message_size().expect("size");
+        assert!(size > limit, "{size}");
+        let refused = outbox.enqueue(&mut tx, too_big).await;
+        assert!(
+            matches!(refused, Err(EnqueueError::TooLarge { size: s, limit: l }) if s == size && l == limit),
+            "{refused:?}"
+        );
+        assert!(matches!(
+            outbox.check(too_big),
+            Err(EnqueueError::TooLarge { .. })
+        ));
+    }
+    let written = outbox
+        .enqueue(&mut tx, &at_limit)
+        .await
+        .expect("at the limit");
+    assert!(matches!(written, Enqueued::New { sequence: 1, .. }));
+    tx.commit().await.expect("commit");
+    let stored: i32 =
+        sqlx::query_scalar("SELECT octet_length(payload::text) FROM outbox WHERE event_id = $1")
+            .bind(written.event_id())
+            .fetch_one(&pool)
+            .await
+            .expect("stored");
+    assert_eq!(
+        stored as usize,
+        limit - base + 9,
+        "the payload as the relay reads it"
+    );
+
+    // The default settings: the producer's default message.max.bytes.
+    assert_eq!(
+        OutboxSettings::default().max_message_bytes,
+        DEFAULT_MAX_MESSAGE_BYTES
+    );
+    assert_eq!(DEFAULT_MAX_MESSAGE_BYTES, 1_000_000);
+    let mut big = event("big", "order.placed", "order-2");
+    big.payload = json!({"k": ""});
+    let base = big.message_size().expect("size");
+    big.payload = json!({"k": "x".repeat(DEFAULT_MAX_MESSAGE_BYTES - base)});
+    let mut tx = pool.begin().await.expect("begin");
+    let _ = enqueue(&mut tx, &big)
+        .await
+        .expect("a 1,000,000-byte event");
+    big.business_key = "bigger".into();
+    big.payload = json!({"k": "x".repeat(DEFAULT_MAX_MESSAGE_BYTES - base + 1)});
+    assert!(matches!(
+        enqueue(&mut tx, &big).await,
+        Err(EnqueueError::TooLarge {
+            size: 1_000_001,
+            limit: DEFAULT_MAX_MESSAGE_BYTES
+        })
+    ));
+    tx.commit().await.expect("commit");
+}
+
+#[test]
+fn the_outbox_takes_no_key_or_event_type_consumer_groups_would_dead_letter() {
+    assert_eq!(
+        MAX_AGGREGATE_ID_BYTES,
+        pipeline_core::envelope::MAX_KEY_BYTES
+    );
+    assert_eq!(
+        MAX_EVENT_TYPE_BYTES,
+        pipeline_core::envelope::MAX_EVENT_TYPE_BYTES
+    );
 }

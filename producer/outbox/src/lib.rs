@@ -48,20 +48,34 @@
 //! aggregate committed before that moment. [`cancel_scheduled`] withdraws one that is not due
 //! yet, in the caller's transaction.
 //!
+//! What it refuses: before writing anything, every entry point checks each event and returns an
+//! [`EnqueueError`] the caller can branch on, leaving the caller's transaction usable. It refuses
+//! what PostgreSQL or Kafka would refuse later, when the relay could only retry and then give
+//! up: an empty required field, a NUL character anywhere (PostgreSQL's text and jsonb cannot
+//! store one), an aggregate id, event type or business key longer than consumer groups or
+//! PostgreSQL's indexes take, a topic name Kafka does not accept, and an event larger than the record size
+//! Kafka takes ([`OutboxSettings::max_message_bytes`], 1,000,000 bytes by default, as the relay
+//! produces it: key, payload, headers and envelope). [`Outbox`] carries the settings; the free
+//! functions use the defaults.
+//!
 //! This crate brings no HTTP server or client: sqlx, serde_json, uuid, chrono and thiserror
 //! only.
 
 #![warn(missing_docs)]
 
-use std::collections::HashMap;
-
 use serde_json::Value;
 use sqlx::{Postgres, Transaction};
 use uuid::Uuid;
 
+mod append;
+mod check;
 mod schedule;
 
-pub use schedule::{cancel_scheduled, enqueue_all_at, enqueue_at, PublishAt, Scheduled};
+pub use check::{
+    OutboxSettings, DEFAULT_MAX_MESSAGE_BYTES, MAX_AGGREGATE_ID_BYTES, MAX_BUSINESS_KEY_BYTES,
+    MAX_EVENT_TYPE_BYTES,
+};
+pub use schedule::{cancel_scheduled, PublishAt, Scheduled};
 
 /// The migrations of the outbox's tables (the outbox, the relay's queue, delivery records and
 /// lease) and of nothing else: run it on the database your service writes its changes to. It
@@ -134,10 +148,36 @@ pub enum EnqueueError {
     /// A required field (named) is empty; nothing was written.
     #[error("event field `{0}` must not be empty")]
     Empty(&'static str),
-    /// A field (named) holds a NUL character, which PostgreSQL text cannot store; nothing was
-    /// written.
+    /// A field (named: `business_key`, `event_type`, `aggregate_id`, `topic`, `headers` or
+    /// `payload`) holds a NUL character (U+0000), which PostgreSQL's text and jsonb cannot
+    /// store; nothing was written.
     #[error("event field `{0}` contains a NUL character")]
     NulCharacter(&'static str),
+    /// A field (named: `business_key`, `event_type` or `aggregate_id`) is longer than consumer
+    /// groups or PostgreSQL's indexes take ([`MAX_AGGREGATE_ID_BYTES`],
+    /// [`MAX_EVENT_TYPE_BYTES`], [`MAX_BUSINESS_KEY_BYTES`]); nothing was written.
+    #[error("event field `{field}` is {len} bytes long, more than {limit}")]
+    TooLong {
+        /// The field.
+        field: &'static str,
+        /// Its length in bytes.
+        len: usize,
+        /// The most it may hold.
+        limit: usize,
+    },
+    /// The topic name is not one Kafka accepts (1 to 249 of `a-z A-Z 0-9 . _ -`, not `.` or
+    /// `..`); nothing was written.
+    #[error("`{0}` is not a valid Kafka topic name")]
+    InvalidTopic(String),
+    /// The event, as the relay would produce it ([`NewEvent::message_size`]), is larger than
+    /// [`OutboxSettings::max_message_bytes`]: Kafka would refuse it, so nothing was written.
+    #[error("event of {size} bytes exceeds the {limit}-byte message limit")]
+    TooLarge {
+        /// The event's size as produced (key, payload, headers, envelope and framing).
+        size: usize,
+        /// [`OutboxSettings::max_message_bytes`].
+        limit: usize,
+    },
     /// [`enqueue_all`]: an event's (business key, event type) is already in the outbox, or twice
     /// in the events given. The transaction is aborted.
     #[error("an event's business key and type are already recorded")]
@@ -150,238 +190,171 @@ pub enum EnqueueError {
     Database(#[from] sqlx::Error),
 }
 
-/// Appends `event` to the outbox inside `tx`.
+/// The outbox with its [`OutboxSettings`]: every way of appending events, each checking the
+/// events against the settings before it writes anything. The free functions ([`enqueue`],
+/// [`enqueue_all`], …) are these with [`OutboxSettings::default`].
 ///
-/// The next sequence number of the aggregate is taken under a row lock held until `tx` ends, so
-/// events of one aggregate commit in sequence order and a later one can never become visible
-/// before an earlier one. The caller commits.
+/// ```
+/// use outbox::{Outbox, OutboxSettings};
+///
+/// // Topics of this service take records of up to 4 MB (the topic's max.message.bytes and the
+/// // relay producer's message.max.bytes are raised to match).
+/// let outbox = Outbox::new(OutboxSettings { max_message_bytes: 4_000_000 });
+/// assert_eq!(outbox.settings().max_message_bytes, 4_000_000);
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct Outbox {
+    settings: OutboxSettings,
+}
+
+impl Outbox {
+    /// An outbox with `settings`.
+    pub fn new(settings: OutboxSettings) -> Self {
+        Outbox { settings }
+    }
+
+    /// Its settings.
+    pub fn settings(&self) -> &OutboxSettings {
+        &self.settings
+    }
+
+    /// Checks `event` as every entry point does before writing: the same error, without a
+    /// transaction (e.g. to answer a request with its own error before starting one).
+    pub fn check(&self, event: &NewEvent) -> Result<(), EnqueueError> {
+        self.settings.check(event)
+    }
+
+    /// Appends `event` to the outbox inside `tx`.
+    ///
+    /// The next sequence number of the aggregate is taken under a row lock held until `tx`
+    /// ends, so events of one aggregate commit in sequence order and a later one can never
+    /// become visible before an earlier one. The caller commits.
+    pub async fn enqueue(
+        &self,
+        tx: &mut Transaction<'_, Postgres>,
+        event: &NewEvent,
+    ) -> Result<Enqueued, EnqueueError> {
+        append::enqueue_one(tx, event, &self.settings).await
+    }
+
+    /// Appends all `events` inside `tx` in one round trip: each aggregate's events take its
+    /// next sequence numbers in the order given, under the same row lock as
+    /// [`Outbox::enqueue`]. Returns each event's id and sequence number, in the order given.
+    ///
+    /// Unlike [`Outbox::enqueue`], an event whose (business key, event type) is already recorded
+    /// is an error, [`EnqueueError::AlreadyRecorded`], and the statement fails inside
+    /// PostgreSQL: the transaction is aborted and can only be rolled back, so no sequence number
+    /// is ever skipped. An event refused by the checks refuses them all, before any statement.
+    pub async fn enqueue_all(
+        &self,
+        tx: &mut Transaction<'_, Postgres>,
+        events: &[NewEvent],
+    ) -> Result<Vec<(Uuid, i64)>, EnqueueError> {
+        append::append(tx, events, None, &self.settings).await
+    }
+
+    /// [`Outbox::enqueue_all`], and in the same statement (one round trip for all three)
+    /// schedules the `delayed` events as [`Outbox::enqueue_all_at`] would (a duplicate fact is
+    /// skipped) and withdraws the scheduled events of the `withdraw` (business key, event type)
+    /// pairs as [`cancel_scheduled`] would: e.g. an order service that records an order's
+    /// change, schedules its reminder and withdraws another's in one go. Returns the immediate
+    /// events' ids and sequence numbers, in the order given. The immediate and the delayed
+    /// events are all checked before any statement runs.
+    pub async fn enqueue_all_and_schedule(
+        &self,
+        tx: &mut Transaction<'_, Postgres>,
+        events: &[NewEvent],
+        delayed: &[(NewEvent, PublishAt)],
+        withdraw: &[(&str, &str)],
+    ) -> Result<Vec<(Uuid, i64)>, EnqueueError> {
+        if events.is_empty() {
+            // Nothing to sequence: the plain statements do the rest.
+            let _ = self.enqueue_all_at(tx, delayed).await?;
+            let _ = cancel_scheduled(tx, withdraw).await?;
+            return Ok(Vec::new());
+        }
+        if delayed.is_empty() && withdraw.is_empty() {
+            // Nothing scheduled or withdrawn: enqueue_all's own statement, without the two steps.
+            return self.enqueue_all(tx, events).await;
+        }
+        append::append(tx, events, Some((delayed, withdraw)), &self.settings).await
+    }
+
+    /// Appends `event` inside `tx` to be published when `when` comes, not before.
+    ///
+    /// Guarantees as for [`Outbox::enqueue`]: the event exists if and only if `tx` commits, a
+    /// (business key, event type) pair is recorded once (already scheduled or already in the
+    /// outbox: [`Scheduled::Duplicate`]), and once due it is published at least once and applied
+    /// once per consumer group. Its place in its aggregate's sequence is taken when it becomes
+    /// due, so it never holds the aggregate's other events: those committed before it is due are
+    /// published before it, those committed after, after it.
+    pub async fn enqueue_at(
+        &self,
+        tx: &mut Transaction<'_, Postgres>,
+        event: &NewEvent,
+        when: PublishAt,
+    ) -> Result<Scheduled, EnqueueError> {
+        let outcomes = self.enqueue_all_at(tx, &[(event.clone(), when)]).await?;
+        outcomes
+            .into_iter()
+            .next()
+            .ok_or(EnqueueError::Database(sqlx::Error::RowNotFound))
+    }
+
+    /// [`Outbox::enqueue_at`] for several events in one round trip (one more when some are
+    /// duplicates). Returns each event's outcome, in the order given.
+    pub async fn enqueue_all_at(
+        &self,
+        tx: &mut Transaction<'_, Postgres>,
+        events: &[(NewEvent, PublishAt)],
+    ) -> Result<Vec<Scheduled>, EnqueueError> {
+        schedule::schedule_all(tx, events, &self.settings).await
+    }
+}
+
+/// [`Outbox::enqueue`] with the default settings.
 pub async fn enqueue(
     tx: &mut Transaction<'_, Postgres>,
     event: &NewEvent,
 ) -> Result<Enqueued, EnqueueError> {
-    validate(event)?;
-    let headers = headers_json(event);
-    // One round trip: lock the aggregate's sequence row (creating it at 1 on first use), take the
-    // next number and insert the event with it.
-    let event_id = Uuid::now_v7();
-    let inserted: Option<i64> = sqlx::query_scalar(
-        "WITH next AS (
-             INSERT INTO outbox_sequence (aggregate_id, last_sequence) VALUES ($4, 1)
-             ON CONFLICT (aggregate_id)
-             DO UPDATE SET last_sequence = outbox_sequence.last_sequence + 1
-             RETURNING last_sequence)
-         INSERT INTO outbox (event_id, business_key, event_type, aggregate_id, sequence, topic,
-                             payload, headers)
-         SELECT $1, $2, $3, $4, next.last_sequence, $5, $6, $7 FROM next
-         ON CONFLICT (business_key, event_type) DO NOTHING
-         RETURNING sequence",
-    )
-    .bind(event_id)
-    .bind(&event.business_key)
-    .bind(&event.event_type)
-    .bind(&event.aggregate_id)
-    .bind(&event.topic)
-    .bind(&event.payload)
-    .bind(&headers)
-    .fetch_optional(&mut **tx)
-    .await?;
-
-    if let Some(sequence) = inserted {
-        return Ok(Enqueued::New { event_id, sequence });
-    }
-    // Already recorded: give the sequence number back (we still hold the row lock, so nobody
-    // else took a later one) and report the existing event.
-    sqlx::query(
-        "UPDATE outbox_sequence SET last_sequence = last_sequence - 1 WHERE aggregate_id = $1",
-    )
-    .bind(&event.aggregate_id)
-    .execute(&mut **tx)
-    .await?;
-    let (event_id, sequence): (Uuid, i64) = sqlx::query_as(
-        "SELECT event_id, sequence FROM outbox WHERE business_key = $1 AND event_type = $2",
-    )
-    .bind(&event.business_key)
-    .bind(&event.event_type)
-    .fetch_one(&mut **tx)
-    .await?;
-    Ok(Enqueued::Duplicate { event_id, sequence })
+    Outbox::default().enqueue(tx, event).await
 }
 
-/// Appends all `events` inside `tx` in one round trip: each aggregate's events take its next
-/// sequence numbers in the order given, under the same row lock as [`enqueue`]. Returns each
-/// event's id and sequence number, in the order given.
-///
-/// Unlike [`enqueue`], an event whose (business key, event type) is already recorded is an error,
-/// [`EnqueueError::AlreadyRecorded`], and the statement fails inside PostgreSQL: the transaction
-/// is aborted and can only be rolled back, so no sequence number is ever skipped.
+/// [`Outbox::enqueue_all`] with the default settings.
 pub async fn enqueue_all(
     tx: &mut Transaction<'_, Postgres>,
     events: &[NewEvent],
 ) -> Result<Vec<(Uuid, i64)>, EnqueueError> {
-    append(tx, events, None).await
+    Outbox::default().enqueue_all(tx, events).await
 }
 
-/// [`enqueue_all`], and in the same statement (one round trip for all three) schedules the
-/// `delayed` events as [`enqueue_all_at`] would (a duplicate fact is skipped) and withdraws the
-/// scheduled events of the `withdraw` (business key, event type) pairs as [`cancel_scheduled`]
-/// would: e.g. an order service that records an order's change, schedules its reminder and
-/// withdraws another's in one go. Returns the immediate events' ids and sequence numbers, in
-/// the order given.
+/// [`Outbox::enqueue_all_and_schedule`] with the default settings.
 pub async fn enqueue_all_and_schedule(
     tx: &mut Transaction<'_, Postgres>,
     events: &[NewEvent],
     delayed: &[(NewEvent, PublishAt)],
     withdraw: &[(&str, &str)],
 ) -> Result<Vec<(Uuid, i64)>, EnqueueError> {
-    if events.is_empty() {
-        // Nothing to sequence: the plain statements do the rest.
-        let _ = enqueue_all_at(tx, delayed).await?;
-        let _ = cancel_scheduled(tx, withdraw).await?;
-        return Ok(Vec::new());
-    }
-    if delayed.is_empty() && withdraw.is_empty() {
-        // Nothing scheduled or withdrawn: enqueue_all's own statement, without the two steps.
-        return append(tx, events, None).await;
-    }
-    append(tx, events, Some((delayed, withdraw))).await
+    Outbox::default()
+        .enqueue_all_and_schedule(tx, events, delayed, withdraw)
+        .await
 }
 
-/// The statement of [`enqueue_all`]: its common table expressions up to the sequence numbers…
-macro_rules! sequenced_ctes {
-    () => {
-        "WITH input AS (
-             SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[],
-                                  $6::jsonb[], $7::jsonb[])
-                 WITH ORDINALITY AS i(event_id, business_key, event_type, aggregate_id, topic,
-                                      payload, headers, n)),
-         counts AS (
-             SELECT aggregate_id, count(*) AS events FROM input
-             GROUP BY aggregate_id ORDER BY aggregate_id),
-         next AS (
-             INSERT INTO outbox_sequence AS s (aggregate_id, last_sequence)
-             SELECT aggregate_id, events FROM counts
-             ON CONFLICT (aggregate_id)
-             DO UPDATE SET last_sequence = s.last_sequence + EXCLUDED.last_sequence
-             RETURNING aggregate_id, last_sequence)"
-    };
-}
-
-/// …and the insert of the events with them.
-macro_rules! sequenced_insert {
-    () => {
-        "
-         INSERT INTO outbox (event_id, business_key, event_type, aggregate_id, sequence, topic,
-                             payload, headers)
-         SELECT i.event_id, i.business_key, i.event_type, i.aggregate_id,
-                next.last_sequence - c.events
-                    + row_number() OVER (PARTITION BY i.aggregate_id ORDER BY i.n),
-                i.topic, i.payload, i.headers
-         FROM input i JOIN counts c USING (aggregate_id) JOIN next USING (aggregate_id)
-         ORDER BY i.n
-         RETURNING event_id, sequence"
-    };
-}
-
-const ENQUEUE_ALL_SQL: &str = concat!(sequenced_ctes!(), sequenced_insert!());
-
-/// [`ENQUEUE_ALL_SQL`] with two more steps: `$8`…`$16` the delayed events (as
-/// `enqueue_all_at`'s statement), `$17`/`$18` the facts whose scheduled events are withdrawn.
-const ENQUEUE_ALL_AND_SCHEDULE_SQL: &str = concat!(
-    sequenced_ctes!(),
-    ",
-         later AS (",
-    "
-             INSERT INTO outbox_scheduled (event_id, business_key, event_type, aggregate_id, topic,
-                                           payload, headers, publish_at)
-             SELECT l.event_id, l.business_key, l.event_type, l.aggregate_id, l.topic, l.payload,
-                    l.headers, COALESCE(l.at, now() + l.delay_us * interval '1 microsecond')
-             FROM unnest($8::uuid[], $9::text[], $10::text[], $11::text[], $12::text[],
-                         $13::jsonb[], $14::jsonb[], $15::timestamptz[], $16::bigint[])
-                  AS l(event_id, business_key, event_type, aggregate_id, topic, payload, headers,
-                       at, delay_us)
-             WHERE NOT EXISTS (SELECT 1 FROM outbox o
-                               WHERE o.business_key = l.business_key
-                                 AND o.event_type = l.event_type)
-             ON CONFLICT (business_key, event_type) DO NOTHING
-             RETURNING 1",
-    "),
-         withdrawn AS (
-             DELETE FROM outbox_scheduled s
-             USING unnest($17::text[], $18::text[]) AS w(business_key, event_type)
-             WHERE s.business_key = w.business_key AND s.event_type = w.event_type
-             RETURNING 1)",
-    sequenced_insert!()
-);
-
-/// Delayed events to schedule and (business key, event type) pairs to withdraw, with the events
-/// of [`append`].
-type ScheduleChanges<'a> = (&'a [(NewEvent, PublishAt)], &'a [(&'a str, &'a str)]);
-
-async fn append(
+/// [`Outbox::enqueue_at`] with the default settings.
+pub async fn enqueue_at(
     tx: &mut Transaction<'_, Postgres>,
-    events: &[NewEvent],
-    schedule: Option<ScheduleChanges<'_>>,
-) -> Result<Vec<(Uuid, i64)>, EnqueueError> {
-    if events.is_empty() {
-        return Ok(Vec::new());
-    }
-    for event in events {
-        validate(event)?;
-    }
-    let ids: Vec<Uuid> = events.iter().map(|_| Uuid::now_v7()).collect();
-    let field = |f: fn(&NewEvent) -> &str| events.iter().map(f).collect::<Vec<&str>>();
-    let payloads: Vec<&Value> = events.iter().map(|e| &e.payload).collect();
-    let headers: Vec<Value> = events.iter().map(headers_json).collect();
-    // Aggregates' sequence rows are taken in key order, so concurrent callers cannot deadlock on
-    // them; each aggregate advances by its number of events at once.
-    let query = sqlx::query_as::<_, (Uuid, i64)>(match schedule {
-        None => ENQUEUE_ALL_SQL,
-        Some(_) => ENQUEUE_ALL_AND_SCHEDULE_SQL,
-    })
-    .bind(&ids)
-    .bind(field(|e| &e.business_key))
-    .bind(field(|e| &e.event_type))
-    .bind(field(|e| &e.aggregate_id))
-    .bind(field(|e| &e.topic))
-    .bind(&payloads)
-    .bind(&headers);
-    let rows = match schedule {
-        None => query.fetch_all(&mut **tx).await,
-        Some((delayed, withdraw)) => {
-            let later = schedule::ScheduledColumns::of(delayed)?;
-            let keys: Vec<&str> = withdraw.iter().map(|(k, _)| *k).collect();
-            let types: Vec<&str> = withdraw.iter().map(|(_, t)| *t).collect();
-            later
-                .bind_to(query)
-                .bind(keys)
-                .bind(types)
-                .fetch_all(&mut **tx)
-                .await
-        }
-    }
-    .map_err(|e| match &e {
-        sqlx::Error::Database(db) if db.constraint() == Some("outbox_business_fact_key") => {
-            EnqueueError::AlreadyRecorded
-        }
-        _ => EnqueueError::Database(e),
-    })?;
-    let sequences: HashMap<Uuid, i64> = rows.into_iter().collect();
-    ids.into_iter()
-        .map(|id| match sequences.get(&id) {
-            Some(&sequence) => Ok((id, sequence)),
-            None => Err(EnqueueError::Database(sqlx::Error::RowNotFound)),
-        })
-        .collect()
+    event: &NewEvent,
+    when: PublishAt,
+) -> Result<Scheduled, EnqueueError> {
+    Outbox::default().enqueue_at(tx, event, when).await
 }
 
-pub(crate) fn headers_json(event: &NewEvent) -> Value {
-    Value::Object(
-        event
-            .headers
-            .iter()
-            .map(|(k, v)| (k.clone(), Value::String(v.clone())))
-            .collect(),
-    )
+/// [`Outbox::enqueue_all_at`] with the default settings.
+pub async fn enqueue_all_at(
+    tx: &mut Transaction<'_, Postgres>,
+    events: &[(NewEvent, PublishAt)],
+) -> Result<Vec<Scheduled>, EnqueueError> {
+    Outbox::default().enqueue_all_at(tx, events).await
 }
 
 /// Asks a listening relay to look for new events as soon as `tx` commits.
@@ -395,45 +368,4 @@ pub async fn notify_relay(tx: &mut Transaction<'_, Postgres>) -> Result<(), sqlx
         .execute(&mut **tx)
         .await?;
     Ok(())
-}
-
-pub(crate) fn validate(event: &NewEvent) -> Result<(), EnqueueError> {
-    let fields = [
-        ("business_key", &event.business_key),
-        ("event_type", &event.event_type),
-        ("aggregate_id", &event.aggregate_id),
-        ("topic", &event.topic),
-    ];
-    for (name, value) in fields {
-        if value.is_empty() {
-            return Err(EnqueueError::Empty(name));
-        }
-        if value.contains('\0') {
-            return Err(EnqueueError::NulCharacter(name));
-        }
-    }
-    if event
-        .headers
-        .iter()
-        .any(|(k, v)| k.contains('\0') || v.contains('\0'))
-    {
-        return Err(EnqueueError::NulCharacter("headers"));
-    }
-    // PostgreSQL's jsonb cannot store U+0000: without this check the insert fails as a database
-    // error, which callers would take for a transient fault and retry forever.
-    if json_contains_nul(&event.payload) {
-        return Err(EnqueueError::NulCharacter("payload"));
-    }
-    Ok(())
-}
-
-fn json_contains_nul(value: &Value) -> bool {
-    match value {
-        Value::String(s) => s.contains('\0'),
-        Value::Array(items) => items.iter().any(json_contains_nul),
-        Value::Object(map) => map
-            .iter()
-            .any(|(k, v)| k.contains('\0') || json_contains_nul(v)),
-        Value::Null | Value::Bool(_) | Value::Number(_) => false,
-    }
 }

@@ -9,7 +9,8 @@ use chrono::{DateTime, Utc};
 use sqlx::{Postgres, Transaction};
 use uuid::Uuid;
 
-use crate::{headers_json, validate, EnqueueError, NewEvent};
+use crate::append::headers_json;
+use crate::{EnqueueError, NewEvent, OutboxSettings};
 
 /// When the relay may publish a delayed event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,7 +40,7 @@ impl PublishAt {
     }
 }
 
-/// What [`enqueue_at`] did.
+/// What [`crate::enqueue_at`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scheduled {
     /// The event waits for `publish_at`; it has no sequence number until it is due.
@@ -66,36 +67,16 @@ impl Scheduled {
     }
 }
 
-/// Appends `event` inside `tx` to be published when `when` comes, not before.
-///
-/// Guarantees as for [`crate::enqueue`]: the event exists if and only if `tx` commits, a
-/// (business key, event type) pair is recorded once (already scheduled or already in the outbox:
-/// [`Scheduled::Duplicate`]), and once due it is published at least once and applied once per
-/// consumer group. Its place in its aggregate's sequence is taken when it becomes due, so it
-/// never holds the aggregate's other events: those committed before it is due are published
-/// before it, those committed after, after it.
-pub async fn enqueue_at(
-    tx: &mut Transaction<'_, Postgres>,
-    event: &NewEvent,
-    when: PublishAt,
-) -> Result<Scheduled, EnqueueError> {
-    let outcomes = enqueue_all_at(tx, &[(event.clone(), when)]).await?;
-    outcomes
-        .into_iter()
-        .next()
-        .ok_or(EnqueueError::Database(sqlx::Error::RowNotFound))
-}
-
-/// [`enqueue_at`] for several events in one round trip (one more when some are duplicates).
-/// Returns each event's outcome, in the order given.
-pub async fn enqueue_all_at(
+/// [`crate::Outbox::enqueue_all_at`]: every event is checked before the one statement runs.
+pub(crate) async fn schedule_all(
     tx: &mut Transaction<'_, Postgres>,
     events: &[(NewEvent, PublishAt)],
+    settings: &OutboxSettings,
 ) -> Result<Vec<Scheduled>, EnqueueError> {
     if events.is_empty() {
         return Ok(Vec::new());
     }
-    let columns = ScheduledColumns::of(events)?;
+    let columns = ScheduledColumns::of(events, settings)?;
     let ids = columns.ids.clone();
     // A fact already in the outbox (published at once) is not scheduled again; one already
     // scheduled is left to the unique constraint.
@@ -147,7 +128,10 @@ pub(crate) struct ScheduledColumns<'a> {
 
 impl<'a> ScheduledColumns<'a> {
     /// Checks `events` and lays them out as columns, each with a new event id.
-    pub(crate) fn of(events: &'a [(NewEvent, PublishAt)]) -> Result<Self, EnqueueError> {
+    pub(crate) fn of(
+        events: &'a [(NewEvent, PublishAt)],
+        settings: &OutboxSettings,
+    ) -> Result<Self, EnqueueError> {
         let mut columns = ScheduledColumns {
             ids: Vec::with_capacity(events.len()),
             business_keys: Vec::with_capacity(events.len()),
@@ -160,7 +144,7 @@ impl<'a> ScheduledColumns<'a> {
             delays: Vec::with_capacity(events.len()),
         };
         for (event, when) in events {
-            validate(event)?;
+            settings.check(event)?;
             let (at, delay) = when.split()?;
             columns.ids.push(Uuid::now_v7());
             columns.business_keys.push(&event.business_key);
@@ -224,11 +208,10 @@ pub async fn cancel_scheduled(
     tx: &mut Transaction<'_, Postgres>,
     facts: &[(&str, &str)],
 ) -> Result<u64, sqlx::Error> {
-    if facts.is_empty() {
+    let (keys, types) = withdrawn_facts(facts);
+    if keys.is_empty() {
         return Ok(0);
     }
-    let keys: Vec<&str> = facts.iter().map(|(k, _)| *k).collect();
-    let types: Vec<&str> = facts.iter().map(|(_, t)| *t).collect();
     let done = sqlx::query(
         "DELETE FROM outbox_scheduled s
          USING unnest($1::text[], $2::text[]) AS f(business_key, event_type)
@@ -239,4 +222,14 @@ pub async fn cancel_scheduled(
     .execute(&mut **tx)
     .await?;
     Ok(done.rows_affected())
+}
+
+/// The business keys and event types of `facts`, as two columns. A pair with a NUL character is
+/// left out: no recorded event can have one, and PostgreSQL would refuse the statement.
+pub(crate) fn withdrawn_facts<'a>(facts: &[(&'a str, &'a str)]) -> (Vec<&'a str>, Vec<&'a str>) {
+    facts
+        .iter()
+        .copied()
+        .filter(|(key, event_type)| !key.contains('\0') && !event_type.contains('\0'))
+        .unzip()
 }
