@@ -45,8 +45,14 @@ fn envelope(
         traceparent: None,
     };
     let mut pairs: Vec<(String, Option<Vec<u8>>)> = vec![
-        ("event-id".into(), Some(env.event_id.to_string().into_bytes())),
-        ("event-type".into(), Some(env.event_type.clone().into_bytes())),
+        (
+            "event-id".into(),
+            Some(env.event_id.to_string().into_bytes()),
+        ),
+        (
+            "event-type".into(),
+            Some(env.event_type.clone().into_bytes()),
+        ),
         ("sequence".into(), Some(sequence.to_string().into_bytes())),
         ("aggregate-id".into(), Some(order.as_bytes().to_vec())),
         (
@@ -72,7 +78,6 @@ struct Sent {
 
 #[derive(sqlx::FromRow)]
 struct StoredLetter {
-    id: i64,
     key: Option<Vec<u8>>,
     payload: Option<Vec<u8>>,
     header_names: Option<Vec<Vec<u8>>>,
@@ -190,16 +195,24 @@ async fn hostile_bytes_are_dead_lettered_exactly_and_the_partition_moves_on() ->
             .bind(order)
             .fetch_all(&env.pool)
             .await?;
-            assert_eq!(applied, vec![1, 2], "{kind}: order {order} applied in order");
+            assert_eq!(
+                applied,
+                vec![1, 2],
+                "{kind}: order {order} applied in order"
+            );
         }
         let letters: Vec<StoredLetter> = sqlx::query_as(
-            "SELECT id, key, payload, header_names, header_values, reason FROM dead_letter
+            "SELECT key, payload, header_names, header_values, reason FROM dead_letter
              WHERE group_name = $1 ORDER BY kafka_offset",
         )
         .bind(&group)
         .fetch_all(&env.pool)
         .await?;
-        assert_eq!(letters.len(), hostile.len(), "{kind}: one letter per hostile record");
+        assert_eq!(
+            letters.len(),
+            hostile.len(),
+            "{kind}: one letter per hostile record"
+        );
         for (letter, sent) in letters.iter().zip(&hostile) {
             assert_eq!(letter.key, sent.key, "{kind}: key kept exactly");
             assert_eq!(letter.payload, sent.payload, "{kind}: payload kept exactly");
@@ -208,9 +221,18 @@ async fn hostile_bytes_are_dead_lettered_exactly_and_the_partition_moves_on() ->
                 .iter()
                 .map(|(n, _)| n.clone().into_bytes())
                 .collect();
-            let values: Vec<Option<Vec<u8>>> = sent.headers.iter().map(|(_, v)| v.clone()).collect();
-            assert_eq!(letter.header_names.as_ref(), Some(&names), "{kind}: header names");
-            assert_eq!(letter.header_values.as_ref(), Some(&values), "{kind}: header values");
+            let values: Vec<Option<Vec<u8>>> =
+                sent.headers.iter().map(|(_, v)| v.clone()).collect();
+            assert_eq!(
+                letter.header_names.as_ref(),
+                Some(&names),
+                "{kind}: header names"
+            );
+            assert_eq!(
+                letter.header_values.as_ref(),
+                Some(&values),
+                "{kind}: header values"
+            );
         }
         let reasons: Vec<&str> = letters.iter().map(|l| l.reason.as_str()).collect();
         assert!(reasons[0].contains("not UTF-8"), "{reasons:?}");
@@ -228,13 +250,24 @@ async fn hostile_bytes_are_dead_lettered_exactly_and_the_partition_moves_on() ->
     .fetch_one(&env.pool)
     .await?;
     let prefix = env.group_prefix.clone();
-    let common = ["--group-prefix", prefix.as_str(), "--topic", env.topic.as_str()];
+    let common = [
+        "--group-prefix",
+        prefix.as_str(),
+        "--topic",
+        env.topic.as_str(),
+    ];
     let pipeline = |args: &[&str]| {
         let mut all: Vec<&str> = common.to_vec();
         all.extend_from_slice(args);
         env.run_to_end("pipeline", &all, Duration::from_secs(60))
     };
-    let shown = pipeline(&["--group", "inventory", "dead-letters", "show", &id.to_string()])?;
+    let shown = pipeline(&[
+        "--group",
+        "inventory",
+        "dead-letters",
+        "show",
+        &id.to_string(),
+    ])?;
     assert!(shown.contains("\\xff\\xfe (2 bytes)"), "{shown}");
     assert!(shown.contains("record key is not UTF-8"), "{shown}");
     let shown = pipeline(&[
