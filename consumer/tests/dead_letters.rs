@@ -284,3 +284,51 @@ async fn a_consumer_that_lost_its_partition_applies_nothing(pool: PgPool) {
         .expect("owner");
     assert_eq!(report.outcomes, vec![Outcome::Applied]);
 }
+
+#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+async fn a_parked_event_rejected_when_released_is_dead_lettered_with_its_record_as_it_arrived(
+    pool: PgPool,
+) {
+    setup(&pool).await;
+    let handler = Inventory::new(GROUP);
+    let a = Uuid::new_v4();
+    // Sequence 2 arrives first, with a line the handler rejects, a payload written in an order
+    // jsonb would not keep, and headers of its own.
+    let mut early = message(a, 2, OrderStatus::Placed, 0, 0);
+    let raw = format!(
+        r#"{{ "status":"placed", "order_id":"{a}", "lines":[{{"quantity":0,"product_id":"sku-00001"}}], "customer_id":"c", "email":null }}"#
+    )
+    .into_bytes();
+    early.payload = Some(raw.clone());
+    early.headers = pipeline_core::record::RecordHeaders::from_pairs([
+        ("x-trace", Some(b"a\xffb".as_slice())),
+        ("x-trace", None),
+        ("x-empty", Some(b"".as_slice())),
+    ]);
+    let report = process_batch(&pool, &handler, &[early.clone()])
+        .await
+        .expect("batch");
+    assert_eq!(report.outcomes, vec![Outcome::Parked]);
+    let report = process_batch(&pool, &handler, &[message(a, 1, OrderStatus::Placed, 1, 1)])
+        .await
+        .expect("batch");
+    assert_eq!(report.outcomes, vec![Outcome::Applied]);
+    let (payload, names, values): (Option<Vec<u8>>, Vec<Vec<u8>>, Vec<Option<Vec<u8>>>) =
+        sqlx::query_as(
+            "SELECT payload, header_names, header_values FROM dead_letter WHERE kafka_offset = 0",
+        )
+        .fetch_one(&pool)
+        .await
+        .expect("the released event's dead letter");
+    assert_eq!(
+        payload,
+        Some(raw),
+        "the payload's bytes, not jsonb's rewrite"
+    );
+    assert_eq!((names, values), early.headers.to_columns());
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM parked_record")
+        .fetch_one(&pool)
+        .await
+        .expect("count");
+    assert_eq!(left, 0, "the parked record goes with its event");
+}

@@ -410,7 +410,7 @@ fn drop_database(rt: &tokio::runtime::Runtime, pool: PgPool, name: &str) {
         pool.close().await;
         let url = std::env::var("DATABASE_URL").expect("DATABASE_URL");
         let mut admin = PgConnection::connect(&url).await.expect("connect");
-        sqlx::query(&format!("DROP DATABASE {name}"))
+        sqlx::query(&format!("DROP DATABASE {name} WITH (FORCE)"))
             .execute(&mut admin)
             .await
             .expect("drop database");

@@ -26,8 +26,15 @@ END $$;
 CREATE INDEX IF NOT EXISTS dead_letter_key_idx ON dead_letter USING hash (key)
     WHERE order_id IS NULL;
 
--- A parked event keeps its record's payload and headers exactly too, so a dead letter raised when
--- it is released (its handler rejects it) holds the record as it arrived.
-ALTER TABLE parked_event ADD COLUMN IF NOT EXISTS record_payload bytea;
-ALTER TABLE parked_event ADD COLUMN IF NOT EXISTS header_names bytea[];
-ALTER TABLE parked_event ADD COLUMN IF NOT EXISTS header_values bytea[];
+-- A parked event's record as it arrived (payload and headers exactly), beside it rather than in
+-- it, so parked_event's rows and plans stay as they were: a dead letter raised when the event is
+-- released (its handler rejects it) holds the record's bytes.
+CREATE TABLE IF NOT EXISTS parked_record (
+    group_name    text    NOT NULL,
+    order_id      text    NOT NULL,
+    sequence      bigint  NOT NULL,
+    payload       bytea,
+    header_names  bytea[] NOT NULL,
+    header_values bytea[] NOT NULL,
+    PRIMARY KEY (group_name, order_id, sequence)
+);

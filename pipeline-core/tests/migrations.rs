@@ -15,7 +15,7 @@ async fn tables(pool: &PgPool) -> Vec<String> {
     .expect("tables")
 }
 
-const PIPELINE_TABLES: [&str; 17] = [
+const PIPELINE_TABLES: [&str; 18] = [
     "applied_effect",
     "dead_letter",
     "group_history",
@@ -31,6 +31,7 @@ const PIPELINE_TABLES: [&str; 17] = [
     "outbox_status",
     "outbox_unpublished",
     "parked_event",
+    "parked_record",
     "partition_owner",
     "processed_message",
 ];

@@ -148,9 +148,13 @@ pub(crate) async fn release_parked(
 ) -> Result<i64, ProcessError> {
     loop {
         let row: Option<ParkedRow> = sqlx::query_as(
-            "DELETE FROM parked_event WHERE group_name = $1 AND order_id = $2 AND sequence = $3
-             RETURNING event_id, event_type, payload, occurred_at, topic, partition, kafka_offset,
-                       record_payload, header_names, header_values",
+            "WITH parked AS (
+                 DELETE FROM parked_event WHERE group_name = $1 AND order_id = $2 AND sequence = $3
+                 RETURNING event_id, event_type, payload, occurred_at, topic, partition, kafka_offset),
+             record AS (
+                 DELETE FROM parked_record WHERE group_name = $1 AND order_id = $2 AND sequence = $3
+                 RETURNING payload AS record_payload, header_names, header_values)
+             SELECT parked.*, record.* FROM parked LEFT JOIN record ON true",
         )
         .bind(group)
         .bind(order)
@@ -236,12 +240,15 @@ pub(crate) async fn park(
     sqlx::query(
         "WITH parked AS (
              INSERT INTO parked_event (group_name, order_id, sequence, event_id, event_type,
-                                       payload, occurred_at, topic, partition, kafka_offset, reason,
-                                       record_payload, header_names, header_values)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
+                                       payload, occurred_at, topic, partition, kafka_offset, reason)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
              ON CONFLICT (group_name, order_id, sequence) DO NOTHING
              RETURNING group_name, event_id, order_id, sequence, event_type, topic, partition,
-                       kafka_offset, reason)
+                       kafka_offset, reason),
+         record AS (
+             INSERT INTO parked_record (group_name, order_id, sequence, payload, header_names,
+                                        header_values)
+             SELECT group_name, order_id, sequence, $12, $13, $14 FROM parked)
          INSERT INTO group_transition (group_name, event_id, order_id, sequence, event_type,
                                        transition, detail, topic, partition, kafka_offset)
          SELECT group_name, event_id, order_id, sequence, event_type, 'parked', reason, topic,

@@ -95,8 +95,9 @@ pub async fn run(
 /// Empties every consumer-side table and restocks, so each run starts as the first did.
 async fn reset_consumer_tables(env: &TestEnv, settings: &Settings) -> anyhow::Result<()> {
     sqlx::query(
-        "TRUNCATE processed_message, order_progress, parked_event, dead_letter, applied_effect,
-                  inventory_stock, inventory_reservation_line, inventory_reservation, notification",
+        "TRUNCATE processed_message, order_progress, parked_event, parked_record, dead_letter,
+                  applied_effect, inventory_stock, inventory_reservation_line,
+                  inventory_reservation, notification",
     )
     .execute(&env.pool)
     .await?;
