@@ -313,13 +313,13 @@ async fn a_parked_event_rejected_when_released_is_dead_lettered_with_its_record_
         .await
         .expect("batch");
     assert_eq!(report.outcomes, vec![Outcome::Applied]);
-    let (payload, names, values): (Option<Vec<u8>>, Vec<Vec<u8>>, Vec<Option<Vec<u8>>>) =
-        sqlx::query_as(
-            "SELECT payload, header_names, header_values FROM dead_letter WHERE kafka_offset = 0",
-        )
-        .fetch_one(&pool)
-        .await
-        .expect("the released event's dead letter");
+    type Stored = (Option<Vec<u8>>, Vec<Vec<u8>>, Vec<Option<Vec<u8>>>);
+    let (payload, names, values): Stored = sqlx::query_as(
+        "SELECT payload, header_names, header_values FROM dead_letter WHERE kafka_offset = 0",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("the released event's dead letter");
     assert_eq!(
         payload,
         Some(raw),
