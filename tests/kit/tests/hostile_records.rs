@@ -311,3 +311,110 @@ async fn hostile_bytes_are_dead_lettered_exactly_and_the_partition_moves_on() ->
     assert!(trace.contains("garbage from a foreign client"), "{trace}");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_too_large_for_the_dead_letter_topic_is_still_dead_lettered() -> anyhow::Result<()>
+{
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::message::{Headers, Message};
+    use rdkafka::{Offset, TopicPartitionList};
+
+    let env = TestEnv::new("hostile-big", 1).await?;
+    env.seed_stock(1, None)?;
+    let (_consumer, _metrics) = env.consumer("consumer").await?;
+    // Larger than the dead-letter producer's message.max.bytes (librdkafka's 1,000,000), within
+    // what the broker takes.
+    let payload: Vec<u8> = (0..1_040_000u32).map(|i| (i % 251) as u8).collect();
+    let producer: FutureProducer = env
+        .kafka()
+        .client_config()
+        .set("acks", "all")
+        .set("message.max.bytes", "1048576")
+        .create()?;
+    producer
+        .send(
+            FutureRecord::<[u8], [u8]>::to(&env.topic)
+                .partition(0)
+                .payload(&payload),
+            Duration::from_secs(10),
+        )
+        .await
+        .map_err(|(e, _)| e)?;
+    let order = Uuid::new_v4().to_string();
+    let mut headers = OwnedHeaders::new();
+    for (name, value) in envelope(&order, 1, "order.placed", &[]) {
+        headers = headers.insert(Header {
+            key: &name,
+            value: value.as_deref(),
+        });
+    }
+    producer
+        .send(
+            FutureRecord::to(&env.topic)
+                .partition(0)
+                .key(order.as_bytes())
+                .payload(&snapshot(&order, OrderStatus::Placed))
+                .headers(headers),
+            Duration::from_secs(10),
+        )
+        .await
+        .map_err(|(e, _)| e)?;
+
+    env.wait_drained(&GROUPS, Duration::from_secs(120)).await?;
+    for kind in GROUPS {
+        let kept: Vec<u8> = sqlx::query_scalar(
+            "SELECT payload FROM dead_letter WHERE group_name = $1 AND key IS NULL",
+        )
+        .bind(env.group(kind))
+        .fetch_one(&env.pool)
+        .await?;
+        assert!(
+            kept == payload,
+            "{kind}: the table keeps all 1,040,000 bytes"
+        );
+        let applied: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM applied_effect WHERE group_name = $1 AND order_id = $2",
+        )
+        .bind(env.group(kind))
+        .bind(&order)
+        .fetch_one(&env.pool)
+        .await?;
+        assert_eq!(applied, 1, "{kind}: the order behind it applied");
+    }
+    // The dead-letter topic has one record per group, without the content, saying why.
+    let dlq = format!("{}.dlq", env.topic);
+    let reader: BaseConsumer = env
+        .kafka()
+        .client_config()
+        .set("group.id", "dlq-reader")
+        .create()?;
+    let metadata = reader.fetch_metadata(Some(&dlq), Duration::from_secs(10))?;
+    let mut tpl = TopicPartitionList::new();
+    for p in metadata.topics()[0].partitions() {
+        tpl.add_partition_offset(&dlq, p.id(), Offset::Beginning)?;
+    }
+    reader.assign(&tpl)?;
+    let mut omitted = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while omitted.len() < 2 && std::time::Instant::now() < deadline {
+        if let Some(Ok(m)) = reader.poll(Duration::from_millis(200)) {
+            let why = m.headers().and_then(|h| {
+                h.iter()
+                    .find(|h| h.key == "dlq-content-omitted")
+                    .and_then(|h| h.value)
+                    .map(|v| String::from_utf8_lossy(v).into_owned())
+            });
+            omitted.push((why, m.payload().map(<[u8]>::len)));
+        }
+    }
+    assert_eq!(omitted.len(), 2, "one dead-letter record per group");
+    for (why, payload) in omitted {
+        assert!(
+            why.as_deref()
+                .is_some_and(|w| w.contains("dead_letter table")),
+            "{why:?}"
+        );
+        assert_eq!(payload, None);
+    }
+    Ok(())
+}
