@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{every_table_count, spawn_app, TestApp};
+use common::{spawn_app, TestApp};
 use serde_json::{json, Value};
 use sqlx::PgPool;
 
@@ -94,23 +94,10 @@ fn not_objects(object: &[u8]) -> Vec<Case> {
 
 /// Sends each case to `path` and checks its refusal and that no table changed.
 async fn refused_without_writes(app: &TestApp, path: &str, cases: Vec<Case>) {
-    let before = every_table_count(&app.pool).await;
-    for (name, body, expected, message) in cases {
-        let (status, answer) = app.post_raw(path, JSON, body).await;
-        assert_eq!(status, expected, "{path} {name}: {answer}");
-        let error = answer["error"]
-            .as_str()
-            .unwrap_or_else(|| panic!("{path} {name}: no JSON error: {answer}"));
-        assert!(
-            error.contains(message),
-            "{path} {name}: {error:?} does not mention {message:?}"
-        );
-        assert_eq!(
-            every_table_count(&app.pool).await,
-            before,
-            "{path} {name} wrote rows"
-        );
-    }
+    common::refused_without_writes(&app.pool, path, cases, |body| {
+        app.post_raw(path, JSON, body)
+    })
+    .await;
 }
 
 #[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]

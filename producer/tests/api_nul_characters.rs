@@ -35,23 +35,10 @@ async fn refused_without_writes(
     headers: &[(&str, &str)],
     cases: Vec<(&str, Value, u16, &str)>,
 ) {
-    let before = every_table_count(&app.pool).await;
-    for (name, body, expected, message) in cases {
-        let (status, answer) = app.post(path, &body, headers).await;
-        assert_eq!(status, expected, "{path} {name}: {answer}");
-        let error = answer["error"]
-            .as_str()
-            .unwrap_or_else(|| panic!("{path} {name}: no JSON error: {answer}"));
-        assert!(
-            error.contains(message),
-            "{path} {name}: {error:?} does not mention {message:?}"
-        );
-        assert_eq!(
-            every_table_count(&app.pool).await,
-            before,
-            "{path} {name} wrote rows"
-        );
-    }
+    common::refused_without_writes(&app.pool, path, cases, |body| async move {
+        app.post(path, &body, headers).await
+    })
+    .await;
 }
 
 #[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]

@@ -211,3 +211,33 @@ pub async fn every_table_count(pool: &PgPool) -> std::collections::BTreeMap<Stri
     }
     counts
 }
+
+/// Sends each case's body with `send`; each must be refused with its status and a JSON error
+/// containing its text, and no table may change. A case is (name, body, status, text).
+pub async fn refused_without_writes<B, F, Fut>(
+    pool: &PgPool,
+    path: &str,
+    cases: Vec<(&str, B, u16, &str)>,
+    send: F,
+) where
+    F: Fn(B) -> Fut,
+    Fut: std::future::Future<Output = (u16, serde_json::Value)>,
+{
+    let before = every_table_count(pool).await;
+    for (name, body, expected, message) in cases {
+        let (status, answer) = send(body).await;
+        assert_eq!(status, expected, "{path} {name}: {answer}");
+        let error = answer["error"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{path} {name}: no JSON error: {answer}"));
+        assert!(
+            error.contains(message),
+            "{path} {name}: {error:?} does not mention {message:?}"
+        );
+        assert_eq!(
+            every_table_count(pool).await,
+            before,
+            "{path} {name} wrote rows"
+        );
+    }
+}

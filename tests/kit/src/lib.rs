@@ -6,7 +6,7 @@
 //! - [`TestEnv`] (`env`): one isolated environment and the binaries started in it;
 //! - [`Service`] (`service`): a running binary, its log and its signals;
 //! - [`db`]: test databases (the server, their URLs, making and dropping them);
-//! - [`kafka`]: the broker and consumer groups' committed lag;
+//! - [`kafka`]: the broker, consumer groups' committed lag, and reading a topic;
 //! - [`wait_until`] (`wait`): waiting for a condition with a deadline;
 //! - [`scrape_sum`] (`metrics`): reading a binary's `/metrics`.
 //!

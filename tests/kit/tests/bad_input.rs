@@ -6,11 +6,10 @@ use std::time::{Duration, Instant};
 
 use pipeline_core::envelope::Envelope;
 use pipeline_core::order_events::{OrderLine, OrderSnapshot, OrderStatus};
+use pipeline_testkit::kafka::read_topic;
 use pipeline_testkit::{scrape_sum, wait_until, TestEnv};
-use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::{Offset, TopicPartitionList};
 use uuid::Uuid;
 
 const GROUPS: [&str; 2] = ["inventory", "notification"];
@@ -150,37 +149,24 @@ async fn foreign_bad_records_are_dead_lettered_with_their_cause_and_the_rest_flo
 
     // The dead-letter topic has each of them, with the cause and the origin in headers.
     let dlq = format!("{}.dlq", env.topic);
-    let reader: BaseConsumer = env
-        .kafka()
-        .client_config()
-        .set("group.id", "dlq-reader")
-        .create()?;
-    let metadata = reader.fetch_metadata(Some(&dlq), Duration::from_secs(10))?;
-    let mut tpl = TopicPartitionList::new();
-    for p in metadata.topics()[0].partitions() {
-        tpl.add_partition_offset(&dlq, p.id(), Offset::Beginning)?;
-    }
-    reader.assign(&tpl)?;
-    let mut records: Vec<HashMap<String, String>> = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while records.len() < 8 && Instant::now() < deadline {
-        if let Some(Ok(m)) = reader.poll(Duration::from_millis(200)) {
-            let headers = m
-                .headers()
-                .map(|h| {
-                    h.iter()
-                        .map(|Header { key, value }| {
-                            (
-                                key.to_owned(),
-                                String::from_utf8_lossy(value.unwrap_or_default()).into_owned(),
-                            )
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
-            records.push(headers);
-        }
-    }
+    let records: Vec<HashMap<String, String>> =
+        read_topic(&env.kafka(), &dlq, 8, Duration::from_secs(30))?
+            .iter()
+            .map(|m| {
+                m.headers()
+                    .map(|h| {
+                        h.iter()
+                            .map(|Header { key, value }| {
+                                (
+                                    key.to_owned(),
+                                    String::from_utf8_lossy(value.unwrap_or_default()).into_owned(),
+                                )
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            })
+            .collect();
     assert_eq!(
         records.len(),
         8,

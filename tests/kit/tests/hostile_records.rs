@@ -315,9 +315,8 @@ async fn hostile_bytes_are_dead_lettered_exactly_and_the_partition_moves_on() ->
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_record_too_large_for_the_dead_letter_topic_is_still_dead_lettered() -> anyhow::Result<()>
 {
-    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use pipeline_testkit::kafka::read_topic;
     use rdkafka::message::{Headers, Message};
-    use rdkafka::{Offset, TopicPartitionList};
 
     let env = TestEnv::new("hostile-big", 1).await?;
     env.seed_stock(1, None)?;
@@ -383,30 +382,19 @@ async fn a_record_too_large_for_the_dead_letter_topic_is_still_dead_lettered() -
     }
     // The dead-letter topic has one record per group, without the content, saying why.
     let dlq = format!("{}.dlq", env.topic);
-    let reader: BaseConsumer = env
-        .kafka()
-        .client_config()
-        .set("group.id", "dlq-reader")
-        .create()?;
-    let metadata = reader.fetch_metadata(Some(&dlq), Duration::from_secs(10))?;
-    let mut tpl = TopicPartitionList::new();
-    for p in metadata.topics()[0].partitions() {
-        tpl.add_partition_offset(&dlq, p.id(), Offset::Beginning)?;
-    }
-    reader.assign(&tpl)?;
-    let mut omitted = Vec::new();
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while omitted.len() < 2 && std::time::Instant::now() < deadline {
-        if let Some(Ok(m)) = reader.poll(Duration::from_millis(200)) {
-            let why = m.headers().and_then(|h| {
-                h.iter()
-                    .find(|h| h.key == "dlq-content-omitted")
-                    .and_then(|h| h.value)
-                    .map(|v| String::from_utf8_lossy(v).into_owned())
-            });
-            omitted.push((why, m.payload().map(<[u8]>::len)));
-        }
-    }
+    let omitted: Vec<(Option<String>, Option<usize>)> =
+        read_topic(&env.kafka(), &dlq, 2, Duration::from_secs(30))?
+            .iter()
+            .map(|m| {
+                let why = m.headers().and_then(|h| {
+                    h.iter()
+                        .find(|h| h.key == "dlq-content-omitted")
+                        .and_then(|h| h.value)
+                        .map(|v| String::from_utf8_lossy(v).into_owned())
+                });
+                (why, m.payload().map(<[u8]>::len))
+            })
+            .collect();
     assert_eq!(omitted.len(), 2, "one dead-letter record per group");
     for (why, payload) in omitted {
         assert!(
