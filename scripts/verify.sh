@@ -1,15 +1,28 @@
 #!/usr/bin/env bash
 # Proves the pipeline under failure:
 #
-#   scripts/verify.sh [--short|--long] [--seed N] [--events N] [--faults N] --report PATH [...]
+#   scripts/verify.sh [--short|--long] [--broker nisshi|kafka] [--seed N] [--events N]
+#                     [--faults N] --report PATH [...]
 #
 # Runs the real binaries under load in a world of their own (fresh databases, topic, consumer
-# groups, and a nisshi broker of its own on durable PostgreSQL storage), injects a seeded
-# schedule of faults (relay and consumer kills, crashes at exact points, broker and PostgreSQL
-# restarts, rebalances, frozen consumers), then checks that every acknowledged event was applied
-# exactly once and in order by each consumer group, and writes a JSON report. Exits non-zero
-# unless the checks passed. --short (the default; the test suite runs it) takes a few minutes,
-# --long 15 to 30. `target/release/verify --help` lists every flag.
+# groups, and a broker of its own), injects a seeded schedule of faults (relay and consumer
+# kills, crashes at exact points, broker and PostgreSQL restarts, rebalances, frozen consumers),
+# then checks that every acknowledged event was applied exactly once and in order by each
+# consumer group, and writes a JSON report. Exits non-zero unless the checks passed. --short (the
+# default; the test suite runs it) takes a few minutes, --long 15 to 30.
+# `target/release/verify --help` lists every flag.
+#
+# The broker (--broker, or VERIFY_BROKER):
+#   nisshi (default)  one nisshi broker on durable PostgreSQL storage; the broker fault kills and
+#                     restarts it
+#   kafka             a three-node Apache Kafka cluster (KRaft; every node broker and controller
+#                     voter; replication factor 3, min.insync.replicas 2, no unclean leader
+#                     election) on 127.0.0.1:29092, 29192 and 29292 (--kafka-base-port), its
+#                     nodes' data and logs in the run's directory. The broker faults kill the node
+#                     leading most partitions of the run's topic and start it again with its data,
+#                     and freeze one past its session (SIGSTOP, SIGCONT). Needs Java 17 and
+#                     Kafka's jars: fetched like scripts/kafka.sh does (settings: the "Apache
+#                     Kafka" section of scripts/lib.sh), about 1.2 GiB of memory for the nodes.
 #
 # The PostgreSQL restarts stop the machine's shared cluster: run it when nothing else uses the
 # server (scripts/test.sh runs it after the cargo tests). A cluster it stopped is always started
@@ -22,9 +35,38 @@ cd "$REPO_ROOT"
 TARGET_DIR="${CARGO_TARGET_DIR:-$REPO_ROOT/target}"
 FAULT_BIN_DIR="$RUN_DIR/fault-bins"
 
-section "PostgreSQL, nisshi, build dependencies"
-ensure_postgres
-ensure_nisshi
+# --broker nisshi|kafka (or --broker=...) among the arguments, else VERIFY_BROKER.
+broker="${VERIFY_BROKER:-nisshi}"
+prev=''
+for arg in "$@"; do
+    case $arg in
+    --broker=*) broker=${arg#--broker=} ;;
+    *) [[ $prev == --broker ]] && broker=$arg ;;
+    esac
+    prev=$arg
+done
+broker_args=()
+case $broker in
+nisshi)
+    section "PostgreSQL, nisshi, build dependencies"
+    ensure_postgres
+    ensure_nisshi
+    broker_args=(--nisshi "$(command -v nisshi)")
+    ;;
+kafka)
+    section "PostgreSQL, Apache Kafka (three nodes), build dependencies"
+    ensure_postgres
+    ensure_kafka_java
+    kafka_fetch
+    log "Apache Kafka $(kafka_version): jars in $(kafka_cache_dir), java: $KAFKA_JAVA_CMD"
+    broker_args=(
+        --kafka-java "$KAFKA_JAVA_CMD"
+        --kafka-jars "$(kafka_cache_dir)"
+        --kafka-config-dir "$KAFKA_DIR"
+    )
+    ;;
+*) die "--broker $broker: expected nisshi (the default) or kafka" ;;
+esac
 ensure_build_deps
 
 section "cargo build --release --workspace --bins"
@@ -58,6 +100,6 @@ section "verify $*"
 exec "$TARGET_DIR/release/verify" \
     --bin-dir "$TARGET_DIR/release" \
     --fault-bin-dir "$FAULT_BIN_DIR" \
-    --nisshi "$(command -v nisshi)" \
+    "${broker_args[@]}" \
     --work-dir "$RUN_DIR/verify" \
     "$@"

@@ -1,6 +1,7 @@
 //! The run's own broker: nisshi on durable PostgreSQL storage (its own database), so that a
-//! broker restart loses nothing the broker acknowledged. nisshi reads a `.env` file from its
-//! working directory, so it runs in an empty directory of the run.
+//! broker restart loses nothing the broker acknowledged (nisshi reads a `.env` file from its
+//! working directory, so it runs in an empty directory of the run); or, with `--broker kafka`, a
+//! three-node Apache Kafka cluster (see [`super::kafka_cluster`]).
 
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
@@ -11,10 +12,71 @@ use pipeline_testkit::wait_until;
 
 use super::config::Settings;
 use super::environment::Environment;
-use super::processes::ProcessSpec;
+use super::kafka_cluster::KafkaCluster;
+use super::processes::{ProcessSpec, Supervisor};
 
-/// The broker's process label.
+/// The broker's process label (nisshi).
 pub const BROKER: &str = "broker";
+
+/// The run's broker.
+pub enum Broker {
+    /// One nisshi process listening on `addr`.
+    Nisshi { addr: SocketAddr },
+    /// Three Apache Kafka nodes.
+    Kafka(KafkaCluster),
+}
+
+impl Broker {
+    /// The clients' bootstrap list.
+    pub fn bootstrap(&self) -> String {
+        match self {
+            Broker::Nisshi { addr } => addr.to_string(),
+            Broker::Kafka(cluster) => cluster.bootstrap(),
+        }
+    }
+
+    /// Starts the broker's processes under `supervisor` (formatting a Kafka cluster's storage
+    /// first).
+    pub async fn start(
+        &self,
+        settings: &Settings,
+        env: &Environment,
+        supervisor: &Supervisor,
+        inherited: Vec<(String, String)>,
+    ) -> anyhow::Result<()> {
+        match self {
+            Broker::Nisshi { addr } => supervisor.start(spec(settings, env, *addr, inherited)),
+            Broker::Kafka(cluster) => {
+                cluster.prepare().await?;
+                for node in &cluster.nodes {
+                    supervisor.start(cluster.spec(node, inherited.clone()))?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Waits until the broker serves: nisshi answers a metadata request; every Kafka node
+    /// answers and sees all three registered.
+    pub async fn wait_until_serving(
+        &self,
+        kafka: &KafkaArgs,
+        timeout: Duration,
+    ) -> anyhow::Result<()> {
+        match self {
+            Broker::Nisshi { addr } => wait_until_serving(*addr, kafka, timeout).await,
+            Broker::Kafka(cluster) => cluster.wait_until_serving(timeout).await,
+        }
+    }
+
+    /// The Kafka cluster, if the run has one.
+    pub fn kafka_cluster(&self) -> Option<&KafkaCluster> {
+        match self {
+            Broker::Nisshi { .. } => None,
+            Broker::Kafka(cluster) => Some(cluster),
+        }
+    }
+}
 
 /// How the run's broker is started: listening on `addr`, storing in the run's broker database;
 /// `inherited` is what every child inherits.
@@ -37,7 +99,7 @@ pub fn spec(
             "--advertised-listener-url",
             &url,
             "--storage-engine",
-            &env.broker_storage,
+            env.broker_storage.as_deref().unwrap_or_default(),
         ]
         .map(str::to_owned)
         .to_vec(),

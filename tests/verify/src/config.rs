@@ -16,7 +16,8 @@ pub struct VerifyArgs {
     /// The test-suite profile: at least 10,000 events and one fault of each kind (a few minutes).
     #[arg(long, conflicts_with = "long")]
     pub short: bool,
-    /// The thorough profile: at least 100,000 events and 56 faults (15 to 30 minutes).
+    /// The thorough profile: at least 100,000 events and seven faults of each kind (15 to 30
+    /// minutes).
     #[arg(long)]
     pub long: bool,
     /// Seed of the fault schedule and the order mix; the same seed gives the same schedule.
@@ -44,9 +45,41 @@ pub struct VerifyArgs {
     /// Directory of the `relay` and `consumer` binaries built with the `fault-injection` feature.
     #[arg(long, env = "VERIFY_FAULT_BIN_DIR")]
     pub fault_bin_dir: PathBuf,
+    /// The run's broker: `nisshi` (one stand-in broker on durable PostgreSQL storage) or `kafka`
+    /// (a three-node Apache Kafka cluster, KRaft, replication factor 3 and min.insync.replicas
+    /// 2; needs --kafka-jars and --kafka-config-dir).
+    #[arg(long, env = "VERIFY_BROKER", value_enum, default_value_t = BrokerKind::Nisshi)]
+    pub broker: BrokerKind,
     /// The `nisshi` broker executable.
     #[arg(long, env = "NISSHI_BIN", default_value = "nisshi")]
     pub nisshi: PathBuf,
+    /// With `--broker kafka`: the java command (Java 17 or newer).
+    #[arg(long, env = "VERIFY_KAFKA_JAVA", default_value = "java")]
+    pub kafka_java: PathBuf,
+    /// With `--broker kafka`: the folder holding Apache Kafka's jars (`scripts/lib.sh`'s
+    /// kafka_fetch fills one from deploy/kafka/pom.xml).
+    #[arg(long, env = "VERIFY_KAFKA_JARS")]
+    pub kafka_jars: Option<PathBuf>,
+    /// With `--broker kafka`: the folder holding cluster.properties.in and
+    /// log4j2-cluster.properties (deploy/kafka).
+    #[arg(long, env = "VERIFY_KAFKA_CONFIG_DIR")]
+    pub kafka_config_dir: Option<PathBuf>,
+    /// With `--broker kafka`: node N (1 to 3) listens for clients on this port + 100 × (N − 1)
+    /// and for its controller on the port after that (29092/29093, 29192/29193, 29292/29293).
+    #[arg(long, env = "VERIFY_KAFKA_BASE_PORT", default_value_t = 29_092)]
+    pub kafka_base_port: u16,
+    /// With `--broker kafka`: each node's JVM heap options.
+    #[arg(
+        long,
+        env = "VERIFY_KAFKA_HEAP_OPTS",
+        default_value = "-Xms128m -Xmx384m",
+        allow_hyphen_values = true
+    )]
+    pub kafka_heap_opts: String,
+    /// With `--broker kafka`: log4j2 root level of the nodes' logs (the nodes' starts, fencing,
+    /// leader elections and ISR changes are logged whatever it is).
+    #[arg(long, env = "VERIFY_KAFKA_LOG_LEVEL", default_value = "WARN")]
+    pub kafka_log_level: String,
     /// A PostgreSQL server URL; its database is only used to create the run's databases.
     #[arg(
         long,
@@ -85,6 +118,43 @@ fn parse_env_pair(s: &str) -> Result<(String, String), String> {
     }
 }
 
+/// Which broker a run uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub enum BrokerKind {
+    /// nisshi, a Kafka-protocol broker on durable PostgreSQL storage (one process).
+    Nisshi,
+    /// A three-node Apache Kafka cluster (KRaft, combined broker and controller nodes).
+    Kafka,
+}
+
+impl BrokerKind {
+    /// Fault kinds that do not apply to this broker (left out of the schedule).
+    pub fn inapplicable_faults(self) -> &'static [FaultKind] {
+        match self {
+            BrokerKind::Nisshi => &[FaultKind::BrokerFreeze],
+            BrokerKind::Kafka => &[],
+        }
+    }
+
+    /// Fault kinds this broker's schedule draws from (before `--skip-fault`).
+    pub fn fault_kinds(self) -> usize {
+        FaultKind::ALL.len() - self.inapplicable_faults().len()
+    }
+}
+
+/// How a run's Apache Kafka cluster is started (`--broker kafka`).
+#[derive(Debug, Clone)]
+pub struct KafkaSettings {
+    pub java: PathBuf,
+    pub jars: PathBuf,
+    pub config_dir: PathBuf,
+    pub base_port: u16,
+    pub heap_opts: Vec<String>,
+    pub log_level: String,
+}
+
 /// The profile a run uses when `--events`, `--faults` or `--rate` are not given.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -105,7 +175,10 @@ pub struct Settings {
     pub report: PathBuf,
     pub bin_dir: PathBuf,
     pub fault_bin_dir: PathBuf,
+    pub broker: BrokerKind,
     pub nisshi: PathBuf,
+    /// Set with `--broker kafka`.
+    pub kafka: Option<KafkaSettings>,
     pub server_url: String,
     pub work_root: PathBuf,
     pub keep: bool,
@@ -123,6 +196,12 @@ pub struct Timing {
     pub gap_ms: (u64, u64),
     /// How long a killed or crashed process, the broker or PostgreSQL stays down.
     pub down_ms: (u64, u64),
+    /// How long a killed broker stays down (nisshi: as `down_ms`; a Kafka node: a few seconds,
+    /// about its session timeout).
+    pub broker_down_ms: (u64, u64),
+    /// How long a frozen Kafka node stays stopped: past its session timeout and the failover
+    /// bound, so that its partitions get new leaders meanwhile.
+    pub broker_freeze_ms: (u64, u64),
     /// How long a frozen consumer stays stopped: longer than its session timeout.
     pub freeze_ms: (u64, u64),
     /// How long the extra consumer of a rebalance stays after it got partitions.
@@ -145,6 +224,16 @@ pub const RELAY_TAKEOVER_BOUND_MS: u64 = RELAY_LEASE_TTL_MS + RELAY_STANDBY_RETR
 /// The consumers' `--session-timeout-ms`: a frozen consumer loses its partitions after this.
 pub const SESSION_TIMEOUT_MS: u64 = 6_000;
 
+/// A Kafka node's `broker.session.timeout.ms`: a killed or frozen node is fenced after this (its
+/// partitions get new leaders from the in-sync replicas).
+pub const KAFKA_SESSION_TIMEOUT_MS: u64 = 6_000;
+
+/// Within how long every partition a killed or frozen Kafka node led must have another leader:
+/// its session timeout, plus a controller election when the node was also the active controller
+/// (2 s without fetches, then an election; the new controller starts every session afresh) and
+/// a margin for a loaded machine.
+pub const KAFKA_FAILOVER_BOUND_MS: u64 = KAFKA_SESSION_TIMEOUT_MS + 8_000;
+
 impl Settings {
     pub fn resolve(args: VerifyArgs) -> anyhow::Result<Settings> {
         let profile = if args.long {
@@ -152,14 +241,25 @@ impl Settings {
         } else {
             Profile::Short
         };
+        // Past the failover bound: the node's partitions get new leaders while it is stopped.
+        let broker_freeze_ms = (
+            KAFKA_FAILOVER_BOUND_MS + 1_000,
+            KAFKA_FAILOVER_BOUND_MS + 4_000,
+        );
+        let kinds = args.broker.fault_kinds();
         let (min_events, faults, rate, timing) = match profile {
             Profile::Short => (
                 10_000,
-                FaultKind::ALL.len(),
+                kinds,
                 1_000.0,
                 Timing {
                     gap_ms: (1_000, 3_000),
                     down_ms: (500, 2_500),
+                    broker_down_ms: match args.broker {
+                        BrokerKind::Nisshi => (500, 2_500),
+                        BrokerKind::Kafka => (2_000, 8_000),
+                    },
+                    broker_freeze_ms,
                     freeze_ms: (SESSION_TIMEOUT_MS + 3_000, SESSION_TIMEOUT_MS + 5_000),
                     rebalance_dwell_ms: (500, 2_000),
                     outage_ms: (
@@ -170,11 +270,16 @@ impl Settings {
             ),
             Profile::Long => (
                 100_000,
-                7 * FaultKind::ALL.len(),
+                7 * kinds,
                 1_000.0,
                 Timing {
                     gap_ms: (2_000, 6_000),
                     down_ms: (500, 5_000),
+                    broker_down_ms: match args.broker {
+                        BrokerKind::Nisshi => (500, 5_000),
+                        BrokerKind::Kafka => (2_000, 10_000),
+                    },
+                    broker_freeze_ms,
                     freeze_ms: (SESSION_TIMEOUT_MS + 3_000, SESSION_TIMEOUT_MS + 8_000),
                     rebalance_dwell_ms: (1_000, 5_000),
                     outage_ms: (
@@ -199,6 +304,31 @@ impl Settings {
                 .context("the verify executable has no directory")?,
         };
         let work_root = args.work_dir.unwrap_or_else(|| bin_dir.join("verify-runs"));
+        let kafka = match args.broker {
+            BrokerKind::Nisshi => None,
+            BrokerKind::Kafka => Some(KafkaSettings {
+                java: args.kafka_java,
+                jars: args
+                    .kafka_jars
+                    .context("--broker kafka needs --kafka-jars (the folder of Kafka's jars)")?,
+                config_dir: args.kafka_config_dir.context(
+                    "--broker kafka needs --kafka-config-dir (deploy/kafka: cluster.properties.in)",
+                )?,
+                base_port: args.kafka_base_port,
+                heap_opts: args
+                    .kafka_heap_opts
+                    .split_whitespace()
+                    .map(str::to_owned)
+                    .collect(),
+                log_level: args.kafka_log_level,
+            }),
+        };
+        if kafka.is_some() {
+            anyhow::ensure!(
+                (1_024..=65_000).contains(&args.kafka_base_port),
+                "--kafka-base-port must be between 1024 and 65000"
+            );
+        }
         Ok(Settings {
             profile,
             seed: args.seed.unwrap_or_else(rand::random),
@@ -209,7 +339,9 @@ impl Settings {
             report: args.report,
             bin_dir,
             fault_bin_dir: args.fault_bin_dir,
+            broker: args.broker,
             nisshi: args.nisshi,
+            kafka,
             server_url: args.database_url,
             work_root,
             keep: args.keep,

@@ -1,5 +1,6 @@
-//! The run's own world: a fresh database for the pipeline, one for the broker's storage, a topic
-//! name, a consumer-group prefix and a work directory (logs, crash triggers, the broker's cwd).
+//! The run's own world: a fresh database for the pipeline, one for the broker's storage (nisshi),
+//! a topic name, a consumer-group prefix and a work directory (logs, crash triggers, the broker's
+//! cwd, or the Kafka nodes' configuration and data).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -10,7 +11,7 @@ use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::config::Settings;
+use super::config::{BrokerKind, Settings};
 
 /// The consumer groups every consumer process runs.
 pub const GROUP_KINDS: [&str; 2] = ["inventory", "notification"];
@@ -23,9 +24,9 @@ pub struct Environment {
     /// The pipeline's database.
     pub database: String,
     pub database_url: String,
-    /// The broker's storage database.
-    pub broker_database: String,
-    pub broker_storage: String,
+    /// The broker's storage database (nisshi; none for Apache Kafka, which stores on disk).
+    pub broker_database: Option<String>,
+    pub broker_storage: Option<String>,
     pub topic: String,
     pub group_prefix: String,
     pub work_dir: PathBuf,
@@ -37,28 +38,36 @@ pub struct Environment {
 }
 
 impl Environment {
-    /// Creates both databases (the pipeline's migrated) and the work directories.
+    /// Creates the databases (the pipeline's migrated) and the work directories.
     pub async fn create(settings: &Settings) -> anyhow::Result<Environment> {
         let run_id = Uuid::new_v4().simple().to_string()[..10].to_owned();
         let database = format!("pv_verify_{run_id}");
-        let broker_database = format!("pv_nisshi_{run_id}");
+        let broker_database =
+            (settings.broker == BrokerKind::Nisshi).then(|| format!("pv_nisshi_{run_id}"));
         let database_url = create_database(&settings.server_url, &database).await?;
-        if let Err(e) = create_database(&settings.server_url, &broker_database).await {
-            drop_databases(&settings.server_url, &[&database]).await;
-            return Err(e);
+        if let Some(broker_database) = &broker_database {
+            if let Err(e) = create_database(&settings.server_url, broker_database).await {
+                drop_databases(&settings.server_url, &[&database]).await;
+                return Err(e);
+            }
         }
         let pool = match connect_and_migrate(&database_url).await {
             Ok(pool) => pool,
             Err(e) => {
                 // Nothing else will drop them: the run has not started.
-                drop_databases(&settings.server_url, &[&database, &broker_database]).await;
+                let mut all = vec![database.as_str()];
+                all.extend(broker_database.as_deref());
+                drop_databases(&settings.server_url, &all).await;
                 return Err(e);
             }
         };
-        let mut broker_storage = with_database(&settings.server_url, &broker_database);
-        if !broker_storage.contains('?') {
-            broker_storage.push_str("?sslmode=disable");
-        }
+        let broker_storage = broker_database.as_ref().map(|db| {
+            let mut url = with_database(&settings.server_url, db);
+            if !url.contains('?') {
+                url.push_str("?sslmode=disable");
+            }
+            url
+        });
         let work_dir = settings.work_root.join(format!(
             "{}-{run_id}",
             chrono::Local::now().format("%Y%m%d-%H%M%S")
@@ -93,16 +102,18 @@ impl Environment {
         format!("{}{kind}", self.group_prefix)
     }
 
-    /// Both databases, for the "whose sessions are these" check.
+    /// The run's databases, for the "whose sessions are these" check.
     pub fn databases(&self) -> Vec<String> {
-        vec![self.database.clone(), self.broker_database.clone()]
+        let mut all = vec![self.database.clone()];
+        all.extend(self.broker_database.clone());
+        all
     }
 
-    /// Drops both databases, closing whatever sessions remain.
+    /// Drops the run's databases, closing whatever sessions remain.
     pub async fn drop_databases(&self) -> anyhow::Result<()> {
         self.pool.close().await;
-        for db in [&self.database, &self.broker_database] {
-            drop_database(&self.server_url, db).await?;
+        for db in self.databases() {
+            drop_database(&self.server_url, &db).await?;
         }
         Ok(())
     }

@@ -11,9 +11,10 @@ use serde::Serialize;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::broker::BROKER;
-use super::config::RELAY_TAKEOVER_BOUND_MS;
+use super::broker::{Broker, BROKER};
+use super::config::{KAFKA_FAILOVER_BOUND_MS, RELAY_TAKEOVER_BOUND_MS};
 use super::environment::Environment;
+use super::kafka_cluster::{self, KafkaCluster};
 use super::postgres::{foreign_sessions, PgCluster};
 use super::recovery::{wait_both_groups_apply, wait_pipeline_up};
 use super::say;
@@ -52,6 +53,13 @@ pub struct FaultRecord {
     pub takeover_seconds: Option<f64>,
     /// The bound `takeover_seconds` must stay within.
     pub takeover_bound_seconds: Option<f64>,
+    /// For a killed or frozen Kafka node: until every partition of the run's topic it led had a
+    /// new leader (from the in-sync replicas).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failover_seconds: Option<f64>,
+    /// The bound `failover_seconds` must stay within.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failover_bound_seconds: Option<f64>,
     pub note: Option<String>,
 }
 
@@ -64,6 +72,15 @@ impl FaultRecord {
         match (self.takeover_seconds, self.takeover_bound_seconds) {
             (Some(t), Some(bound)) => t <= bound,
             _ => false,
+        }
+    }
+
+    /// Whether a fault on a Kafka node was followed by new leaders within their bound (true
+    /// for other faults).
+    pub fn failover_within_bound(&self) -> bool {
+        match (self.injected, self.failover_bound_seconds) {
+            (true, Some(bound)) => self.failover_seconds.is_some_and(|t| t <= bound),
+            _ => true,
         }
     }
 }
@@ -86,6 +103,9 @@ struct Injected {
     takeover: Option<Instant>,
     /// When both groups applied events after that takeover.
     recovered: Option<Instant>,
+    /// For a Kafka node fault: whether a failover was awaited, and when the faulted node's
+    /// partitions all had new leaders.
+    failover: Option<Option<Instant>>,
 }
 
 impl Injector<'_> {
@@ -137,17 +157,27 @@ impl Injector<'_> {
                     .kind
                     .needs_takeover()
                     .then_some(RELAY_TAKEOVER_BOUND_MS as f64 / 1000.0),
+                failover_seconds: injected.failover.flatten().map(since),
+                failover_bound_seconds: injected
+                    .failover
+                    .map(|_| KAFKA_FAILOVER_BOUND_MS as f64 / 1000.0),
                 note: injected.note,
             };
             let outcome = match (record.injected, record.recovery_seconds) {
                 (false, _) => "not injected".to_owned(),
                 (true, None) => "not recovered".to_owned(),
-                (true, Some(s)) => match record.takeover_seconds {
-                    Some(t) => format!(
+                (true, Some(s)) => match (record.takeover_seconds, record.failover_seconds) {
+                    (Some(t), _) => format!(
                         "taken over in {t:.1} s (bound {:.1} s), recovered in {s:.1} s",
                         record.takeover_bound_seconds.unwrap_or_default()
                     ),
-                    None => format!(
+                    (None, Some(f)) => format!(
+                        "new leaders in {f:.1} s (bound {:.1} s), recovered in {s:.1} s (back \
+                         after {:.1} s)",
+                        record.failover_bound_seconds.unwrap_or_default(),
+                        record.back_seconds.unwrap_or(s)
+                    ),
+                    (None, None) => format!(
                         "recovered in {s:.1} s (back after {:.1} s)",
                         record.back_seconds.unwrap_or(s)
                     ),
@@ -214,13 +244,20 @@ impl Injector<'_> {
                 Ok(done(&consumer.label))
             }
             FaultKind::ConsumerCrashAfterCommit => self.crash_at_point(consumer, fault.down).await,
-            FaultKind::BrokerRestart => {
-                let starts = supervisor.starts(BROKER)?;
-                supervisor.kill(BROKER, fault.down)?;
-                self.wait_restarted(BROKER, starts).await?;
-                self.topology.wait_for_broker(RECOVERY_DEADLINE).await?;
-                Ok(done(BROKER))
-            }
+            FaultKind::BrokerRestart => match &self.topology.broker {
+                Broker::Nisshi { .. } => {
+                    let starts = supervisor.starts(BROKER)?;
+                    supervisor.kill(BROKER, fault.down)?;
+                    self.wait_restarted(BROKER, starts).await?;
+                    self.topology.wait_for_broker(RECOVERY_DEADLINE).await?;
+                    Ok(done(BROKER))
+                }
+                Broker::Kafka(cluster) => self.fault_kafka_node(cluster, fault, false).await,
+            },
+            FaultKind::BrokerFreeze => match &self.topology.broker {
+                Broker::Nisshi { .. } => bail!("broker_freeze needs --broker kafka"),
+                Broker::Kafka(cluster) => self.fault_kafka_node(cluster, fault, true).await,
+            },
             FaultKind::PostgresRestart => self.restart_postgres(fault.down).await,
             FaultKind::Rebalance => self.rebalance(fault.down).await,
             FaultKind::ConsumerFreeze => {
@@ -267,6 +304,70 @@ impl Injector<'_> {
                 Ok(injected)
             }
         }
+    }
+
+    /// Kills (or freezes) the Kafka node leading most partitions of the run's topic, measures
+    /// until those partitions all have new leaders, starts it again with its data after
+    /// `fault.down` (or wakes it), and waits until it is back in every partition's ISR.
+    async fn fault_kafka_node(
+        &self,
+        cluster: &KafkaCluster,
+        fault: &PlannedFault,
+        freeze: bool,
+    ) -> anyhow::Result<Injected> {
+        let topic = &self.env.topic;
+        let supervisor = &self.topology.supervisor;
+        let view = cluster.view(None).await?;
+        let (node, led) = view
+            .busiest_leader(topic, fault.index)
+            .context("no partition of the run's topic has a leader")?;
+        let partitions = view.topic(topic).count();
+        let label = kafka_cluster::label(node);
+        let starts = supervisor.starts(&label)?;
+        let started = Instant::now();
+        if freeze {
+            supervisor.signal(&label, Signal::SIGSTOP)?;
+        } else {
+            supervisor.kill(&label, fault.down)?;
+        }
+        let until = if freeze {
+            started + fault.down
+        } else {
+            started + RECOVERY_DEADLINE
+        };
+        let failover = cluster.wait_failover(topic, node, until).await;
+        if freeze {
+            tokio::time::sleep_until(started + fault.down).await;
+            supervisor.signal(&label, Signal::SIGCONT)?;
+        } else {
+            self.wait_restarted(&label, starts).await?;
+        }
+        let in_sync = cluster.wait_in_sync(node, RECOVERY_DEADLINE).await;
+        let mut notes = vec![format!(
+            "{label} led {led} of the topic's {partitions} partitions"
+        )];
+        if failover.is_none() {
+            notes.push(format!(
+                "its partitions had no new leaders {}",
+                if freeze {
+                    "while it was stopped"
+                } else {
+                    "in time"
+                }
+            ));
+        }
+        match in_sync {
+            Ok(()) => notes.push(format!(
+                "in every ISR again {:.1} s after the fault",
+                started.elapsed().as_secs_f64()
+            )),
+            Err(e) => bail!("{label} {}: {e:#}", notes.join("; ")),
+        }
+        Ok(Injected {
+            note: Some(notes.join("; ")),
+            failover: Some(failover),
+            ..done(&label)
+        })
     }
 
     /// Waits for the relay that froze or was cut off to report itself standing by, and notes
@@ -511,6 +612,7 @@ fn not_injected(target: String) -> Injected {
         note: None,
         takeover: None,
         recovered: None,
+        failover: None,
     }
 }
 

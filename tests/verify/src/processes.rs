@@ -293,6 +293,63 @@ impl Supervisor {
         }
     }
 
+    /// Stops every process but `keep`, in reverse start order, each with [`Supervisor::stop`].
+    pub async fn stop_all_but(&self, keep: &[String], timeout: Duration) {
+        let labels: Vec<String> = self
+            .processes()
+            .slots
+            .iter()
+            .rev()
+            .map(|s| s.spec.label.clone())
+            .filter(|l| !keep.contains(l))
+            .collect();
+        for label in labels {
+            if let Err(e) = self.stop(&label, timeout).await {
+                eprintln!("[verify] stopping {label}: {e:#}");
+            }
+        }
+    }
+
+    /// Stops `labels` for good at the same time: SIGTERM to each (woken first), then SIGKILL to
+    /// those still running after `timeout`.
+    pub async fn stop_together(&self, labels: &[String], timeout: Duration) {
+        let mut slots: Vec<Slot> = {
+            let mut processes = self.processes();
+            let (stopping, kept) = std::mem::take(&mut processes.slots)
+                .into_iter()
+                .partition(|s| labels.contains(&s.spec.label));
+            processes.slots = kept;
+            stopping
+        };
+        for slot in &slots {
+            if let Some(pid) = slot.pid() {
+                let _ = kill(pid, Signal::SIGCONT);
+                let _ = kill(pid, Signal::SIGTERM);
+            }
+        }
+        let deadline = Instant::now() + timeout;
+        loop {
+            slots.retain_mut(|slot| match slot.child.as_mut().map(Child::try_wait) {
+                Some(Ok(None)) => true,
+                _ => {
+                    slot.child = None;
+                    false
+                }
+            });
+            if slots.is_empty() || Instant::now() >= deadline {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        for mut slot in slots {
+            eprintln!(
+                "[verify] {} still running {timeout:?} after SIGTERM: killing it",
+                slot.spec.label
+            );
+            slot.kill_now();
+        }
+    }
+
     /// Unplanned exits per process label (only those with any).
     pub fn unplanned_exits(&self) -> BTreeMap<String, u32> {
         self.processes().unplanned_exits.clone()

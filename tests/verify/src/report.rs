@@ -8,9 +8,13 @@ use anyhow::Context;
 use serde::Serialize;
 
 use super::checks::CheckResults;
-use super::config::{Profile, Settings, SESSION_TIMEOUT_MS};
+use super::config::{
+    BrokerKind, Profile, Settings, KAFKA_FAILOVER_BOUND_MS, KAFKA_SESSION_TIMEOUT_MS,
+    SESSION_TIMEOUT_MS,
+};
 use super::driver::History;
 use super::faults::FaultRecord;
+use super::kafka_cluster::{MIN_INSYNC_REPLICAS, NODES, REPLICATION_FACTOR};
 use super::schedule::FaultKind;
 
 /// What the load driver did.
@@ -35,6 +39,22 @@ pub struct RunSettings {
     pub skipped_kinds: Vec<FaultKind>,
     pub consumer_session_timeout_ms: u64,
     pub consumer_fetch_wait_max_ms: u64,
+    /// The run's broker.
+    pub broker: BrokerKind,
+    /// With `--broker kafka`: the cluster's shape.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kafka: Option<KafkaShape>,
+}
+
+/// The run's Apache Kafka cluster.
+#[derive(Debug, Clone, Serialize)]
+pub struct KafkaShape {
+    pub nodes: usize,
+    pub replication_factor: usize,
+    pub min_insync_replicas: usize,
+    pub unclean_leader_election: bool,
+    pub broker_session_timeout_ms: u64,
+    pub bootstrap: String,
 }
 
 /// The report of one run. Check fields are `null` when the run did not get to the checks.
@@ -60,6 +80,12 @@ pub struct Report {
     /// Longest takeover after a frozen or cut-off relay, and its bound.
     pub takeover_seconds_max: Option<f64>,
     pub takeover_bound_seconds: Option<f64>,
+    /// Longest failover after a killed or frozen Kafka node (until its partitions had new
+    /// leaders), and its bound.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failover_seconds_max: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failover_bound_seconds: Option<f64>,
     pub recovery_seconds_p50: Option<f64>,
     pub recovery_seconds_max: Option<f64>,
     /// Everything the checks found, per group included.
@@ -88,6 +114,18 @@ impl Report {
                 skipped_kinds: settings.skip.clone(),
                 consumer_session_timeout_ms: SESSION_TIMEOUT_MS,
                 consumer_fetch_wait_max_ms: settings.consumer_fetch_wait_ms,
+                broker: settings.broker,
+                kafka: settings.kafka.as_ref().map(|k| KafkaShape {
+                    nodes: NODES,
+                    replication_factor: REPLICATION_FACTOR,
+                    min_insync_replicas: MIN_INSYNC_REPLICAS,
+                    unclean_leader_election: false,
+                    broker_session_timeout_ms: KAFKA_SESSION_TIMEOUT_MS,
+                    bootstrap: (0..NODES as u16)
+                        .map(|i| format!("127.0.0.1:{}", k.base_port + 100 * i))
+                        .collect::<Vec<_>>()
+                        .join(","),
+                }),
             },
             passed: false,
             events_acknowledged: 0,
@@ -101,6 +139,9 @@ impl Report {
             kafka_duplicates: None,
             takeover_seconds_max: None,
             takeover_bound_seconds: None,
+            failover_seconds_max: None,
+            failover_bound_seconds: (settings.broker == BrokerKind::Kafka)
+                .then_some(KAFKA_FAILOVER_BOUND_MS as f64 / 1000.0),
             recovery_seconds_p50: None,
             recovery_seconds_max: None,
             checks: None,
@@ -148,6 +189,21 @@ impl Report {
                         .takeover_seconds
                         .map_or("forever".to_owned(), |t| format!("{t:.1} s"))
                 ));
+            }
+            if !record.failover_within_bound() {
+                self.errors.push(format!(
+                    "fault {} ({}): {} had no new leaders within {:.1} s (took {})",
+                    record.index + 1,
+                    record.kind,
+                    record.target,
+                    record.failover_bound_seconds.unwrap_or_default(),
+                    record
+                        .failover_seconds
+                        .map_or("longer".to_owned(), |t| format!("{t:.1} s"))
+                ));
+            }
+            if let Some(t) = record.failover_seconds {
+                self.failover_seconds_max = Some(self.failover_seconds_max.unwrap_or(0.0).max(t));
             }
             if let Some(t) = record.takeover_seconds {
                 self.takeover_seconds_max = Some(self.takeover_seconds_max.unwrap_or(0.0).max(t));
@@ -216,6 +272,16 @@ impl Report {
         let mut rows: Vec<(&str, String)> = vec![
             ("seed", self.seed.to_string()),
             (
+                "broker",
+                match &self.settings.kafka {
+                    None => "nisshi".to_owned(),
+                    Some(k) => format!(
+                        "Apache Kafka, {} nodes, replication factor {}, min.insync.replicas {}",
+                        k.nodes, k.replication_factor, k.min_insync_replicas
+                    ),
+                },
+            ),
+            (
                 "events acknowledged",
                 format!(
                     "{} ({} orders, {:.0}/s over {:.0} s)",
@@ -254,6 +320,18 @@ impl Report {
                     secs(self.takeover_bound_seconds)
                 ),
             ),
+        ]);
+        if self.failover_bound_seconds.is_some() {
+            rows.push((
+                "Kafka failover max / bound",
+                format!(
+                    "{} / {}",
+                    secs(self.failover_seconds_max),
+                    secs(self.failover_bound_seconds)
+                ),
+            ));
+        }
+        rows.extend([
             ("lost", opt(self.lost)),
             ("duplicate effects", opt(self.duplicate_effects)),
             ("reorders", opt(self.reorders)),

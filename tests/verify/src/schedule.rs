@@ -27,7 +27,8 @@ pub enum FaultKind {
     ConsumerKill,
     /// A consumer aborts after a batch's database commit, before its offset commit.
     ConsumerCrashAfterCommit,
-    /// SIGKILL the broker and start it again on the same port and storage.
+    /// SIGKILL the broker and start it again on the same port and storage (Apache Kafka: the
+    /// node leading most partitions of the run's topic, started again with its data).
     BrokerRestart,
     /// `pg_ctlcluster … stop -m immediate`, then start PostgreSQL again.
     PostgresRestart,
@@ -41,10 +42,13 @@ pub enum FaultKind {
     /// Cut the active relay's and a consumer's paths to PostgreSQL past the lease and the
     /// session timeout, then restore them: others take over, the cut-off ones change nothing.
     DatabaseCut,
+    /// Apache Kafka only: SIGSTOP the node leading most partitions of the run's topic past its
+    /// session timeout (it is fenced, its partitions get new leaders), then SIGCONT.
+    BrokerFreeze,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 10] = [
+    pub const ALL: [FaultKind; 11] = [
         FaultKind::RelayKill,
         FaultKind::RelayCrashAfterDelivery,
         FaultKind::ConsumerKill,
@@ -55,6 +59,7 @@ impl FaultKind {
         FaultKind::ConsumerFreeze,
         FaultKind::RelayFreeze,
         FaultKind::DatabaseCut,
+        FaultKind::BrokerFreeze,
     ];
 
     pub fn name(self) -> &'static str {
@@ -69,6 +74,7 @@ impl FaultKind {
             FaultKind::ConsumerFreeze => "consumer_freeze",
             FaultKind::RelayFreeze => "relay_freeze",
             FaultKind::DatabaseCut => "database_cut",
+            FaultKind::BrokerFreeze => "broker_freeze",
         }
     }
 
@@ -119,6 +125,8 @@ pub fn plan(seed: u64, count: usize, timing: &Timing, skip: &[FaultKind]) -> Vec
                 FaultKind::ConsumerFreeze => timing.freeze_ms,
                 FaultKind::RelayFreeze | FaultKind::DatabaseCut => timing.outage_ms,
                 FaultKind::Rebalance => timing.rebalance_dwell_ms,
+                FaultKind::BrokerRestart => timing.broker_down_ms,
+                FaultKind::BrokerFreeze => timing.broker_freeze_ms,
                 _ => timing.down_ms,
             };
             faults.push(PlannedFault {
@@ -145,6 +153,8 @@ mod tests {
     const TIMING: Timing = Timing {
         gap_ms: (1_000, 3_000),
         down_ms: (500, 2_500),
+        broker_down_ms: (500, 2_500),
+        broker_freeze_ms: (9_000, 12_000),
         freeze_ms: (9_000, 11_000),
         rebalance_dwell_ms: (500, 2_000),
         outage_ms: (12_000, 15_000),
@@ -180,5 +190,29 @@ mod tests {
             assert!(f.consumer < 2);
         }
         assert!(plan(3, 5, &TIMING, &FaultKind::ALL).is_empty());
+    }
+
+    #[test]
+    fn each_broker_draws_from_its_own_kinds() {
+        use crate::config::BrokerKind;
+        let nisshi = BrokerKind::Nisshi;
+        assert_eq!(nisshi.fault_kinds(), 10);
+        assert_eq!(BrokerKind::Kafka.fault_kinds(), FaultKind::ALL.len());
+        for seed in 0..20 {
+            let faults = plan(seed, 10, &TIMING, nisshi.inapplicable_faults());
+            let kinds: HashSet<FaultKind> = faults.iter().map(|f| f.kind).collect();
+            assert_eq!(kinds.len(), 10);
+            assert!(!kinds.contains(&FaultKind::BrokerFreeze));
+            let kafka: HashSet<FaultKind> = plan(seed, 11, &TIMING, &[])
+                .iter()
+                .map(|f| f.kind)
+                .collect();
+            assert!(kafka.contains(&FaultKind::BrokerFreeze));
+        }
+        for f in plan(5, 40, &TIMING, &[]) {
+            if f.kind == FaultKind::BrokerFreeze {
+                assert!(f.down >= Duration::from_secs(9) && f.down <= Duration::from_secs(12));
+            }
+        }
     }
 }

@@ -1,4 +1,5 @@
-//! The processes of a run and where to reach them: the run's own broker (see [`super::broker`]),
+//! The processes of a run and where to reach them: the run's own broker (see [`super::broker`];
+//! nisshi, or a three-node Apache Kafka cluster),
 //! the order service, two relays and two consumer processes (the fault
 //! binaries, each with its crash point armed on its own trigger file), plus the extra consumer of
 //! a rebalance. Every process gets fixed ports, so restarts keep their addresses.
@@ -13,9 +14,12 @@ use pipeline_core::crash_point::{CONSUMER_AFTER_DB_COMMIT, RELAY_AFTER_DELIVERY}
 use pipeline_core::kafka::KafkaArgs;
 use pipeline_testkit::wait_until;
 
-use super::broker;
-use super::config::{Settings, RELAY_LEASE_TTL_MS, RELAY_STANDBY_RETRY_MS, SESSION_TIMEOUT_MS};
+use super::broker::Broker;
+use super::config::{
+    BrokerKind, Settings, RELAY_LEASE_TTL_MS, RELAY_STANDBY_RETRY_MS, SESSION_TIMEOUT_MS,
+};
 use super::environment::{Environment, GROUP_KINDS};
+use super::kafka_cluster::KafkaCluster;
 use super::processes::{ProcessSpec, Supervisor};
 use super::proxy::DbProxy;
 
@@ -43,7 +47,7 @@ pub struct Member {
 /// The running pipeline.
 pub struct Topology {
     pub supervisor: Supervisor,
-    pub broker: SocketAddr,
+    pub broker: Broker,
     pub order_service: SocketAddr,
     pub relays: Vec<Member>,
     pub consumers: Vec<Member>,
@@ -73,7 +77,12 @@ impl Topology {
             let port = ports.next().context("out of free ports")?;
             Ok(SocketAddr::from(([127, 0, 0, 1], port)))
         };
-        let broker = next_addr()?;
+        let nisshi_addr = next_addr()?;
+        let broker = match (&settings.broker, &settings.kafka) {
+            (BrokerKind::Kafka, Some(kafka)) => Broker::Kafka(KafkaCluster::new(kafka, env)?),
+            (BrokerKind::Kafka, None) => bail!("--broker kafka without its settings"),
+            (BrokerKind::Nisshi, _) => Broker::Nisshi { addr: nisshi_addr },
+        };
         let order_service = next_addr()?;
         let member = |label: &str, ops: SocketAddr| Member {
             label: label.to_owned(),
@@ -125,9 +134,14 @@ impl Topology {
         }
 
         topology
-            .supervisor
-            .start(broker::spec(settings, env, broker, base_env()))?;
-        topology.wait_for_broker(Duration::from_secs(60)).await?;
+            .broker
+            .start(settings, env, &topology.supervisor, base_env())
+            .await?;
+        let broker_start = match topology.broker {
+            Broker::Nisshi { .. } => Duration::from_secs(60),
+            Broker::Kafka(_) => Duration::from_secs(180),
+        };
+        topology.wait_for_broker(broker_start).await?;
         let kafka = topology.kafka();
         let topic = env.topic.clone();
         wait_until("the run's topic", Duration::from_secs(60), || async {
@@ -137,6 +151,15 @@ impl Topology {
             Ok(Some(()))
         })
         .await?;
+        if let Broker::Kafka(cluster) = &topology.broker {
+            // Created with the brokers' default replication factor: all three, all in sync.
+            wait_until(
+                "the run's topic on every node",
+                Duration::from_secs(30),
+                || async { cluster.check_topic(&topic).await.map(Some) },
+            )
+            .await?;
+        }
         topology.seed(settings).await?;
 
         topology.supervisor.start(ProcessSpec {
@@ -197,7 +220,7 @@ impl Topology {
     /// Client settings for the run's broker.
     pub fn kafka(&self) -> KafkaArgs {
         KafkaArgs {
-            kafka_brokers: self.broker.to_string(),
+            kafka_brokers: self.broker.bootstrap(),
             kafka_options: Vec::new(),
         }
     }
@@ -245,7 +268,7 @@ impl Topology {
                 "DATABASE_MAX_CONNECTIONS".to_owned(),
                 max_connections.to_string(),
             ),
-            ("KAFKA_BROKERS".to_owned(), self.broker.to_string()),
+            ("KAFKA_BROKERS".to_owned(), self.broker.bootstrap()),
             ("RUST_LOG".to_owned(), "info".to_owned()),
         ]);
         if let Some((point, trigger)) = crash_point {
@@ -331,9 +354,9 @@ impl Topology {
         Ok(())
     }
 
-    /// Waits until the broker answers a metadata request.
+    /// Waits until the broker answers a metadata request (every Kafka node, seeing all three).
     pub async fn wait_for_broker(&self, timeout: Duration) -> anyhow::Result<()> {
-        broker::wait_until_serving(self.broker, &self.kafka(), timeout).await
+        self.broker.wait_until_serving(&self.kafka(), timeout).await
     }
 
     /// Whether a process's /readyz answers 200.
