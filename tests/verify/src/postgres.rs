@@ -137,7 +137,8 @@ impl Drop for PgCluster {
                     .args(&args)
                     .status()
             } else {
-                std::process::Command::new("pg_ctlcluster")
+                std::process::Command::new("bash")
+                    .args(["-c", WITHOUT_INHERITED_FDS, "pg_ctlcluster"])
                     .args(&args)
                     .status()
             };
@@ -166,17 +167,36 @@ pub async fn foreign_sessions(server_url: &str, own: &[String]) -> anyhow::Resul
     Ok(sessions)
 }
 
+/// A `bash -c` script that closes every descriptor but standard input, output and error, then
+/// runs its arguments. The server `pg_ctlcluster start` leaves running must not keep what this
+/// process inherited: a lock file descriptor from `flock(1)`, which serialises heavy jobs on a
+/// shared machine, would stay locked for as long as the server runs. (`sudo` closes them itself.)
+const WITHOUT_INHERITED_FDS: &str = r#"for fd in /proc/self/fd/*; do
+    fd=${fd##*/}
+    if ((fd > 2)); then eval "exec $fd>&-" 2>/dev/null; fi
+done
+exec "$0" "$@""#;
+
 async fn run(program: &str, args: &[&str], sudo: bool) -> anyhow::Result<Output> {
     let mut command = if sudo {
         let mut c = tokio::process::Command::new("sudo");
         let _ = c.arg("-n").arg(program);
         c
     } else {
-        tokio::process::Command::new(program)
+        let mut c = tokio::process::Command::new("bash");
+        let _ = c.args(["-c", WITHOUT_INHERITED_FDS, program]);
+        c
     };
-    command
+    let out = command
         .args(args)
         .output()
         .await
-        .with_context(|| format!("running {program}"))
+        .with_context(|| format!("running {program}"))?;
+    if !sudo && out.status.code() == Some(127) {
+        bail!(
+            "running {program}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(out)
 }
