@@ -4,7 +4,7 @@
 //! least two nodes and survives the loss of its partition's leader.
 //!
 //! Each node gets its own ports (fixed for the run: see `--kafka-base-port`), configuration and
-//! data directory under the run's work directory (`kafka/node-<id>`) and its own log
+//! data directory under the run's work directory (`broker/node-<id>`) and its own log
 //! (`logs/kafka-<id>.log`); the nodes are formatted with one cluster id and started by the run's
 //! supervisor, which starts a killed node again with its data. The configuration comes from
 //! deploy/kafka/cluster.properties.in; the JVM from `--kafka-java`, the jars from `--kafka-jars`.

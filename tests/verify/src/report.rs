@@ -234,6 +234,15 @@ impl Report {
         self.dead_lettered = Some(checks.dead_lettered);
         self.kafka_duplicates = Some(checks.kafka_duplicates);
         self.passed = checks.lost == 0 && checks.duplicate_effects == 0 && checks.reorders == 0;
+        // With acks=all on three replicas and min.insync.replicas 2, whatever the relay saw
+        // acknowledged is on two nodes: no loss of a node may take it out of the topic.
+        if self.settings.broker == BrokerKind::Kafka && checks.published_missing_from_topic > 0 {
+            self.errors.push(format!(
+                "{} events marked published are missing from the topic (acknowledged by \
+                 acks=all, then lost by the cluster)",
+                checks.published_missing_from_topic
+            ));
+        }
         // Not failures of delivery, but the history or the data disagree: the run is not clean.
         if checks.sequence_type_mismatches > 0 {
             self.errors.push(format!(
@@ -336,6 +345,12 @@ impl Report {
             ("duplicate effects", opt(self.duplicate_effects)),
             ("reorders", opt(self.reorders)),
             ("dead-lettered", opt(self.dead_lettered)),
+            (
+                "published, not in topic",
+                self.checks.as_ref().map_or("-".to_owned(), |c| {
+                    c.published_missing_from_topic.to_string()
+                }),
+            ),
             (
                 "Kafka duplicates",
                 self.kafka_duplicates
