@@ -22,7 +22,7 @@
 #                     leading most partitions of the run's topic and start it again with its data,
 #                     and freeze one past its session (SIGSTOP, SIGCONT). Needs Java 17 and
 #                     Kafka's jars: fetched like scripts/kafka.sh does (settings: the "Apache
-#                     Kafka" section of scripts/lib.sh), about 1.2 GiB of memory for the nodes.
+#                     Kafka" section of scripts/lib.sh); the nodes take about 1.3 GiB of memory.
 #
 # The PostgreSQL restarts stop the machine's shared cluster: run it when nothing else uses the
 # server (scripts/test.sh runs it after the cargo tests). A cluster it stopped is always started
