@@ -23,10 +23,11 @@ pub const OCCURRED_AT: &str = "occurred-at";
 pub const TRACEPARENT: &str = "traceparent";
 
 /// The longest aggregate id (record key) an event may have, in bytes: it is a key of B-tree
-/// indexes (an order's progress, parked events, history), whose entries must fit in a page.
-pub const MAX_KEY_BYTES: usize = 1024;
-/// The longest event type, in bytes.
-pub const MAX_EVENT_TYPE_BYTES: usize = 255;
+/// indexes (an order's progress, parked events, history), whose entries must fit in a page. The
+/// outbox library's own limit, so what it accepts consumers take.
+pub const MAX_KEY_BYTES: usize = outbox::MAX_AGGREGATE_ID_BYTES;
+/// The longest event type, in bytes: the outbox library's limit.
+pub const MAX_EVENT_TYPE_BYTES: usize = outbox::MAX_EVENT_TYPE_BYTES;
 
 /// The envelope of one event, as consumers see it.
 #[derive(Debug, Clone, PartialEq, Eq)]

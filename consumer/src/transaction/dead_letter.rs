@@ -117,7 +117,7 @@ pub async fn record(
     .bind(env.map(|e| e.event_id))
     .bind(order_id)
     .bind(env.map(|e| e.sequence))
-    .bind(env.map(|e| without_nul(&e.event_type)))
+    .bind(env.map(|e| &e.event_type))
     .bind(&msg.topic)
     .bind(msg.partition)
     .bind(msg.offset)
