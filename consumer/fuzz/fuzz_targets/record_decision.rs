@@ -95,8 +95,7 @@ fuzz_target!(|r: Record| {
             assert!(!env.aggregate_id.is_empty() && env.aggregate_id.len() <= MAX_KEY_BYTES);
             assert!(!env.aggregate_id.contains('\0') && !env.event_type.contains('\0'));
             assert!(env.sequence >= 1);
-            let json = serde_json::to_string(&event.payload).expect("a payload serializes");
-            assert!(!json.contains("\\u0000"), "a NUL would reach jsonb: {json}");
+            assert!(!holds_nul(&event.payload), "a NUL would reach jsonb: {}", event.payload);
         }
     }
 
@@ -108,6 +107,18 @@ fuzz_target!(|r: Record| {
     }
     let (names, values) = msg.headers.to_columns();
     assert_eq!(RecordHeaders::from_columns(&names, &values), msg.headers);
-    let display = msg.headers.to_display_json().to_string();
-    assert!(!display.contains("\\u0000"));
+    let display = msg.headers.to_display_json();
+    assert!(!holds_nul(&display), "a NUL would reach jsonb: {display}");
 });
+
+/// Whether a string or an object key anywhere in `value` holds a NUL character, which jsonb
+/// refuses. (The serialized text is no test: `\\u0000`, an escaped backslash before `u0000`,
+/// is text jsonb takes.)
+fn holds_nul(value: &serde_json::Value) -> bool {
+    match value {
+        serde_json::Value::String(s) => s.contains('\0'),
+        serde_json::Value::Array(items) => items.iter().any(holds_nul),
+        serde_json::Value::Object(map) => map.iter().any(|(k, v)| k.contains('\0') || holds_nul(v)),
+        _ => false,
+    }
+}
