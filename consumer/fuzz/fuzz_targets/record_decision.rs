@@ -95,7 +95,11 @@ fuzz_target!(|r: Record| {
             assert!(!env.aggregate_id.is_empty() && env.aggregate_id.len() <= MAX_KEY_BYTES);
             assert!(!env.aggregate_id.contains('\0') && !env.event_type.contains('\0'));
             assert!(env.sequence >= 1);
-            assert!(!holds_nul(&event.payload), "a NUL would reach jsonb: {}", event.payload);
+            assert!(
+                !holds_nul(&event.payload),
+                "a NUL would reach jsonb: {}",
+                event.payload
+            );
         }
     }
 
