@@ -10,7 +10,7 @@ use pipeline_core::order_events::ORDER_EVENTS_TOPIC;
 use pipeline_core::telemetry::LogArgs;
 
 use crate::handlers::export::ExportSettings;
-use crate::kafka::MemberSettings;
+use crate::kafka::{GroupProtocol, MemberSettings};
 use crate::transaction::CUSTOM_PLANS_UP_TO;
 
 /// Applies order events exactly once, in order per order, for one or more consumer groups.
@@ -112,14 +112,29 @@ pub struct RunArgs {
     /// little room a task runs dry while the partition is resumed and fetched again.
     #[arg(long, env = "CONSUMER_MAX_QUEUED", default_value_t = 5000)]
     pub max_queued: usize,
-    /// partition.assignment.strategy.
+    /// The consumer group protocol (`group.protocol`): `classic`, where the members agree on an
+    /// assignment among themselves, or `consumer` (KIP-848, Apache Kafka 4.0 or newer), where the
+    /// broker assigns partitions to each member incrementally and the session timeout and the
+    /// assignor are the broker's settings (`group.consumer.session.timeout.ms`,
+    /// `group.consumer.assignors`).
+    #[arg(
+        long,
+        env = "CONSUMER_GROUP_PROTOCOL",
+        value_enum,
+        default_value_t = GroupProtocol::Classic
+    )]
+    pub group_protocol: GroupProtocol,
+    /// partition.assignment.strategy (classic protocol only).
     #[arg(
         long,
         env = "CONSUMER_ASSIGNMENT_STRATEGY",
         default_value = "cooperative-sticky"
     )]
     pub assignment_strategy: String,
-    /// session.timeout.ms.
+    /// The group session timeout: how long a member may go unheard before the group gives its
+    /// partitions to others. The classic protocol sends it (`session.timeout.ms`); with
+    /// `--group-protocol consumer` the broker's `group.consumer.session.timeout.ms` applies and
+    /// this value should match it (it is the default of `--leave-after-database-unreachable-ms`).
     #[arg(long, env = "CONSUMER_SESSION_TIMEOUT_MS", default_value_t = 10_000)]
     pub session_timeout_ms: u64,
     /// max.poll.interval.ms. Polling runs on its own thread, so slow batches do not count.
@@ -191,6 +206,7 @@ impl RunArgs {
     pub fn member_settings(&self) -> MemberSettings {
         MemberSettings {
             topics: self.topics.clone(),
+            group_protocol: self.group_protocol,
             assignment_strategy: self.assignment_strategy.clone(),
             session_timeout: Duration::from_millis(self.session_timeout_ms),
             max_poll_interval: Duration::from_millis(self.max_poll_interval_ms),

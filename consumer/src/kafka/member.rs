@@ -21,9 +21,11 @@ use crate::partition::{FinishedOffset, TaskContext};
 pub struct MemberSettings {
     /// Topics the group subscribes to.
     pub topics: Vec<String>,
-    /// `partition.assignment.strategy`.
+    /// `group.protocol`.
+    pub group_protocol: GroupProtocol,
+    /// `partition.assignment.strategy` (classic protocol only).
     pub assignment_strategy: String,
-    /// `session.timeout.ms`.
+    /// `session.timeout.ms` (classic protocol only: the consumer protocol's is the broker's).
     pub session_timeout: Duration,
     /// `max.poll.interval.ms`; polling runs on its own thread, so slow batches do not count.
     pub max_poll_interval: Duration,
@@ -37,6 +39,29 @@ pub struct MemberSettings {
     pub max_queued: usize,
     /// How long the database may be out of reach before the member leaves the group.
     pub leave_after_database_unreachable: Duration,
+}
+
+/// The consumer group protocol a member speaks (`group.protocol`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[value(rename_all = "lower")]
+pub enum GroupProtocol {
+    /// The classic protocol: the members' leader computes the assignment (here incrementally,
+    /// with the `cooperative-sticky` assignor), each member sends its own session timeout.
+    Classic,
+    /// KIP-848 (Apache Kafka 4.0 or newer): the broker computes each member's assignment and
+    /// changes it incrementally; the session timeout, the heartbeat interval and the assignor
+    /// are the broker's settings.
+    Consumer,
+}
+
+impl GroupProtocol {
+    /// The value of librdkafka's `group.protocol`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GroupProtocol::Classic => "classic",
+            GroupProtocol::Consumer => "consumer",
+        }
+    }
 }
 
 /// Runs a member's poll loop on the current (dedicated) thread until `shutdown`.
@@ -63,14 +88,7 @@ pub fn run_member(
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
         .set("auto.offset.reset", "earliest")
-        .set(
-            "partition.assignment.strategy",
-            &settings.assignment_strategy,
-        )
-        .set(
-            "session.timeout.ms",
-            settings.session_timeout.as_millis().to_string(),
-        )
+        .set("group.protocol", settings.group_protocol.as_str())
         .set(
             "max.poll.interval.ms",
             settings.max_poll_interval.as_millis().to_string(),
@@ -81,6 +99,18 @@ pub fn run_member(
             "fetch.wait.max.ms",
             settings.fetch_wait_max.as_millis().to_string(),
         );
+    // The consumer protocol refuses these: the broker owns the session and the assignment.
+    if settings.group_protocol == GroupProtocol::Classic {
+        config
+            .set(
+                "partition.assignment.strategy",
+                &settings.assignment_strategy,
+            )
+            .set(
+                "session.timeout.ms",
+                settings.session_timeout.as_millis().to_string(),
+            );
+    }
     for (k, v) in &kafka.kafka_options {
         if !matches!(
             k.as_str(),
@@ -96,7 +126,8 @@ pub fn run_member(
     consumer
         .subscribe(&topics)
         .with_context(|| format!("subscribing group {group}"))?;
-    tracing::info!(%group, topics = ?settings.topics, "consumer group started");
+    tracing::info!(%group, topics = ?settings.topics, protocol = settings.group_protocol.as_str(),
+        "consumer group started");
 
     let ctx = consumer.context();
     let mut missing_topic_since: Option<Instant> = None;
