@@ -48,8 +48,10 @@ pub struct BrokerResult {
     /// Kafka's.
     pub produce_batched_eps: f64,
     pub produce_batched_seconds: f64,
+    /// CPU over the timed rounds (per event: over every round's messages).
     pub cpu_produce: CpuUse,
     pub cpu_consume: CpuUse,
+    pub cpu_produce_batched: CpuUse,
 }
 
 /// Timed rounds of the plain producer; the ceiling is their median. One round of a couple of
@@ -97,7 +99,7 @@ pub async fn run(settings: &Settings, envs: &EnvRegistry) -> anyhow::Result<Brok
         produce_all(&producer, &topic, batch).await?;
         rounds.push(started.elapsed().as_secs_f64());
     }
-    let cpu_produce = meter.finish();
+    let cpu_produce = meter.finish().with_events(n as u64 * PRODUCE_ROUNDS as u64);
     let mut sorted = rounds.clone();
     sorted.sort_by(f64::total_cmp);
     let produce_seconds = sorted[sorted.len() / 2];
@@ -110,14 +112,16 @@ pub async fn run(settings: &Settings, envs: &EnvRegistry) -> anyhow::Result<Brok
         consume_all(&reader_kafka, &reader_topic, partitions, expected)
     })
     .await??;
-    let cpu_consume = meter.finish();
+    let cpu_consume = meter.finish().with_events(expected);
 
     let messages = build();
+    let meter = CpuMeter::start(shared_processes());
     let started = Instant::now();
     for batch in messages.chunks(usize::try_from(settings.relay_batch_size)?) {
         produce_all(&producer, &topic, batch.to_vec()).await?;
     }
     let produce_batched_seconds = started.elapsed().as_secs_f64();
+    let cpu_produce_batched = meter.finish().with_events(n as u64);
 
     Ok(BrokerResult {
         topic,
@@ -136,6 +140,7 @@ pub async fn run(settings: &Settings, envs: &EnvRegistry) -> anyhow::Result<Brok
         produce_batched_seconds: round3(produce_batched_seconds),
         cpu_produce,
         cpu_consume,
+        cpu_produce_batched,
     })
 }
 

@@ -153,7 +153,7 @@ pub async fn measure(
             }
         }
     }
-    let cpu = meter.finish();
+    let cpu = meter.finish().with_events(total);
 
     acks.sort_unstable_by_key(|a| a.0);
     let measured_acks = &acks[usize::try_from(warmup)?..];

@@ -34,9 +34,6 @@ pub struct BenchArgs {
         default_value = "broker,database,relay,consumer,latency,sustained"
     )]
     pub phases: Vec<Phase>,
-    /// The broker's storage engine, recorded with the figures (it does not configure the broker).
-    #[arg(long, env = "BENCH_STORAGE_ENGINE", default_value = "memory")]
-    pub storage_engine: String,
     /// Directory of the producer, relay and consumer binaries [default: this binary's directory].
     #[arg(long, env = "PIPELINE_BIN_DIR")]
     pub bin_dir: Option<PathBuf>,
@@ -142,7 +139,6 @@ pub struct Settings {
     pub quick: bool,
     pub keep: bool,
     pub phases: Vec<Phase>,
-    pub storage_engine: String,
     pub bin_dir: PathBuf,
     pub partitions: i32,
     pub products: u32,
@@ -194,7 +190,6 @@ impl Settings {
             quick,
             keep: args.keep,
             phases: args.phases,
-            storage_engine: args.storage_engine,
             bin_dir,
             partitions: args.partitions,
             products: args.products,

@@ -45,8 +45,8 @@ pub struct DrainRun {
     pub eps: f64,
     /// processed / seconds: from process start to lag zero.
     pub eps_from_start: f64,
-    /// From starting the consumer to its first processed event (process start, group join,
-    /// including the broker's initial rebalance delay).
+    /// From starting the consumer to its first processed event (process start, joining the
+    /// group, the broker's `group.initial.rebalance.delay.ms`, the first fetch).
     pub startup_seconds: f64,
     /// From the first to the last processed event.
     pub active_seconds: f64,
@@ -166,6 +166,7 @@ async fn drain(
     .await?;
     let outcomes: BTreeMap<String, i64> = outcomes.into_iter().collect();
     let processed: i64 = outcomes.values().sum();
+    let cpu = cpu.with_events(u64::try_from(processed)?);
     let (first, last): (Option<DateTime<Utc>>, Option<DateTime<Utc>>) = sqlx::query_as(
         "SELECT min(processed_at), max(processed_at) FROM processed_message WHERE group_name = $1",
     )

@@ -123,7 +123,8 @@ async fn measure(
     let profiler = DbProfiler::start(&env.database_url).await?;
     let url = pipeline.url.parse()?;
     let outcome = drive(&url, &spec, &CancellationToken::new()).await?;
-    let cpu = meter.finish();
+    // Every request is one event.
+    let cpu = meter.finish().with_events(outcome.ok);
     let db_activity = profiler.finish().await;
     env.wait_drained(&GROUPS, settings.drain_timeout).await?;
     let peak_rss_mb = pipeline.peak_rss();

@@ -32,6 +32,13 @@ use report::Report;
 pub async fn run_and_clean_up(settings: &Settings) -> Report {
     let envs = EnvRegistry::new(settings.keep);
     let mut report = Report::new(settings, report::host().await);
+    if report.host.broker.is_none() {
+        report.notes.push(format!(
+            "no Apache Kafka broker (a java process running kafka.Kafka) with a listener on {} \
+             found on this machine: the broker's CPU is not measured",
+            report.host.kafka_brokers
+        ));
+    }
     let interrupted = tokio::select! {
         () = run(settings, &envs, &mut report) => false,
         _ = tokio::signal::ctrl_c() => true,

@@ -123,7 +123,7 @@ pub async fn run(
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let drain_seconds = committed.elapsed().as_secs_f64();
-    let cpu = meter.finish();
+    let cpu = meter.finish().with_events(events);
     let db_activity = profiler.finish().await;
     let peak_rss_mb = peak_rss(&[("relay", &relay)]);
 

@@ -14,7 +14,7 @@ use super::consumer_drain::GroupDrain;
 use super::database::DatabaseCeiling;
 use super::dbprofile::DbActivity;
 use super::latency::LatencyRun;
-use super::procstat::{cores, CpuUse};
+use super::procstat::{cores, peak_rss_mb, BrokerProcess, CpuUse, BROKER};
 use super::relay_drain::RelayResult;
 use super::scheduled::ScheduledResult;
 use super::sustained::SustainedResult;
@@ -57,10 +57,15 @@ pub struct Host {
     pub load_average: String,
     pub load_average_end: String,
     pub postgres: String,
-    /// The broker's command line, when it runs on this machine.
-    pub broker_command: String,
-    /// The storage engine on the broker's command line, to compare with --storage-engine.
-    pub broker_storage_seen: Option<String>,
+    /// `KAFKA_BROKERS`: the cluster the benchmark uses.
+    pub kafka_brokers: String,
+    /// Brokers in the cluster's metadata (`None`: it did not answer).
+    pub kafka_cluster_brokers: Option<usize>,
+    /// The Apache Kafka broker serving `KAFKA_BROKERS` on this machine, whose CPU every phase
+    /// measures (`None`: not found here, and the broker's CPU is not measured).
+    pub broker: Option<BrokerProcess>,
+    /// The broker process's peak resident memory (VmHWM) at the end of the run, MiB.
+    pub broker_peak_rss_mb: Option<f64>,
     pub git_revision: String,
 }
 
@@ -102,6 +107,7 @@ impl Report {
     pub fn finish(&mut self) {
         self.finished_at = Some(Utc::now());
         self.host.load_average_end = load_average();
+        self.host.broker_peak_rss_mb = self.host.broker.as_ref().and_then(|b| peak_rss_mb(b.pid));
         let mut peaks: Vec<&BTreeMap<String, f64>> = Vec::new();
         peaks.extend(self.relay.iter().map(|r| &r.peak_rss_mb));
         for g in &self.consumer {
@@ -193,8 +199,17 @@ impl Report {
         match self.latency.iter().find(|l| (l.rate - 1000.0).abs() < 0.5) {
             Some(run) => {
                 let broker = run.broker.as_ref().map_or(String::new(), |b| {
+                    let broker_cpu = b.cpu.percent.get(BROKER).map_or(String::new(), |pct| {
+                        let per_event = b
+                            .cpu
+                            .per_event
+                            .as_ref()
+                            .and_then(|p| p.broker_us)
+                            .map_or(String::new(), |us| format!(", {us:.1} µs per event"));
+                        format!(", broker CPU {pct:.0}%{per_event}")
+                    });
                     format!(
-                        "; the broker alone at 1000/s, no database: read p50/p99 {}/{} ms, ack p50 {}/{} ms (first/last fifth of the run)",
+                        "; the broker alone at 1000/s, no database: read p50/p99 {}/{} ms, ack p50 {}/{} ms (first/last fifth of the run){broker_cpu}",
                         b.read_p50_ms,
                         b.read_p99_ms,
                         b.ack_p50_by_part_ms.first().copied().unwrap_or_default(),
@@ -365,14 +380,12 @@ fn at_most(name: &str, max: f64, value: Option<f64>, why: Option<String>) -> Tar
 
 /// What can be learnt about the machine and the broker; best effort.
 pub async fn host() -> Host {
-    let broker_command = super::procstat::broker_pid()
-        .map(super::procstat::command_line)
-        .unwrap_or_default();
-    let broker_storage_seen = broker_command
-        .split_whitespace()
-        .skip_while(|a| *a != "--storage-engine")
-        .nth(1)
-        .map(|url| url.split("://").next().unwrap_or(url).to_owned());
+    let kafka_brokers = pipeline_testkit::kafka::brokers();
+    let address = kafka_brokers.clone();
+    let kafka_cluster_brokers = tokio::task::spawn_blocking(move || cluster_brokers(&address))
+        .await
+        .ok()
+        .flatten();
     let git_revision = std::process::Command::new("git")
         .args(["describe", "--always", "--dirty"])
         .output()
@@ -385,10 +398,25 @@ pub async fn host() -> Host {
         load_average: load_average(),
         load_average_end: String::new(),
         postgres: super::envs::postgres_version().await.unwrap_or_default(),
-        broker_command,
-        broker_storage_seen,
+        kafka_brokers,
+        kafka_cluster_brokers,
+        broker: super::procstat::broker_process(),
+        broker_peak_rss_mb: None,
         git_revision,
     }
+}
+
+/// Brokers in the metadata of the cluster at `brokers`.
+fn cluster_brokers(brokers: &str) -> Option<usize> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let client: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .ok()?;
+    let metadata = client
+        .fetch_metadata(None, std::time::Duration::from_secs(10))
+        .ok()?;
+    Some(metadata.brokers().len())
 }
 
 fn load_average() -> String {

@@ -44,13 +44,12 @@ fn write_report(o: &mut String, r: &Report) -> std::fmt::Result {
     writeln!(o)?;
     writeln!(
         o,
-        "Pipeline benchmark ({}) — {} cores, load {} (at the end {}) — broker storage: {} (seen: {}) — {} partitions, {} products — {}",
+        "Pipeline benchmark ({}) — {} cores, load {} (at the end {}) — {} — {} partitions, {} products — {}",
         if s.quick { "quick" } else { "full" },
         r.host.cores,
         r.host.load_average,
         r.host.load_average_end,
-        s.storage_engine,
-        r.host.broker_storage_seen.as_deref().unwrap_or("?"),
+        broker(r),
         s.partitions,
         s.products,
         r.host.git_revision,
@@ -95,6 +94,7 @@ fn write_report(o: &mut String, r: &Report) -> std::fmt::Result {
         )?;
         writeln!(o, "{}", cpu(&b.cpu_consume))?;
         writeln!(o, "   produce, relay-like {:>9}   ({:.2} s; batches of {}, each waiting for all its acks)", eps(b.produce_batched_eps), b.produce_batched_seconds, s.relay_batch_size)?;
+        writeln!(o, "{}", cpu(&b.cpu_produce_batched))?;
     }
     if let Some(d) = &r.database {
         writeln!(
@@ -334,6 +334,28 @@ fn write_report(o: &mut String, r: &Report) -> std::fmt::Result {
         }
     }
     Ok(())
+}
+
+/// The broker: Apache Kafka's version, the cluster's brokers, the process measured.
+fn broker(r: &Report) -> String {
+    let h = &r.host;
+    let brokers = h.kafka_cluster_brokers.map_or("? brokers".to_owned(), |n| {
+        format!("{n} broker{}", if n == 1 { "" } else { "s" })
+    });
+    match &h.broker {
+        Some(b) => format!(
+            "Apache Kafka {} at {}, {brokers} (pid {}{})",
+            b.version.as_deref().unwrap_or("(version unknown)"),
+            h.kafka_brokers,
+            b.pid,
+            h.broker_peak_rss_mb
+                .map_or(String::new(), |mb| format!(", peak RSS {mb:.0} MiB"))
+        ),
+        None => format!(
+            "Kafka at {}, {brokers} (no broker process found here: its CPU is not measured)",
+            h.kafka_brokers
+        ),
+    }
 }
 
 /// Values in ms joined with arrows, in order.
