@@ -1,32 +1,36 @@
 #!/usr/bin/env bash
 # Proves the pipeline under failure:
 #
-#   scripts/verify.sh [--short|--long] [--broker nisshi|kafka] [--seed N] [--events N]
-#                     [--faults N] --report PATH [...]
+#   scripts/verify.sh [--short|--long] [--seed N] [--events N] [--faults N] --report PATH [...]
 #
-# Runs the real binaries under load in a world of their own (fresh databases, topic, consumer
-# groups, and a broker of its own), injects a seeded schedule of faults (relay and consumer
-# kills, crashes at exact points, broker and PostgreSQL restarts, rebalances, frozen consumers),
+# Runs the real binaries under load in a world of their own (a fresh database, topic and consumer
+# groups, and a three-node Apache Kafka cluster of its own), injects a seeded schedule of faults,
 # then checks that every acknowledged event was applied exactly once and in order by each
-# consumer group, and writes a JSON report. Exits non-zero unless the checks passed. --short (the
-# default; the test suite runs it) takes a few minutes, --long 15 to 30.
-# `target/release/verify --help` lists every flag.
+# consumer group, that every event marked published is in the topic, and writes a JSON report.
+# Exits non-zero unless the checks passed. --short (the default; the test suite runs it) injects
+# one fault of each kind and takes about ten minutes, --long several of each and about half an
+# hour. `target/release/verify --help` lists every flag.
 #
-# The broker (--broker, or VERIFY_BROKER):
-#   nisshi (default)  one nisshi broker on durable PostgreSQL storage; the broker fault kills and
-#                     restarts it
-#   kafka             a three-node Apache Kafka cluster (KRaft; every node broker and controller
-#                     voter; replication factor 3, min.insync.replicas 2, no unclean leader
-#                     election) on 127.0.0.1:29092, 29192 and 29292 (--kafka-base-port), its
-#                     nodes' data and logs in the run's directory. The broker faults kill the node
-#                     leading most partitions of the run's topic and start it again with its data,
-#                     and freeze one past its session (SIGSTOP, SIGCONT). Needs Java 17 and
-#                     Kafka's jars: fetched like scripts/kafka.sh does (settings: the "Apache
-#                     Kafka" section of scripts/lib.sh); the nodes take about 1.3 GiB of memory.
+# The cluster: three nodes in KRaft combined mode (each a broker and a controller voter;
+# replication factor 3, min.insync.replicas 2, no unclean leader election) on 127.0.0.1:29092,
+# 29192 and 29292 (--kafka-base-port), configured from deploy/kafka/cluster.properties.in, their
+# data and logs in the run's directory. The inventory group runs on one consumer group protocol
+# and the notification group on the other (classic, and consumer: KIP-848), swapped with the
+# seed's parity; each group has two consumer processes of its own.
 #
-# The PostgreSQL restarts stop the machine's shared cluster: run it when nothing else uses the
-# server (scripts/test.sh runs it after the cargo tests). A cluster it stopped is always started
-# again.
+# The faults: the active relay killed, crashed between its delivery acknowledgement and its mark,
+# frozen past its lease; a member of each group killed, crashed between its database commit and
+# its offset commit, frozen past its session, joined by a third member for a while; the database
+# paths of the active relay and of a member of each group cut; PostgreSQL stopped (-m immediate)
+# and started; the Kafka node leading most partitions killed and started again, or frozen past its
+# session; the three nodes restarted one after the other (SIGTERM, back in every ISR before the
+# next); two nodes killed at once, below min.insync.replicas, while the relay must mark nothing
+# published, then started again one after the other.
+#
+# Needs Java 17 and Kafka's jars: fetched like scripts/kafka.sh does (settings: the "Apache Kafka"
+# section of scripts/lib.sh); the nodes take about 1.3 GiB of memory. The PostgreSQL restarts
+# stop the machine's shared cluster: run it when nothing else uses the server (scripts/test.sh
+# runs it after the cargo tests). A cluster it stopped is always started again.
 set -euo pipefail
 # shellcheck source=scripts/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -35,38 +39,11 @@ cd "$REPO_ROOT"
 TARGET_DIR="${CARGO_TARGET_DIR:-$REPO_ROOT/target}"
 FAULT_BIN_DIR="$RUN_DIR/fault-bins"
 
-# --broker nisshi|kafka (or --broker=...) among the arguments, else VERIFY_BROKER.
-broker="${VERIFY_BROKER:-nisshi}"
-prev=''
-for arg in "$@"; do
-    case $arg in
-    --broker=*) broker=${arg#--broker=} ;;
-    *) [[ $prev == --broker ]] && broker=$arg ;;
-    esac
-    prev=$arg
-done
-broker_args=()
-case $broker in
-nisshi)
-    section "PostgreSQL, nisshi, build dependencies"
-    ensure_postgres
-    ensure_nisshi
-    broker_args=(--nisshi "$(command -v nisshi)")
-    ;;
-kafka)
-    section "PostgreSQL, Apache Kafka (three nodes), build dependencies"
-    ensure_postgres
-    ensure_kafka_java
-    kafka_fetch
-    log "Apache Kafka $(kafka_version): jars in $(kafka_cache_dir), java: $KAFKA_JAVA_CMD"
-    broker_args=(
-        --kafka-java "$KAFKA_JAVA_CMD"
-        --kafka-jars "$(kafka_cache_dir)"
-        --kafka-config-dir "$KAFKA_DIR"
-    )
-    ;;
-*) die "--broker $broker: expected nisshi (the default) or kafka" ;;
-esac
+section "PostgreSQL, Apache Kafka (three nodes), build dependencies"
+ensure_postgres
+ensure_kafka_java
+kafka_fetch
+log "Apache Kafka $(kafka_version): jars in $(kafka_cache_dir), java: $KAFKA_JAVA_CMD"
 ensure_build_deps
 
 section "cargo build --release --workspace --bins"
@@ -100,6 +77,8 @@ section "verify $*"
 exec "$TARGET_DIR/release/verify" \
     --bin-dir "$TARGET_DIR/release" \
     --fault-bin-dir "$FAULT_BIN_DIR" \
-    "${broker_args[@]}" \
+    --kafka-java "$KAFKA_JAVA_CMD" \
+    --kafka-jars "$(kafka_cache_dir)" \
+    --kafka-config-dir "$KAFKA_DIR" \
     --work-dir "$RUN_DIR/verify" \
     "$@"

@@ -13,7 +13,8 @@ use super::schedule::FaultKind;
 #[derive(Debug, Parser)]
 #[command(name = "verify", version, about)]
 pub struct VerifyArgs {
-    /// The test-suite profile: at least 10,000 events and one fault of each kind (a few minutes).
+    /// The test-suite profile: at least 10,000 events and one fault of each kind (about ten
+    /// minutes on 2 cores).
     #[arg(long, conflicts_with = "long")]
     pub short: bool,
     /// The thorough profile: at least 100,000 events and seven faults of each kind (15 to 30
@@ -45,30 +46,21 @@ pub struct VerifyArgs {
     /// Directory of the `relay` and `consumer` binaries built with the `fault-injection` feature.
     #[arg(long, env = "VERIFY_FAULT_BIN_DIR")]
     pub fault_bin_dir: PathBuf,
-    /// The run's broker: `nisshi` (one stand-in broker on durable PostgreSQL storage) or `kafka`
-    /// (a three-node Apache Kafka cluster, KRaft, replication factor 3 and min.insync.replicas
-    /// 2; needs --kafka-jars and --kafka-config-dir).
-    #[arg(long, env = "VERIFY_BROKER", value_enum, default_value_t = BrokerKind::Nisshi)]
-    pub broker: BrokerKind,
-    /// The `nisshi` broker executable.
-    #[arg(long, env = "NISSHI_BIN", default_value = "nisshi")]
-    pub nisshi: PathBuf,
-    /// With `--broker kafka`: the java command (Java 17 or newer).
+    /// The java command of the Kafka nodes (Java 17 or newer).
     #[arg(long, env = "VERIFY_KAFKA_JAVA", default_value = "java")]
     pub kafka_java: PathBuf,
-    /// With `--broker kafka`: the folder holding Apache Kafka's jars (`scripts/lib.sh`'s
-    /// kafka_fetch fills one from deploy/kafka/pom.xml).
+    /// The folder holding Apache Kafka's jars (`scripts/lib.sh`'s kafka_fetch fills one from
+    /// deploy/kafka/pom.xml).
     #[arg(long, env = "VERIFY_KAFKA_JARS")]
-    pub kafka_jars: Option<PathBuf>,
-    /// With `--broker kafka`: the folder holding cluster.properties.in and
-    /// log4j2-cluster.properties (deploy/kafka).
+    pub kafka_jars: PathBuf,
+    /// The folder holding cluster.properties.in and log4j2-cluster.properties (deploy/kafka).
     #[arg(long, env = "VERIFY_KAFKA_CONFIG_DIR")]
-    pub kafka_config_dir: Option<PathBuf>,
-    /// With `--broker kafka`: node N (1 to 3) listens for clients on this port + 100 × (N − 1)
+    pub kafka_config_dir: PathBuf,
+    /// Node N (1 to 3) listens for clients on this port + 100 × (N − 1)
     /// and for its controller on the port after that (29092/29093, 29192/29193, 29292/29293).
     #[arg(long, env = "VERIFY_KAFKA_BASE_PORT", default_value_t = 29_092)]
     pub kafka_base_port: u16,
-    /// With `--broker kafka`: each node's JVM heap options.
+    /// Each Kafka node's JVM heap options.
     #[arg(
         long,
         env = "VERIFY_KAFKA_HEAP_OPTS",
@@ -76,7 +68,7 @@ pub struct VerifyArgs {
         allow_hyphen_values = true
     )]
     pub kafka_heap_opts: String,
-    /// With `--broker kafka`: log4j2 root level of the nodes' logs (the nodes' starts, fencing,
+    /// log4j2 root level of the nodes' logs (the nodes' starts, fencing,
     /// leader elections and ISR changes are logged whatever it is).
     #[arg(long, env = "VERIFY_KAFKA_LOG_LEVEL", default_value = "WARN")]
     pub kafka_log_level: String,
@@ -90,15 +82,14 @@ pub struct VerifyArgs {
     /// Where the run's logs, trigger files and broker directory go (a subdirectory per run).
     #[arg(long, env = "VERIFY_WORK_DIR")]
     pub work_dir: Option<PathBuf>,
-    /// Keep the run's databases (and the broker's storage) instead of dropping them.
+    /// Keep the run's database and the Kafka nodes' data instead of removing them.
     #[arg(long)]
     pub keep: bool,
     /// How long to wait, after the load, for the outbox to drain and both groups to catch up.
     #[arg(long, env = "VERIFY_DRAIN_TIMEOUT_SECS", default_value_t = 300)]
     pub drain_timeout_secs: u64,
-    /// The consumers' `--fetch-wait-max-ms`. Their default, 20 ms, makes nisshi on PostgreSQL
-    /// storage answer a consumer that is behind with about one record per fetch, so a group that
-    /// fell behind during a fault would need hours to catch up; 500 ms lets it fetch full batches.
+    /// The consumers' `--fetch-wait-max-ms` (their default is 20 ms): a group that fell behind
+    /// during a fault catches up in full fetches.
     #[arg(long, env = "VERIFY_CONSUMER_FETCH_WAIT_MS", default_value_t = 500)]
     pub consumer_fetch_wait_ms: u64,
     /// Extra environment of the consumer processes, KEY=VALUE, repeatable: e.g.
@@ -118,33 +109,7 @@ fn parse_env_pair(s: &str) -> Result<(String, String), String> {
     }
 }
 
-/// Which broker a run uses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, clap::ValueEnum)]
-#[serde(rename_all = "snake_case")]
-#[value(rename_all = "snake_case")]
-pub enum BrokerKind {
-    /// nisshi, a Kafka-protocol broker on durable PostgreSQL storage (one process).
-    Nisshi,
-    /// A three-node Apache Kafka cluster (KRaft, combined broker and controller nodes).
-    Kafka,
-}
-
-impl BrokerKind {
-    /// Fault kinds that do not apply to this broker (left out of the schedule).
-    pub fn inapplicable_faults(self) -> &'static [FaultKind] {
-        match self {
-            BrokerKind::Nisshi => &[FaultKind::BrokerFreeze],
-            BrokerKind::Kafka => &[],
-        }
-    }
-
-    /// Fault kinds this broker's schedule draws from (before `--skip-fault`).
-    pub fn fault_kinds(self) -> usize {
-        FaultKind::ALL.len() - self.inapplicable_faults().len()
-    }
-}
-
-/// How a run's Apache Kafka cluster is started (`--broker kafka`).
+/// How the run's Apache Kafka cluster is started.
 #[derive(Debug, Clone)]
 pub struct KafkaSettings {
     pub java: PathBuf,
@@ -175,10 +140,7 @@ pub struct Settings {
     pub report: PathBuf,
     pub bin_dir: PathBuf,
     pub fault_bin_dir: PathBuf,
-    pub broker: BrokerKind,
-    pub nisshi: PathBuf,
-    /// Set with `--broker kafka`.
-    pub kafka: Option<KafkaSettings>,
+    pub kafka: KafkaSettings,
     pub server_url: String,
     pub work_root: PathBuf,
     pub keep: bool,
@@ -194,14 +156,17 @@ pub struct Settings {
 pub struct Timing {
     /// Quiet time before each fault.
     pub gap_ms: (u64, u64),
-    /// How long a killed or crashed process, the broker or PostgreSQL stays down.
+    /// How long a killed or crashed process or PostgreSQL stays down, and how long each Kafka
+    /// node of a rolling restart stays stopped.
     pub down_ms: (u64, u64),
-    /// How long a killed broker stays down (nisshi: as `down_ms`; a Kafka node: a few seconds,
-    /// about its session timeout).
+    /// How long a killed Kafka node stays down: a few seconds, about its session timeout.
     pub broker_down_ms: (u64, u64),
     /// How long a frozen Kafka node stays stopped: past its session timeout and the failover
     /// bound, so that its partitions get new leaders meanwhile.
     pub broker_freeze_ms: (u64, u64),
+    /// How long two Kafka nodes stay down together (the cluster takes no writes): shorter than
+    /// the relay's delivery timeout, so that a batch it had in flight cannot end meanwhile.
+    pub below_min_isr_ms: (u64, u64),
     /// How long a frozen consumer stays stopped: longer than its session timeout.
     pub freeze_ms: (u64, u64),
     /// How long the extra consumer of a rebalance stays after it got partitions.
@@ -234,6 +199,40 @@ pub const KAFKA_SESSION_TIMEOUT_MS: u64 = 6_000;
 /// a margin for a loaded machine.
 pub const KAFKA_FAILOVER_BOUND_MS: u64 = KAFKA_SESSION_TIMEOUT_MS + 8_000;
 
+/// The relays' delivery timeout (`--delivery-timeout-ms`, their default): the run keeps two
+/// Kafka nodes down for less than this.
+pub const RELAY_DELIVERY_TIMEOUT_MS: u64 = 30_000;
+
+/// The consumer group protocol of a group's members (the consumers' `--group-protocol`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GroupProtocol {
+    /// The classic protocol: the members agree on an assignment among themselves.
+    Classic,
+    /// The consumer protocol (KIP-848): the broker assigns each member its partitions.
+    Consumer,
+}
+
+impl GroupProtocol {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GroupProtocol::Classic => "classic",
+            GroupProtocol::Consumer => "consumer",
+        }
+    }
+}
+
+/// Which protocol each group kind uses: one group on each, swapped from one seed to the next
+/// (an even seed puts the inventory group on the classic protocol).
+pub fn group_protocols(seed: u64) -> [(&'static str, GroupProtocol); 2] {
+    let (first, second) = if seed.is_multiple_of(2) {
+        (GroupProtocol::Classic, GroupProtocol::Consumer)
+    } else {
+        (GroupProtocol::Consumer, GroupProtocol::Classic)
+    };
+    [("inventory", first), ("notification", second)]
+}
+
 impl Settings {
     pub fn resolve(args: VerifyArgs) -> anyhow::Result<Settings> {
         let profile = if args.long {
@@ -246,7 +245,7 @@ impl Settings {
             KAFKA_FAILOVER_BOUND_MS + 1_000,
             KAFKA_FAILOVER_BOUND_MS + 4_000,
         );
-        let kinds = args.broker.fault_kinds();
+        let kinds = FaultKind::ALL.len();
         let (min_events, faults, rate, timing) = match profile {
             Profile::Short => (
                 10_000,
@@ -255,11 +254,9 @@ impl Settings {
                 Timing {
                     gap_ms: (1_000, 3_000),
                     down_ms: (500, 2_500),
-                    broker_down_ms: match args.broker {
-                        BrokerKind::Nisshi => (500, 2_500),
-                        BrokerKind::Kafka => (2_000, 8_000),
-                    },
+                    broker_down_ms: (2_000, 8_000),
                     broker_freeze_ms,
+                    below_min_isr_ms: (8_000, 12_000),
                     freeze_ms: (SESSION_TIMEOUT_MS + 3_000, SESSION_TIMEOUT_MS + 5_000),
                     rebalance_dwell_ms: (500, 2_000),
                     outage_ms: (
@@ -270,16 +267,14 @@ impl Settings {
             ),
             Profile::Long => (
                 100_000,
-                7 * kinds,
+                LONG_ROUNDS * kinds,
                 1_000.0,
                 Timing {
                     gap_ms: (2_000, 6_000),
                     down_ms: (500, 5_000),
-                    broker_down_ms: match args.broker {
-                        BrokerKind::Nisshi => (500, 5_000),
-                        BrokerKind::Kafka => (2_000, 10_000),
-                    },
+                    broker_down_ms: (2_000, 10_000),
                     broker_freeze_ms,
+                    below_min_isr_ms: (8_000, 15_000),
                     freeze_ms: (SESSION_TIMEOUT_MS + 3_000, SESSION_TIMEOUT_MS + 8_000),
                     rebalance_dwell_ms: (1_000, 5_000),
                     outage_ms: (
@@ -295,6 +290,10 @@ impl Settings {
             "--rate must be a positive number"
         );
         anyhow::ensure!(args.concurrency > 0, "--concurrency must be positive");
+        anyhow::ensure!(
+            (1_024..=65_000).contains(&args.kafka_base_port),
+            "--kafka-base-port must be between 1024 and 65000"
+        );
         let bin_dir = match args.bin_dir {
             Some(dir) => dir,
             None => std::env::current_exe()
@@ -304,31 +303,18 @@ impl Settings {
                 .context("the verify executable has no directory")?,
         };
         let work_root = args.work_dir.unwrap_or_else(|| bin_dir.join("verify-runs"));
-        let kafka = match args.broker {
-            BrokerKind::Nisshi => None,
-            BrokerKind::Kafka => Some(KafkaSettings {
-                java: args.kafka_java,
-                jars: args
-                    .kafka_jars
-                    .context("--broker kafka needs --kafka-jars (the folder of Kafka's jars)")?,
-                config_dir: args.kafka_config_dir.context(
-                    "--broker kafka needs --kafka-config-dir (deploy/kafka: cluster.properties.in)",
-                )?,
-                base_port: args.kafka_base_port,
-                heap_opts: args
-                    .kafka_heap_opts
-                    .split_whitespace()
-                    .map(str::to_owned)
-                    .collect(),
-                log_level: args.kafka_log_level,
-            }),
+        let kafka = KafkaSettings {
+            java: args.kafka_java,
+            jars: args.kafka_jars,
+            config_dir: args.kafka_config_dir,
+            base_port: args.kafka_base_port,
+            heap_opts: args
+                .kafka_heap_opts
+                .split_whitespace()
+                .map(str::to_owned)
+                .collect(),
+            log_level: args.kafka_log_level,
         };
-        if kafka.is_some() {
-            anyhow::ensure!(
-                (1_024..=65_000).contains(&args.kafka_base_port),
-                "--kafka-base-port must be between 1024 and 65000"
-            );
-        }
         Ok(Settings {
             profile,
             seed: args.seed.unwrap_or_else(rand::random),
@@ -339,8 +325,6 @@ impl Settings {
             report: args.report,
             bin_dir,
             fault_bin_dir: args.fault_bin_dir,
-            broker: args.broker,
-            nisshi: args.nisshi,
             kafka,
             server_url: args.database_url,
             work_root,
@@ -353,3 +337,6 @@ impl Settings {
         })
     }
 }
+
+/// Rounds of the long profile: each injects one fault of every kind.
+pub const LONG_ROUNDS: usize = 7;

@@ -138,6 +138,12 @@ pub async fn snapshot_lag(env: &Environment, topology: &Topology) -> anyhow::Res
             ));
         }
     }
+    write_metrics(env, topology).await?;
+    Ok(lines)
+}
+
+/// Writes each relay's and consumer's /metrics to `metrics-<label>.txt` in the work directory.
+pub async fn write_metrics(env: &Environment, topology: &Topology) -> anyhow::Result<()> {
     for member in topology.relays.iter().chain(&topology.consumers) {
         let body = match reqwest::get(format!("http://{}/metrics", member.ops)).await {
             Ok(response) => response.text().await.unwrap_or_default(),
@@ -146,5 +152,5 @@ pub async fn snapshot_lag(env: &Environment, topology: &Topology) -> anyhow::Res
         let path = env.work_dir.join(format!("metrics-{}.txt", member.label));
         std::fs::write(&path, body).with_context(|| format!("writing {}", path.display()))?;
     }
-    Ok(lines)
+    Ok(())
 }

@@ -1,19 +1,18 @@
-//! The run's own world: a fresh database for the pipeline, one for the broker's storage (nisshi),
-//! a topic name, a consumer-group prefix and a work directory (logs, crash triggers, the broker's
-//! cwd, or the Kafka nodes' configuration and data).
+//! The run's own world: a fresh database for the pipeline, a topic name, a consumer-group prefix
+//! and a work directory (logs, crash triggers, the Kafka nodes' configuration and data).
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use pipeline_testkit::db::{create_database, drop_database, with_database};
+use pipeline_testkit::db::{create_database, drop_database};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::config::{BrokerKind, Settings};
+use super::config::Settings;
 
-/// The consumer groups every consumer process runs.
+/// The run's consumer groups (each run by consumer processes of its own).
 pub const GROUP_KINDS: [&str; 2] = ["inventory", "notification"];
 
 /// Names and places of one run.
@@ -24,9 +23,6 @@ pub struct Environment {
     /// The pipeline's database.
     pub database: String,
     pub database_url: String,
-    /// The broker's storage database (nisshi; none for Apache Kafka, which stores on disk).
-    pub broker_database: Option<String>,
-    pub broker_storage: Option<String>,
     pub topic: String,
     pub group_prefix: String,
     pub work_dir: PathBuf,
@@ -38,36 +34,21 @@ pub struct Environment {
 }
 
 impl Environment {
-    /// Creates the databases (the pipeline's migrated) and the work directories.
+    /// Creates the pipeline's database (migrated) and the work directories.
     pub async fn create(settings: &Settings) -> anyhow::Result<Environment> {
         let run_id = Uuid::new_v4().simple().to_string()[..10].to_owned();
         let database = format!("pv_verify_{run_id}");
-        let broker_database =
-            (settings.broker == BrokerKind::Nisshi).then(|| format!("pv_nisshi_{run_id}"));
         let database_url = create_database(&settings.server_url, &database).await?;
-        if let Some(broker_database) = &broker_database {
-            if let Err(e) = create_database(&settings.server_url, broker_database).await {
-                drop_databases(&settings.server_url, &[&database]).await;
-                return Err(e);
-            }
-        }
         let pool = match connect_and_migrate(&database_url).await {
             Ok(pool) => pool,
             Err(e) => {
-                // Nothing else will drop them: the run has not started.
-                let mut all = vec![database.as_str()];
-                all.extend(broker_database.as_deref());
-                drop_databases(&settings.server_url, &all).await;
+                // Nothing else will drop it: the run has not started.
+                if let Err(drop_error) = drop_database(&settings.server_url, &database).await {
+                    eprintln!("[verify] dropping the run's database: {drop_error:#}");
+                }
                 return Err(e);
             }
         };
-        let broker_storage = broker_database.as_ref().map(|db| {
-            let mut url = with_database(&settings.server_url, db);
-            if !url.contains('?') {
-                url.push_str("?sslmode=disable");
-            }
-            url
-        });
         let work_dir = settings.work_root.join(format!(
             "{}-{run_id}",
             chrono::Local::now().format("%Y%m%d-%H%M%S")
@@ -87,8 +68,6 @@ impl Environment {
             server_url: settings.server_url.clone(),
             database,
             database_url,
-            broker_database,
-            broker_storage,
             work_dir,
             log_dir,
             trigger_dir,
@@ -104,9 +83,7 @@ impl Environment {
 
     /// The run's databases, for the "whose sessions are these" check.
     pub fn databases(&self) -> Vec<String> {
-        let mut all = vec![self.database.clone()];
-        all.extend(self.broker_database.clone());
-        all
+        vec![self.database.clone()]
     }
 
     /// Drops the run's databases, closing whatever sessions remain.
@@ -141,13 +118,4 @@ async fn connect_and_migrate(database_url: &str) -> anyhow::Result<PgPool> {
         .await
         .context("migrating the run's database")?;
     Ok(pool)
-}
-
-/// Drops `databases` of a run that could not start; a failure is only reported.
-async fn drop_databases(server_url: &str, databases: &[&str]) {
-    for db in databases {
-        if let Err(e) = drop_database(server_url, db).await {
-            eprintln!("[verify] dropping the run's databases: {e:#}");
-        }
-    }
 }

@@ -1,28 +1,29 @@
 //! Injects the scheduled faults one after the other into the running pipeline and measures how
-//! long the pipeline takes to recover from each (see [`super::recovery`]).
+//! long the pipeline takes to recover from each (see [`super::recovery`]). The faults on Kafka
+//! nodes are in [`super::broker_faults`].
 
 use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+use futures::future::join_all;
 use nix::sys::signal::Signal;
 use pipeline_testkit::wait_until;
 use serde::Serialize;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::broker::{Broker, BROKER};
+use super::broker_faults::WriteOutage;
 use super::config::{KAFKA_FAILOVER_BOUND_MS, RELAY_TAKEOVER_BOUND_MS};
 use super::environment::Environment;
-use super::kafka_cluster::{self, KafkaCluster};
 use super::postgres::{foreign_sessions, PgCluster};
 use super::recovery::{wait_both_groups_apply, wait_pipeline_up};
 use super::say;
 use super::schedule::{FaultKind, PlannedFault};
-use super::topology::{Member, Topology, EXTRA_CONSUMER};
+use super::topology::{Member, Topology};
 
 /// A fault is abandoned when the pipeline has not recovered this long after it.
-const RECOVERY_DEADLINE: Duration = Duration::from_secs(180);
+pub(crate) const RECOVERY_DEADLINE: Duration = Duration::from_secs(180);
 /// How long an armed crash point may wait for the next batch.
 const TRIGGER_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a PostgreSQL restart waits for other clients' sessions to end.
@@ -60,6 +61,13 @@ pub struct FaultRecord {
     /// The bound `failover_seconds` must stay within.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub failover_bound_seconds: Option<f64>,
+    /// For a killed or frozen Kafka node, or two of them down: until an event committed after
+    /// the fault began was marked published (see [`super::publishing`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub publish_resumed_seconds: Option<f64>,
+    /// For two Kafka nodes down at once: what the relay marked published meanwhile.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub write_outage: Option<WriteOutage>,
     pub note: Option<String>,
 }
 
@@ -95,17 +103,20 @@ pub struct Injector<'a> {
 }
 
 /// What an injection did, once the faulted part is back.
-struct Injected {
-    target: String,
-    happened: bool,
-    note: Option<String>,
+pub(crate) struct Injected {
+    pub(crate) target: String,
+    pub(crate) happened: bool,
+    pub(crate) note: Option<String>,
     /// When another process took over while the fault was in place.
-    takeover: Option<Instant>,
+    pub(crate) takeover: Option<Instant>,
     /// When both groups applied events after that takeover.
-    recovered: Option<Instant>,
+    pub(crate) recovered: Option<Instant>,
     /// For a Kafka node fault: whether a failover was awaited, and when the faulted node's
     /// partitions all had new leaders.
-    failover: Option<Option<Instant>>,
+    pub(crate) failover: Option<Option<Instant>>,
+    /// For a Kafka node fault: when an event committed after it began was marked published.
+    pub(crate) publish_resumed: Option<Instant>,
+    pub(crate) write_outage: Option<WriteOutage>,
 }
 
 impl Injector<'_> {
@@ -161,6 +172,8 @@ impl Injector<'_> {
                 failover_bound_seconds: injected
                     .failover
                     .map(|_| KAFKA_FAILOVER_BOUND_MS as f64 / 1000.0),
+                publish_resumed_seconds: injected.publish_resumed.map(since),
+                write_outage: injected.write_outage,
                 note: injected.note,
             };
             let outcome = match (record.injected, record.recovery_seconds) {
@@ -224,7 +237,7 @@ impl Injector<'_> {
     /// Injects one fault and waits until the faulted part is back up.
     async fn inject(&self, fault: &PlannedFault) -> anyhow::Result<Injected> {
         let supervisor = &self.topology.supervisor;
-        let consumer = &self.consumer_target(fault.consumer).await;
+        let consumers = &self.consumer_targets(fault.consumer).await;
         match fault.kind {
             FaultKind::RelayKill => {
                 let relay = self.active_relay().await?;
@@ -238,33 +251,45 @@ impl Injector<'_> {
                 self.crash_at_point(&relay, fault.down).await
             }
             FaultKind::ConsumerKill => {
-                let starts = supervisor.starts(&consumer.label)?;
-                supervisor.kill(&consumer.label, fault.down)?;
-                self.wait_restarted(&consumer.label, starts).await?;
-                Ok(done(&consumer.label))
-            }
-            FaultKind::ConsumerCrashAfterCommit => self.crash_at_point(consumer, fault.down).await,
-            FaultKind::BrokerRestart => match &self.topology.broker {
-                Broker::Nisshi { .. } => {
-                    let starts = supervisor.starts(BROKER)?;
-                    supervisor.kill(BROKER, fault.down)?;
-                    self.wait_restarted(BROKER, starts).await?;
-                    self.topology.wait_for_broker(RECOVERY_DEADLINE).await?;
-                    Ok(done(BROKER))
+                let mut starts = Vec::new();
+                for consumer in consumers {
+                    starts.push(supervisor.starts(&consumer.label)?);
+                    supervisor.kill(&consumer.label, fault.down)?;
                 }
-                Broker::Kafka(cluster) => self.fault_kafka_node(cluster, fault, false).await,
-            },
-            FaultKind::BrokerFreeze => match &self.topology.broker {
-                Broker::Nisshi { .. } => bail!("broker_freeze needs --broker kafka"),
-                Broker::Kafka(cluster) => self.fault_kafka_node(cluster, fault, true).await,
-            },
+                for (consumer, starts) in consumers.iter().zip(starts) {
+                    self.wait_restarted(&consumer.label, starts).await?;
+                }
+                Ok(done(&labels(consumers)))
+            }
+            FaultKind::ConsumerCrashAfterCommit => {
+                let crashes = consumers.iter().map(|c| self.crash_at_point(c, fault.down));
+                let mut injected = done(&labels(consumers));
+                let mut notes = Vec::new();
+                for (consumer, crash) in consumers.iter().zip(join_all(crashes).await) {
+                    let crash = crash?;
+                    if !crash.happened {
+                        injected.happened = false;
+                    }
+                    notes.extend(crash.note.map(|n| format!("{}: {n}", consumer.label)));
+                }
+                injected.note = (!notes.is_empty()).then(|| notes.join("; "));
+                Ok(injected)
+            }
+            FaultKind::BrokerRestart => self.fault_kafka_node(fault, false).await,
+            FaultKind::BrokerFreeze => self.fault_kafka_node(fault, true).await,
+            FaultKind::BrokerRollingRestart => self.rolling_restart(fault).await,
+            FaultKind::BrokersBelowMinIsr => self.below_min_isr(fault).await,
             FaultKind::PostgresRestart => self.restart_postgres(fault.down).await,
             FaultKind::Rebalance => self.rebalance(fault.down).await,
             FaultKind::ConsumerFreeze => {
-                supervisor.signal(&consumer.label, Signal::SIGSTOP)?;
+                for consumer in consumers {
+                    supervisor.signal(&consumer.label, Signal::SIGSTOP)?;
+                }
                 tokio::time::sleep(fault.down).await;
-                supervisor.signal(&consumer.label, Signal::SIGCONT)?;
-                Ok(done(&consumer.label))
+                for consumer in consumers {
+                    supervisor.signal(&consumer.label, Signal::SIGCONT)?;
+                }
+                Ok(done(&labels(consumers)))
             }
             FaultKind::RelayFreeze => {
                 let started = Instant::now();
@@ -272,7 +297,7 @@ impl Injector<'_> {
                 let standby = self.standby_of(&relay)?;
                 supervisor.signal(&relay.label, Signal::SIGSTOP)?;
                 let mut injected = self
-                    .await_takeover(&standby, None, started + fault.down)
+                    .await_takeover(&standby, &[], started + fault.down)
                     .await;
                 tokio::time::sleep_until(started + fault.down).await;
                 supervisor.signal(&relay.label, Signal::SIGCONT)?;
@@ -285,89 +310,21 @@ impl Injector<'_> {
                 let relay = self.active_relay().await?;
                 let standby = self.standby_of(&relay)?;
                 let topology = self.topology;
-                if !(topology.cut_database(&relay.label) && topology.cut_database(&consumer.label))
-                {
+                let cut = std::iter::once(&relay).chain(consumers);
+                if !cut.clone().all(|m| topology.cut_database(&m.label)) {
                     topology.restore_databases();
-                    bail!(
-                        "{} or {} has no database proxy",
-                        relay.label,
-                        consumer.label
-                    );
+                    bail!("one of {} has no database proxy", labels(cut));
                 }
                 let mut injected = self
-                    .await_takeover(&standby, Some(consumer), started + fault.down)
+                    .await_takeover(&standby, consumers, started + fault.down)
                     .await;
                 tokio::time::sleep_until(started + fault.down).await;
                 topology.restore_databases();
                 self.note_step_down(&relay, &mut injected).await;
-                injected.target = format!("{} and {}", relay.label, consumer.label);
+                injected.target = labels(std::iter::once(&relay).chain(consumers));
                 Ok(injected)
             }
         }
-    }
-
-    /// Kills (or freezes) the Kafka node leading most partitions of the run's topic, measures
-    /// until those partitions all have new leaders, starts it again with its data after
-    /// `fault.down` (or wakes it), and waits until it is back in every partition's ISR.
-    async fn fault_kafka_node(
-        &self,
-        cluster: &KafkaCluster,
-        fault: &PlannedFault,
-        freeze: bool,
-    ) -> anyhow::Result<Injected> {
-        let topic = &self.env.topic;
-        let supervisor = &self.topology.supervisor;
-        let view = cluster.view(None).await?;
-        let (node, led) = view
-            .busiest_leader(topic, fault.index)
-            .context("no partition of the run's topic has a leader")?;
-        let partitions = view.topic(topic).count();
-        let label = kafka_cluster::label(node);
-        let starts = supervisor.starts(&label)?;
-        let started = Instant::now();
-        if freeze {
-            supervisor.signal(&label, Signal::SIGSTOP)?;
-        } else {
-            supervisor.kill(&label, fault.down)?;
-        }
-        let until = if freeze {
-            started + fault.down
-        } else {
-            started + RECOVERY_DEADLINE
-        };
-        let failover = cluster.wait_failover(topic, node, until).await;
-        if freeze {
-            tokio::time::sleep_until(started + fault.down).await;
-            supervisor.signal(&label, Signal::SIGCONT)?;
-        } else {
-            self.wait_restarted(&label, starts).await?;
-        }
-        let in_sync = cluster.wait_in_sync(node, RECOVERY_DEADLINE).await;
-        let mut notes = vec![format!(
-            "{label} led {led} of the topic's {partitions} partitions"
-        )];
-        if failover.is_none() {
-            notes.push(format!(
-                "its partitions had no new leaders {}",
-                if freeze {
-                    "while it was stopped"
-                } else {
-                    "in time"
-                }
-            ));
-        }
-        match in_sync {
-            Ok(()) => notes.push(format!(
-                "in every ISR again {:.1} s after the fault",
-                started.elapsed().as_secs_f64()
-            )),
-            Err(e) => bail!("{label} {}: {e:#}", notes.join("; ")),
-        }
-        Ok(Injected {
-            note: Some(notes.join("; ")),
-            failover: Some(failover),
-            ..done(&label)
-        })
     }
 
     /// Waits for the relay that froze or was cut off to report itself standing by, and notes
@@ -413,13 +370,13 @@ impl Injector<'_> {
             .context("no standby relay")
     }
 
-    /// Waits, until `until`, for `standby` to report itself active and, when given, for the
-    /// cut-off `consumer` to have handed over its partitions; then for both groups to apply
-    /// events. Reads the standby alone: the frozen relay would answer no probe.
+    /// Waits, until `until`, for `standby` to report itself active and for the cut-off
+    /// `consumers` to have handed over their partitions; then for both groups to apply events.
+    /// Reads the standby alone: the frozen relay would answer no probe.
     async fn await_takeover(
         &self,
         standby: &Member,
-        consumer: Option<&Member>,
+        consumers: &[Member],
         until: Instant,
     ) -> Injected {
         let topology = self.topology;
@@ -441,7 +398,7 @@ impl Injector<'_> {
                 standby.label
             ));
         }
-        if let Some(consumer) = consumer {
+        for consumer in consumers {
             let handed_over = wait_until(
                 &format!("{} to hand over its partitions", consumer.label),
                 until.saturating_duration_since(Instant::now()),
@@ -468,22 +425,26 @@ impl Injector<'_> {
         injected
     }
 
-    /// The scheduled consumer process, unless it has no partitions and the other one has: a
-    /// crash point fires only in a consumer that processes batches.
-    async fn consumer_target(&self, scheduled: usize) -> Member {
-        let consumers = &self.topology.consumers;
-        let preferred = &consumers[scheduled % consumers.len()];
-        for member in std::iter::once(preferred).chain(consumers.iter()) {
-            let assigned = self
-                .topology
-                .scrape(member.ops, "consumer_assigned_partitions")
-                .await
-                .unwrap_or(0.0);
-            if assigned > 0.0 {
-                return member.clone();
+    /// The scheduled member of each group, unless it has no partitions and the group's other
+    /// member has: a crash point fires only in a consumer that processes batches.
+    async fn consumer_targets(&self, scheduled: usize) -> Vec<Member> {
+        let topology = self.topology;
+        let mut targets = Vec::new();
+        for preferred in topology.member_of_each_group(scheduled) {
+            let mut target = preferred;
+            for member in std::iter::once(preferred).chain(topology.group_members(preferred)) {
+                let assigned = topology
+                    .scrape(member.ops, "consumer_assigned_partitions")
+                    .await
+                    .unwrap_or(0.0);
+                if assigned > 0.0 {
+                    target = member;
+                    break;
+                }
             }
+            targets.push(target.clone());
         }
-        preferred.clone()
+        targets
     }
 
     async fn active_relay(&self) -> anyhow::Result<Member> {
@@ -494,7 +455,7 @@ impl Injector<'_> {
     }
 
     /// Waits until the supervisor has started `label` again after `starts` starts.
-    async fn wait_restarted(&self, label: &str, starts: u32) -> anyhow::Result<()> {
+    pub(crate) async fn wait_restarted(&self, label: &str, starts: u32) -> anyhow::Result<()> {
         let supervisor = &self.topology.supervisor;
         wait_until(&format!("{label} restarted"), RECOVERY_DEADLINE, || async {
             Ok((supervisor.starts(label)? > starts && supervisor.is_up(label)).then_some(()))
@@ -560,52 +521,69 @@ impl Injector<'_> {
         Ok(done(&target))
     }
 
-    /// A third consumer joins, gets partitions, stays a while and leaves with SIGTERM.
+    /// A third member joins each group, gets partitions, stays a while and leaves with SIGTERM.
     async fn rebalance(&self, dwell: Duration) -> anyhow::Result<Injected> {
         let topology = self.topology;
-        let extra = &topology.extra_consumer;
-        topology.supervisor.start(topology.consumer_spec(extra))?;
-        let joined = wait_until(
-            "the extra consumer to get partitions",
-            Duration::from_secs(60),
-            || async {
-                let assigned = topology
-                    .scrape(extra.ops, "consumer_assigned_partitions")
-                    .await
-                    .unwrap_or(0.0);
-                Ok((assigned > 0.0).then_some(()))
-            },
-        )
-        .await;
-        tokio::time::sleep(dwell).await;
-        let status = topology
-            .supervisor
-            .stop(EXTRA_CONSUMER, Duration::from_secs(30))
-            .await?;
-        let mut notes = Vec::new();
-        if let Err(e) = joined {
-            notes.push(format!("{e:#}"));
+        let extras = &topology.extra_consumers;
+        for extra in extras {
+            topology.supervisor.start(topology.consumer_spec(extra)?)?;
         }
-        match status {
-            Some(s) if s.success() => {}
-            Some(s) => notes.push(format!("{EXTRA_CONSUMER} exited with {s} after SIGTERM")),
-            None => notes.push(format!("{EXTRA_CONSUMER} had to be killed after SIGTERM")),
+        let mut notes = Vec::new();
+        for extra in extras {
+            let joined = wait_until(
+                &format!("{} to get partitions", extra.label),
+                Duration::from_secs(60),
+                || async {
+                    let assigned = topology
+                        .scrape(extra.ops, "consumer_assigned_partitions")
+                        .await
+                        .unwrap_or(0.0);
+                    Ok((assigned > 0.0).then_some(()))
+                },
+            )
+            .await;
+            if let Err(e) = joined {
+                notes.push(format!("{e:#}"));
+            }
+        }
+        tokio::time::sleep(dwell).await;
+        let stops = extras.iter().map(|extra| {
+            topology
+                .supervisor
+                .stop(&extra.label, Duration::from_secs(30))
+        });
+        for (extra, status) in extras.iter().zip(join_all(stops).await) {
+            match status? {
+                Some(s) if s.success() => {}
+                Some(s) => notes.push(format!("{} exited with {s} after SIGTERM", extra.label)),
+                None => notes.push(format!("{} had to be killed after SIGTERM", extra.label)),
+            }
         }
         Ok(Injected {
             note: (!notes.is_empty()).then(|| notes.join("; ")),
-            ..done(EXTRA_CONSUMER)
+            ..done(&labels(extras))
         })
     }
 }
 
-fn done(target: &str) -> Injected {
+/// `a and b`, `a, b and c`: the labels of the processes a fault hit.
+fn labels<'a>(members: impl IntoIterator<Item = &'a Member>) -> String {
+    let labels: Vec<&str> = members.into_iter().map(|m| m.label.as_str()).collect();
+    match labels.split_last() {
+        None => String::new(),
+        Some((last, [])) => (*last).to_owned(),
+        Some((last, rest)) => format!("{} and {last}", rest.join(", ")),
+    }
+}
+
+pub(crate) fn done(target: &str) -> Injected {
     Injected {
         happened: true,
         ..not_injected(target.to_owned())
     }
 }
 
-fn not_injected(target: String) -> Injected {
+pub(crate) fn not_injected(target: String) -> Injected {
     Injected {
         target,
         happened: false,
@@ -613,6 +591,8 @@ fn not_injected(target: String) -> Injected {
         takeover: None,
         recovered: None,
         failover: None,
+        publish_resumed: None,
+        write_outage: None,
     }
 }
 

@@ -1,4 +1,4 @@
-//! The run's own Apache Kafka cluster (`--broker kafka`): three nodes in KRaft combined mode
+//! The run's own Apache Kafka cluster: three nodes in KRaft combined mode
 //! (each a broker and one of three controller voters), every topic replicated on all three with
 //! `min.insync.replicas=2`, so that an event the relay saw acknowledged (`acks=all`) is on at
 //! least two nodes and survives the loss of its partition's leader.

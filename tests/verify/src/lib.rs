@@ -1,19 +1,22 @@
 //! `verify`: proves the pipeline under failure. It runs the real binaries in a world of their
-//! own (fresh databases, topic and groups, and a broker of its own on durable storage: nisshi,
-//! or a three-node Apache Kafka cluster replicating every topic three times) under load, injects
-//! a seeded schedule of faults (kills, crashes at exact points, broker and PostgreSQL restarts,
-//! rebalances, frozen consumers, frozen Kafka nodes), records every acknowledged state change,
-//! and then checks the history against the database and the topic: nothing lost, nothing applied
-//! twice, nothing out of order. `scripts/verify.sh` builds the binaries and runs it.
+//! own (a fresh database, topic and groups, and a three-node Apache Kafka cluster replicating
+//! every topic three times, one group on each consumer group protocol) under load, injects a
+//! seeded schedule of faults (kills, crashes at exact points, Kafka nodes killed, frozen,
+//! restarted one by one or two at once, PostgreSQL restarts, rebalances, frozen consumers and
+//! relays, cut database paths), records every acknowledged state change, and then checks the
+//! history against the database and the topic: nothing lost, nothing applied twice, nothing out
+//! of order, nothing marked published that the topic does not hold. `scripts/verify.sh` builds
+//! the binaries and runs it.
 //!
 //! - [`config`]: command line and profiles; [`schedule`]: the seeded fault schedule;
-//! - [`environment`], [`topology`], [`broker`] ([`kafka_cluster`]), [`processes`],
-//!   [`postgres`]: the world and its processes;
+//! - [`environment`], [`topology`], [`kafka_cluster`], [`processes`], [`postgres`]: the world
+//!   and its processes;
 //! - [`driver`]: the load (`producer load`'s order generator) and its history;
-//! - [`faults`], [`recovery`]: injecting faults and measuring recovery;
+//! - [`faults`] ([`broker_faults`]), [`recovery`], [`publishing`]: injecting faults and
+//!   measuring recovery;
 //! - [`drain`], [`checks`] ([`topic_scan`], [`examples`]) and [`report`].
 
-pub mod broker;
+pub mod broker_faults;
 pub mod checks;
 pub mod config;
 pub mod drain;
@@ -25,6 +28,7 @@ pub mod kafka_cluster;
 pub mod postgres;
 pub mod processes;
 pub mod proxy;
+pub mod publishing;
 pub mod recovery;
 pub mod report;
 pub mod schedule;
@@ -38,7 +42,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use config::{BrokerKind, Settings};
+use config::Settings;
 use driver::DriverSettings;
 use environment::Environment;
 use faults::Injector;
@@ -118,23 +122,18 @@ pub async fn run(settings: &Settings) -> Report {
     stop_watching.cancel();
     let _ = watcher.await;
     report.unplanned_exits = supervisor.unplanned_exits();
-    match settings.broker {
-        BrokerKind::Nisshi => supervisor.stop_all(Duration::from_secs(15)).await,
-        BrokerKind::Kafka => {
-            // The pipeline first, then the three nodes together: one by one, the last would
-            // wait for a controller quorum that is gone.
-            let nodes = kafka_cluster::labels();
-            supervisor
-                .stop_all_but(&nodes, Duration::from_secs(15))
-                .await;
-            supervisor
-                .stop_together(&nodes, Duration::from_secs(10))
-                .await;
-            if !settings.keep {
-                if let Err(e) = kafka_cluster::remove_data(&env.broker_dir) {
-                    report.errors.push(format!("{e:#}"));
-                }
-            }
+    // The pipeline first, then the three nodes together: one by one, the last would wait for a
+    // controller quorum that is gone.
+    let nodes = kafka_cluster::labels();
+    supervisor
+        .stop_all_but(&nodes, Duration::from_secs(15))
+        .await;
+    supervisor
+        .stop_together(&nodes, Duration::from_secs(10))
+        .await;
+    if !settings.keep {
+        if let Err(e) = kafka_cluster::remove_data(&env.broker_dir) {
+            report.errors.push(format!("{e:#}"));
         }
     }
     if let Err(e) = postgres.restore().await {
@@ -143,13 +142,11 @@ pub async fn run(settings: &Settings) -> Report {
             .push(format!("PostgreSQL could not be started again: {e:#}"));
     }
     if settings.keep {
-        say(&format!("kept databases {}", env.databases().join(" and ")));
-        if settings.broker == BrokerKind::Kafka {
-            say(&format!(
-                "kept the Kafka nodes' data in {}",
-                env.broker_dir.display()
-            ));
-        }
+        say(&format!("kept database {}", env.database));
+        say(&format!(
+            "kept the Kafka nodes' data in {}",
+            env.broker_dir.display()
+        ));
     } else if let Err(e) = env.drop_databases().await {
         report
             .errors
@@ -184,14 +181,17 @@ async fn exercise(
     interrupted: &CancellationToken,
     report: &mut Report,
 ) -> anyhow::Result<()> {
-    say("starting the broker and the pipeline");
+    say("starting the Kafka cluster and the pipeline");
     let topology = tokio::select! {
         topology = Topology::start(settings, env, supervisor) => topology?,
         () = interrupted.cancelled() => anyhow::bail!("interrupted"),
     };
-    let mut skip = settings.skip.clone();
-    skip.extend_from_slice(settings.broker.inapplicable_faults());
-    let plan = schedule::plan(settings.seed, settings.faults, &settings.timing, &skip);
+    let plan = schedule::plan(
+        settings.seed,
+        settings.faults,
+        &settings.timing,
+        &settings.skip,
+    );
     let acknowledged = Arc::new(AtomicU64::new(0));
     let (faults_done, abort) = (CancellationToken::new(), interrupted.child_token());
     let load_started = Instant::now();
@@ -255,6 +255,9 @@ async fn exercise(
                 .await
                 .unwrap_or_else(|e| vec![format!("no lag snapshot: {e:#}")]);
         }
+    }
+    if let Err(e) = drain::write_metrics(env, &topology).await {
+        report.errors.push(format!("{e:#}"));
     }
     say("checking the history against the database and the topic");
     let mut results = checks::run(env, &topology, &history).await?;

@@ -206,6 +206,26 @@ impl Supervisor {
         })
     }
 
+    /// Sends SIGTERM to a running process and expects it to exit: it is started again
+    /// `restart_after` once it has (see [`Supervisor::starts`]), and the exit is not unplanned.
+    pub fn terminate(&self, label: &str, restart_after: Duration) -> anyhow::Result<()> {
+        let pid = self.with_slot(label, |slot| {
+            slot.expected_exit = Some(restart_after);
+            slot.pid()
+        })?;
+        let pid = pid.with_context(|| format!("{label} is not running"))?;
+        kill(pid, Signal::SIGTERM).with_context(|| format!("sending SIGTERM to {label}"))
+    }
+
+    /// Starts a process that is down (killed, waiting for its restart) now.
+    pub fn restart_now(&self, label: &str) -> anyhow::Result<()> {
+        self.with_slot(label, |slot| {
+            if slot.child.is_none() {
+                slot.restart_at = Some(Instant::now());
+            }
+        })
+    }
+
     /// The process is expected to exit by itself (a crash point): restart it `restart_after`
     /// once it has, and do not count the exit as unplanned.
     pub fn expect_exit(&self, label: &str, restart_after: Duration) -> anyhow::Result<()> {
@@ -275,22 +295,6 @@ impl Supervisor {
         eprintln!("[verify] {label} still running {timeout:?} after SIGTERM: killing it");
         slot.kill_now();
         Ok(None)
-    }
-
-    /// Stops every process, in reverse start order, each with [`Supervisor::stop`].
-    pub async fn stop_all(&self, timeout: Duration) {
-        let labels: Vec<String> = self
-            .processes()
-            .slots
-            .iter()
-            .rev()
-            .map(|s| s.spec.label.clone())
-            .collect();
-        for label in labels {
-            if let Err(e) = self.stop(&label, timeout).await {
-                eprintln!("[verify] stopping {label}: {e:#}");
-            }
-        }
     }
 
     /// Stops every process but `keep`, in reverse start order, each with [`Supervisor::stop`].

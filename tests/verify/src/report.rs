@@ -9,13 +9,14 @@ use serde::Serialize;
 
 use super::checks::CheckResults;
 use super::config::{
-    BrokerKind, Profile, Settings, KAFKA_FAILOVER_BOUND_MS, KAFKA_SESSION_TIMEOUT_MS,
-    SESSION_TIMEOUT_MS,
+    group_protocols, GroupProtocol, Profile, Settings, KAFKA_FAILOVER_BOUND_MS,
+    KAFKA_SESSION_TIMEOUT_MS, SESSION_TIMEOUT_MS,
 };
 use super::driver::History;
 use super::faults::FaultRecord;
 use super::kafka_cluster::{MIN_INSYNC_REPLICAS, NODES, REPLICATION_FACTOR};
 use super::schedule::FaultKind;
+use super::topology::{member_label, MEMBERS_PER_GROUP};
 
 /// What the load driver did.
 #[derive(Debug, Default, Clone, Serialize)]
@@ -39,11 +40,34 @@ pub struct RunSettings {
     pub skipped_kinds: Vec<FaultKind>,
     pub consumer_session_timeout_ms: u64,
     pub consumer_fetch_wait_max_ms: u64,
-    /// The run's broker.
-    pub broker: BrokerKind,
-    /// With `--broker kafka`: the cluster's shape.
+    /// Each consumer group's protocol and processes.
+    pub consumer_groups: Vec<ConsumerGroupSetup>,
+    /// The run's Apache Kafka cluster.
+    pub kafka: KafkaShape,
+}
+
+/// One consumer group of the run.
+#[derive(Debug, Clone, Serialize)]
+pub struct ConsumerGroupSetup {
+    /// The group kind (the group id is the run's prefix and this).
+    pub group: &'static str,
+    pub protocol: GroupProtocol,
+    /// Its processes' labels (the last one joins only for a rebalance).
+    pub processes: Vec<String>,
+}
+
+/// Recovery figures of one fault kind.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct KindFigures {
+    pub injected: u64,
+    pub recovery_seconds_p50: Option<f64>,
+    pub recovery_seconds_max: Option<f64>,
+    /// Kafka faults: until the relay published events committed after the fault began.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub kafka: Option<KafkaShape>,
+    pub publish_resumed_seconds_max: Option<f64>,
+    /// Two Kafka nodes down: from the first one's return until publishing resumed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resumed_after_return_seconds_max: Option<f64>,
 }
 
 /// The run's Apache Kafka cluster.
@@ -82,12 +106,12 @@ pub struct Report {
     pub takeover_bound_seconds: Option<f64>,
     /// Longest failover after a killed or frozen Kafka node (until its partitions had new
     /// leaders), and its bound.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub failover_seconds_max: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub failover_bound_seconds: Option<f64>,
+    pub failover_bound_seconds: f64,
     pub recovery_seconds_p50: Option<f64>,
     pub recovery_seconds_max: Option<f64>,
+    /// Recovery figures by fault kind.
+    pub by_kind: BTreeMap<FaultKind, KindFigures>,
     /// Everything the checks found, per group included.
     pub checks: Option<CheckResults>,
     pub fault_log: Vec<FaultRecord>,
@@ -114,18 +138,27 @@ impl Report {
                 skipped_kinds: settings.skip.clone(),
                 consumer_session_timeout_ms: SESSION_TIMEOUT_MS,
                 consumer_fetch_wait_max_ms: settings.consumer_fetch_wait_ms,
-                broker: settings.broker,
-                kafka: settings.kafka.as_ref().map(|k| KafkaShape {
+                consumer_groups: group_protocols(settings.seed)
+                    .into_iter()
+                    .map(|(group, protocol)| ConsumerGroupSetup {
+                        group,
+                        protocol,
+                        processes: (1..=MEMBERS_PER_GROUP + 1)
+                            .map(|n| member_label(group, n))
+                            .collect(),
+                    })
+                    .collect(),
+                kafka: KafkaShape {
                     nodes: NODES,
                     replication_factor: REPLICATION_FACTOR,
                     min_insync_replicas: MIN_INSYNC_REPLICAS,
                     unclean_leader_election: false,
                     broker_session_timeout_ms: KAFKA_SESSION_TIMEOUT_MS,
                     bootstrap: (0..NODES as u16)
-                        .map(|i| format!("127.0.0.1:{}", k.base_port + 100 * i))
+                        .map(|i| format!("127.0.0.1:{}", settings.kafka.base_port + 100 * i))
                         .collect::<Vec<_>>()
                         .join(","),
-                }),
+                },
             },
             passed: false,
             events_acknowledged: 0,
@@ -140,10 +173,10 @@ impl Report {
             takeover_seconds_max: None,
             takeover_bound_seconds: None,
             failover_seconds_max: None,
-            failover_bound_seconds: (settings.broker == BrokerKind::Kafka)
-                .then_some(KAFKA_FAILOVER_BOUND_MS as f64 / 1000.0),
+            failover_bound_seconds: KAFKA_FAILOVER_BOUND_MS as f64 / 1000.0,
             recovery_seconds_p50: None,
             recovery_seconds_max: None,
+            by_kind: BTreeMap::new(),
             checks: None,
             fault_log: Vec::new(),
             unplanned_exits: BTreeMap::new(),
@@ -202,6 +235,26 @@ impl Report {
                         .map_or("longer".to_owned(), |t| format!("{t:.1} s"))
                 ));
             }
+            if let Some(outage) = record.write_outage.as_ref().filter(|o| !o.held()) {
+                self.errors.push(format!(
+                    "fault {} ({}): the relay marked {} events published while the cluster could \
+                     take no writes ({} of them committed during the outage)",
+                    record.index + 1,
+                    record.kind,
+                    outage.published_during,
+                    outage.published_early
+                ));
+            }
+            if record.kind == FaultKind::BrokersBelowMinIsr
+                && record.injected
+                && record.publish_resumed_seconds.is_none()
+            {
+                self.errors.push(format!(
+                    "fault {} ({}): publishing did not resume once a node was back",
+                    record.index + 1,
+                    record.kind
+                ));
+            }
             if let Some(t) = record.failover_seconds {
                 self.failover_seconds_max = Some(self.failover_seconds_max.unwrap_or(0.0).max(t));
             }
@@ -220,9 +273,8 @@ impl Report {
                 }
             }
         }
-        recoveries.sort_by(f64::total_cmp);
-        self.recovery_seconds_p50 = recoveries.get(recoveries.len() / 2).copied();
-        self.recovery_seconds_max = recoveries.last().copied();
+        (self.recovery_seconds_p50, self.recovery_seconds_max) = p50_and_max(recoveries);
+        self.by_kind = figures_by_kind(&log);
         self.fault_log = log;
     }
 
@@ -236,7 +288,7 @@ impl Report {
         self.passed = checks.lost == 0 && checks.duplicate_effects == 0 && checks.reorders == 0;
         // With acks=all on three replicas and min.insync.replicas 2, whatever the relay saw
         // acknowledged is on two nodes: no loss of a node may take it out of the topic.
-        if self.settings.broker == BrokerKind::Kafka && checks.published_missing_from_topic > 0 {
+        if checks.published_missing_from_topic > 0 {
             self.errors.push(format!(
                 "{} events marked published are missing from the topic (acknowledged by \
                  acks=all, then lost by the cluster)",
@@ -282,13 +334,21 @@ impl Report {
             ("seed", self.seed.to_string()),
             (
                 "broker",
-                match &self.settings.kafka {
-                    None => "nisshi".to_owned(),
-                    Some(k) => format!(
-                        "Apache Kafka, {} nodes, replication factor {}, min.insync.replicas {}",
-                        k.nodes, k.replication_factor, k.min_insync_replicas
-                    ),
-                },
+                format!(
+                    "Apache Kafka, {} nodes, replication factor {}, min.insync.replicas {}",
+                    self.settings.kafka.nodes,
+                    self.settings.kafka.replication_factor,
+                    self.settings.kafka.min_insync_replicas
+                ),
+            ),
+            (
+                "consumer groups",
+                self.settings
+                    .consumer_groups
+                    .iter()
+                    .map(|g| format!("{} on {}", g.group, g.protocol.as_str()))
+                    .collect::<Vec<_>>()
+                    .join(", "),
             ),
             (
                 "events acknowledged",
@@ -307,7 +367,19 @@ impl Report {
             ("faults injected", faults.to_string()),
         ];
         for (kind, n) in &self.faults {
-            rows.push(("", format!("{n} × {kind}")));
+            let figures = self.by_kind.get(kind).cloned().unwrap_or_default();
+            let mut line = format!(
+                "{n} × {kind}: recovery p50 {} max {}",
+                secs(figures.recovery_seconds_p50),
+                secs(figures.recovery_seconds_max)
+            );
+            if let Some(s) = figures.publish_resumed_seconds_max {
+                let _ = write!(line, ", publishing again within {s:.1} s");
+            }
+            if let Some(s) = figures.resumed_after_return_seconds_max {
+                let _ = write!(line, " ({s:.1} s after a node was back)");
+            }
+            rows.push(("", line));
         }
         for (kind, n) in &self.faults_not_injected {
             rows.push(("  not injected", format!("{n} × {kind}")));
@@ -330,16 +402,14 @@ impl Report {
                 ),
             ),
         ]);
-        if self.failover_bound_seconds.is_some() {
-            rows.push((
-                "Kafka failover max / bound",
-                format!(
-                    "{} / {}",
-                    secs(self.failover_seconds_max),
-                    secs(self.failover_bound_seconds)
-                ),
-            ));
-        }
+        rows.push((
+            "Kafka failover max / bound",
+            format!(
+                "{} / {}",
+                secs(self.failover_seconds_max),
+                secs(Some(self.failover_bound_seconds))
+            ),
+        ));
         rows.extend([
             ("lost", opt(self.lost)),
             ("duplicate effects", opt(self.duplicate_effects)),
@@ -392,6 +462,159 @@ impl Report {
     }
 }
 
+/// The median and the largest of `values`.
+fn p50_and_max(mut values: Vec<f64>) -> (Option<f64>, Option<f64>) {
+    values.sort_by(f64::total_cmp);
+    (
+        values.get(values.len() / 2).copied(),
+        values.last().copied(),
+    )
+}
+
+fn max(values: impl Iterator<Item = f64>) -> Option<f64> {
+    values.reduce(f64::max)
+}
+
+/// Recovery figures of each injected fault kind.
+fn figures_by_kind(log: &[FaultRecord]) -> BTreeMap<FaultKind, KindFigures> {
+    let mut kinds: BTreeMap<FaultKind, Vec<&FaultRecord>> = BTreeMap::new();
+    for record in log.iter().filter(|r| r.injected) {
+        kinds.entry(record.kind).or_default().push(record);
+    }
+    kinds
+        .into_iter()
+        .map(|(kind, records)| {
+            let (p50, max_recovery) =
+                p50_and_max(records.iter().filter_map(|r| r.recovery_seconds).collect());
+            let figures = KindFigures {
+                injected: records.len() as u64,
+                recovery_seconds_p50: p50,
+                recovery_seconds_max: max_recovery,
+                publish_resumed_seconds_max: max(records
+                    .iter()
+                    .filter_map(|r| r.publish_resumed_seconds)),
+                resumed_after_return_seconds_max: max(records.iter().filter_map(|r| {
+                    r.write_outage
+                        .as_ref()
+                        .and_then(|o| o.resumed_after_return_seconds)
+                })),
+            };
+            (kind, figures)
+        })
+        .collect()
+}
+
 fn round2(x: f64) -> f64 {
     (x * 100.0).round() / 100.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::broker_faults::WriteOutage;
+
+    fn record(index: usize, kind: FaultKind, recovery: f64) -> FaultRecord {
+        FaultRecord {
+            index,
+            kind,
+            target: String::new(),
+            injected_at: String::new(),
+            at_seconds: 0.0,
+            down_seconds: 0.0,
+            injected: true,
+            back_seconds: Some(recovery),
+            recovery_seconds: Some(recovery),
+            takeover_seconds: None,
+            takeover_bound_seconds: None,
+            failover_seconds: None,
+            failover_bound_seconds: None,
+            publish_resumed_seconds: None,
+            write_outage: None,
+            note: None,
+        }
+    }
+
+    fn outage(published_during: i64, resumed: Option<f64>) -> WriteOutage {
+        WriteOutage {
+            seconds: 10.0,
+            published_during,
+            published_early: 0,
+            unpublished_at_return: 5_000,
+            resumed_after_return_seconds: resumed,
+        }
+    }
+
+    #[test]
+    fn figures_are_kept_by_kind() {
+        let mut below = record(2, FaultKind::BrokersBelowMinIsr, 30.0);
+        below.publish_resumed_seconds = Some(25.0);
+        below.write_outage = Some(outage(0, Some(9.5)));
+        let log = vec![
+            record(0, FaultKind::RelayKill, 1.0),
+            record(1, FaultKind::RelayKill, 3.0),
+            below,
+        ];
+        let figures = figures_by_kind(&log);
+        let relay = &figures[&FaultKind::RelayKill];
+        assert_eq!(relay.injected, 2);
+        assert_eq!(relay.recovery_seconds_max, Some(3.0));
+        assert_eq!(relay.publish_resumed_seconds_max, None);
+        let below = &figures[&FaultKind::BrokersBelowMinIsr];
+        assert_eq!(below.publish_resumed_seconds_max, Some(25.0));
+        assert_eq!(below.resumed_after_return_seconds_max, Some(9.5));
+    }
+
+    #[test]
+    fn an_outage_that_published_or_never_resumed_is_an_error() {
+        let mut held = record(0, FaultKind::BrokersBelowMinIsr, 30.0);
+        held.publish_resumed_seconds = Some(20.0);
+        held.write_outage = Some(outage(0, Some(8.0)));
+        let mut published = held.clone();
+        published.index = 1;
+        published.write_outage = Some(outage(3, Some(8.0)));
+        let mut stuck = held.clone();
+        stuck.index = 2;
+        stuck.publish_resumed_seconds = None;
+        let errors = |log: Vec<FaultRecord>| {
+            let mut report = Report {
+                errors: Vec::new(),
+                ..report()
+            };
+            report.set_faults(log);
+            report.errors
+        };
+        assert!(errors(vec![held.clone()]).is_empty());
+        let found = errors(vec![held, published, stuck]);
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert!(found[0].contains("marked 3 events published"));
+        assert!(found[1].contains("did not resume"));
+    }
+
+    fn report() -> Report {
+        let args = <crate::config::VerifyArgs as clap::Parser>::parse_from([
+            "verify",
+            "--report",
+            "/tmp/r.json",
+            "--fault-bin-dir",
+            "/tmp",
+            "--kafka-jars",
+            "/tmp",
+            "--kafka-config-dir",
+            "/tmp",
+            "--seed",
+            "4",
+        ]);
+        let settings = Settings::resolve(args).expect("settings");
+        let report = Report::new(&settings);
+        assert_eq!(report.settings.consumer_groups[0].group, "inventory");
+        assert_eq!(
+            report.settings.consumer_groups[0].protocol,
+            GroupProtocol::Classic
+        );
+        assert_eq!(
+            report.settings.consumer_groups[1].processes,
+            ["notification-1", "notification-2", "notification-3"]
+        );
+        report
+    }
 }

@@ -23,32 +23,41 @@ pub enum FaultKind {
     RelayKill,
     /// The active relay aborts after its delivery reports, before marking the batch published.
     RelayCrashAfterDelivery,
-    /// SIGKILL a consumer process.
+    /// SIGKILL a member of each group.
     ConsumerKill,
-    /// A consumer aborts after a batch's database commit, before its offset commit.
+    /// A member of each group aborts after a batch's database commit, before its offset commit.
     ConsumerCrashAfterCommit,
-    /// SIGKILL the broker and start it again on the same port and storage (Apache Kafka: the
-    /// node leading most partitions of the run's topic, started again with its data).
+    /// SIGKILL the Kafka node leading most partitions of the run's topic and start it again with
+    /// its data.
     BrokerRestart,
     /// `pg_ctlcluster … stop -m immediate`, then start PostgreSQL again.
     PostgresRestart,
-    /// A third consumer joins the groups, then leaves with SIGTERM.
+    /// A third member joins each group, then leaves with SIGTERM.
     Rebalance,
-    /// SIGSTOP a consumer past its session timeout, then SIGCONT.
+    /// SIGSTOP a member of each group past its session timeout, then SIGCONT.
     ConsumerFreeze,
     /// SIGSTOP the active relay past its lease, then SIGCONT: the standby takes over, the old
     /// relay wakes up fenced.
     RelayFreeze,
-    /// Cut the active relay's and a consumer's paths to PostgreSQL past the lease and the
-    /// session timeout, then restore them: others take over, the cut-off ones change nothing.
+    /// Cut the paths to PostgreSQL of the active relay and of a member of each group past the
+    /// lease and the session timeout, then restore them: others take over, the cut-off ones
+    /// change nothing.
     DatabaseCut,
-    /// Apache Kafka only: SIGSTOP the node leading most partitions of the run's topic past its
-    /// session timeout (it is fenced, its partitions get new leaders), then SIGCONT.
+    /// SIGSTOP the Kafka node leading most partitions of the run's topic past its session
+    /// timeout (it is fenced, its partitions get new leaders), then SIGCONT.
     BrokerFreeze,
+    /// Restart the three Kafka nodes one after the other, each stopped with SIGTERM (a
+    /// controlled shutdown), started again once it exited, and back in the ISR of every
+    /// partition before the next.
+    BrokerRollingRestart,
+    /// SIGKILL two Kafka nodes at once: fewer than `min.insync.replicas` remain (and no
+    /// controller quorum), so the cluster takes no writes. The relay must keep its events
+    /// unpublished and retried, and publish them once one node is back; the other follows.
+    BrokersBelowMinIsr,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 11] = [
+    pub const ALL: [FaultKind; 13] = [
         FaultKind::RelayKill,
         FaultKind::RelayCrashAfterDelivery,
         FaultKind::ConsumerKill,
@@ -60,6 +69,8 @@ impl FaultKind {
         FaultKind::RelayFreeze,
         FaultKind::DatabaseCut,
         FaultKind::BrokerFreeze,
+        FaultKind::BrokerRollingRestart,
+        FaultKind::BrokersBelowMinIsr,
     ];
 
     pub fn name(self) -> &'static str {
@@ -75,6 +86,8 @@ impl FaultKind {
             FaultKind::RelayFreeze => "relay_freeze",
             FaultKind::DatabaseCut => "database_cut",
             FaultKind::BrokerFreeze => "broker_freeze",
+            FaultKind::BrokerRollingRestart => "broker_rolling_restart",
+            FaultKind::BrokersBelowMinIsr => "brokers_below_min_isr",
         }
     }
 
@@ -98,10 +111,10 @@ pub struct PlannedFault {
     pub kind: FaultKind,
     /// Quiet time before the fault.
     pub gap: Duration,
-    /// How long the faulted part stays down (killed, crashed, stopped, frozen, or the extra
-    /// consumer's stay for a rebalance).
+    /// How long the faulted part stays down (killed, crashed, stopped, frozen, each node of a
+    /// rolling restart, or the extra members' stay for a rebalance).
     pub down: Duration,
-    /// Which of the two consumer processes a consumer fault hits (0 or 1).
+    /// Which of each group's two members a consumer fault hits (0 or 1).
     pub consumer: usize,
 }
 
@@ -127,6 +140,7 @@ pub fn plan(seed: u64, count: usize, timing: &Timing, skip: &[FaultKind]) -> Vec
                 FaultKind::Rebalance => timing.rebalance_dwell_ms,
                 FaultKind::BrokerRestart => timing.broker_down_ms,
                 FaultKind::BrokerFreeze => timing.broker_freeze_ms,
+                FaultKind::BrokersBelowMinIsr => timing.below_min_isr_ms,
                 _ => timing.down_ms,
             };
             faults.push(PlannedFault {
@@ -155,6 +169,7 @@ mod tests {
         down_ms: (500, 2_500),
         broker_down_ms: (500, 2_500),
         broker_freeze_ms: (9_000, 12_000),
+        below_min_isr_ms: (8_000, 12_000),
         freeze_ms: (9_000, 11_000),
         rebalance_dwell_ms: (500, 2_000),
         outage_ms: (12_000, 15_000),
@@ -193,25 +208,16 @@ mod tests {
     }
 
     #[test]
-    fn each_broker_draws_from_its_own_kinds() {
-        use crate::config::BrokerKind;
-        let nisshi = BrokerKind::Nisshi;
-        assert_eq!(nisshi.fault_kinds(), 10);
-        assert_eq!(BrokerKind::Kafka.fault_kinds(), FaultKind::ALL.len());
-        for seed in 0..20 {
-            let faults = plan(seed, 10, &TIMING, nisshi.inapplicable_faults());
-            let kinds: HashSet<FaultKind> = faults.iter().map(|f| f.kind).collect();
-            assert_eq!(kinds.len(), 10);
-            assert!(!kinds.contains(&FaultKind::BrokerFreeze));
-            let kafka: HashSet<FaultKind> = plan(seed, 11, &TIMING, &[])
-                .iter()
-                .map(|f| f.kind)
-                .collect();
-            assert!(kafka.contains(&FaultKind::BrokerFreeze));
-        }
-        for f in plan(5, 40, &TIMING, &[]) {
-            if f.kind == FaultKind::BrokerFreeze {
-                assert!(f.down >= Duration::from_secs(9) && f.down <= Duration::from_secs(12));
+    fn broker_faults_wait_in_their_own_ranges() {
+        for f in plan(5, 60, &TIMING, &[]) {
+            match f.kind {
+                FaultKind::BrokerFreeze => {
+                    assert!(f.down >= Duration::from_secs(9) && f.down <= Duration::from_secs(12));
+                }
+                FaultKind::BrokersBelowMinIsr => {
+                    assert!(f.down >= Duration::from_secs(8) && f.down <= Duration::from_secs(12));
+                }
+                _ => {}
             }
         }
     }

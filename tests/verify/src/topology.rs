@@ -1,8 +1,10 @@
-//! The processes of a run and where to reach them: the run's own broker (see [`super::broker`];
-//! nisshi, or a three-node Apache Kafka cluster),
-//! the order service, two relays and two consumer processes (the fault
-//! binaries, each with its crash point armed on its own trigger file), plus the extra consumer of
-//! a rebalance. Every process gets fixed ports, so restarts keep their addresses.
+//! The processes of a run and where to reach them: the run's own three-node Apache Kafka cluster
+//! (see [`super::kafka_cluster`]), the order service, two relays, and two consumer processes per
+//! consumer group (the fault binaries, each with its crash point armed on its own trigger file),
+//! plus each group's extra member of a rebalance. One group's members use the classic group
+//! protocol, the other's the consumer protocol (KIP-848; see [`group_protocols`]), so that every
+//! consumer fault, which hits a member of each group, hits both protocols. Every process gets
+//! fixed ports, so restarts keep their addresses.
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener};
@@ -14,11 +16,11 @@ use pipeline_core::crash_point::{CONSUMER_AFTER_DB_COMMIT, RELAY_AFTER_DELIVERY}
 use pipeline_core::kafka::KafkaArgs;
 use pipeline_testkit::wait_until;
 
-use super::broker::Broker;
 use super::config::{
-    BrokerKind, Settings, RELAY_LEASE_TTL_MS, RELAY_STANDBY_RETRY_MS, SESSION_TIMEOUT_MS,
+    group_protocols, GroupProtocol, Settings, RELAY_LEASE_TTL_MS, RELAY_STANDBY_RETRY_MS,
+    SESSION_TIMEOUT_MS,
 };
-use super::environment::{Environment, GROUP_KINDS};
+use super::environment::Environment;
 use super::kafka_cluster::KafkaCluster;
 use super::processes::{ProcessSpec, Supervisor};
 use super::proxy::DbProxy;
@@ -31,8 +33,18 @@ pub const PRODUCTS: u32 = 1_000;
 /// Stock of each product: enough that no reservation is rejected for lack of it.
 pub const STOCK: i64 = 100_000_000;
 pub const ORDER_SERVICE: &str = "order-service";
-/// Label of the consumer a rebalance adds for a while.
-pub const EXTRA_CONSUMER: &str = "consumer-3";
+/// Consumer processes each group runs all along (a rebalance adds one more for a while).
+pub const MEMBERS_PER_GROUP: usize = 2;
+/// Database connections of each consumer process (one group, half of its partitions).
+const CONSUMER_MAX_CONNECTIONS: u32 = 8;
+
+/// The group a consumer process runs, and on which protocol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GroupMembership {
+    /// The group kind (`inventory`, `notification`).
+    pub kind: &'static str,
+    pub protocol: GroupProtocol,
+}
 
 /// A relay or consumer process.
 #[derive(Debug, Clone)]
@@ -42,16 +54,20 @@ pub struct Member {
     pub ops: SocketAddr,
     /// The file that fires its crash point.
     pub trigger: PathBuf,
+    /// For a consumer process: its group.
+    pub group: Option<GroupMembership>,
 }
 
 /// The running pipeline.
 pub struct Topology {
     pub supervisor: Supervisor,
-    pub broker: Broker,
+    pub cluster: KafkaCluster,
     pub order_service: SocketAddr,
     pub relays: Vec<Member>,
+    /// Each group's members, group by group.
     pub consumers: Vec<Member>,
-    pub extra_consumer: Member,
+    /// Each group's extra member of a rebalance (not running otherwise).
+    pub extra_consumers: Vec<Member>,
     /// Each relay's and each consumer's own path to PostgreSQL, by label: a fault cuts one.
     proxies: HashMap<String, DbProxy>,
     http: reqwest::Client,
@@ -65,39 +81,40 @@ pub struct Topology {
 }
 
 impl Topology {
-    /// Starts the broker, creates the topic, seeds catalogue and stock, starts the pipeline and
+    /// Starts the Kafka cluster, creates the topic, seeds catalogue and stock, starts the pipeline and
     /// waits until every process is ready and one relay is active.
     pub async fn start(
         settings: &Settings,
         env: &Environment,
         supervisor: Supervisor,
     ) -> anyhow::Result<Topology> {
-        let mut ports = free_ports(8)?.into_iter();
+        let protocols = group_protocols(settings.seed);
+        let mut ports = free_ports(3 + protocols.len() * (MEMBERS_PER_GROUP + 1))?.into_iter();
         let mut next_addr = || -> anyhow::Result<SocketAddr> {
             let port = ports.next().context("out of free ports")?;
             Ok(SocketAddr::from(([127, 0, 0, 1], port)))
         };
-        let nisshi_addr = next_addr()?;
-        let broker = match (&settings.broker, &settings.kafka) {
-            (BrokerKind::Kafka, Some(kafka)) => Broker::Kafka(KafkaCluster::new(kafka, env)?),
-            (BrokerKind::Kafka, None) => bail!("--broker kafka without its settings"),
-            (BrokerKind::Nisshi, _) => Broker::Nisshi { addr: nisshi_addr },
-        };
+        let cluster = KafkaCluster::new(&settings.kafka, env)?;
         let order_service = next_addr()?;
-        let member = |label: &str, ops: SocketAddr| Member {
-            label: label.to_owned(),
-            ops,
+        let member = |label: String, ops: SocketAddr, group: Option<GroupMembership>| Member {
             trigger: env.trigger_dir.join(format!("{label}.trigger")),
+            label,
+            ops,
+            group,
         };
         let relays = vec![
-            member("relay-1", next_addr()?),
-            member("relay-2", next_addr()?),
+            member("relay-1".to_owned(), next_addr()?, None),
+            member("relay-2".to_owned(), next_addr()?, None),
         ];
-        let consumers = vec![
-            member("consumer-1", next_addr()?),
-            member("consumer-2", next_addr()?),
-        ];
-        let extra_consumer = member(EXTRA_CONSUMER, next_addr()?);
+        let (mut consumers, mut extra_consumers) = (Vec::new(), Vec::new());
+        for (kind, protocol) in protocols {
+            let group = Some(GroupMembership { kind, protocol });
+            for n in 1..=MEMBERS_PER_GROUP {
+                consumers.push(member(member_label(kind, n), next_addr()?, group));
+            }
+            let extra = member_label(kind, MEMBERS_PER_GROUP + 1);
+            extra_consumers.push(member(extra, next_addr()?, group));
+        }
         let upstream = database_addr(&env.database_url).await?;
         let mut proxies = HashMap::new();
         for m in relays.iter().chain(&consumers) {
@@ -105,11 +122,11 @@ impl Topology {
         }
         let topology = Topology {
             supervisor,
-            broker,
+            cluster,
             order_service,
             relays,
             consumers,
-            extra_consumer,
+            extra_consumers,
             proxies,
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(2))
@@ -133,15 +150,13 @@ impl Topology {
             }
         }
 
-        topology
-            .broker
-            .start(settings, env, &topology.supervisor, base_env())
-            .await?;
-        let broker_start = match topology.broker {
-            Broker::Nisshi { .. } => Duration::from_secs(60),
-            Broker::Kafka(_) => Duration::from_secs(180),
-        };
-        topology.wait_for_broker(broker_start).await?;
+        topology.cluster.prepare().await?;
+        for node in &topology.cluster.nodes {
+            topology
+                .supervisor
+                .start(topology.cluster.spec(node, base_env()))?;
+        }
+        topology.wait_for_broker(Duration::from_secs(180)).await?;
         let kafka = topology.kafka();
         let topic = env.topic.clone();
         wait_until("the run's topic", Duration::from_secs(60), || async {
@@ -151,15 +166,14 @@ impl Topology {
             Ok(Some(()))
         })
         .await?;
-        if let Broker::Kafka(cluster) = &topology.broker {
-            // Created with the brokers' default replication factor: all three, all in sync.
-            wait_until(
-                "the run's topic on every node",
-                Duration::from_secs(30),
-                || async { cluster.check_topic(&topic).await.map(Some) },
-            )
-            .await?;
-        }
+        // Created with the brokers' default replication factor: all three, all in sync.
+        let cluster = &topology.cluster;
+        wait_until(
+            "the run's topic on every node",
+            Duration::from_secs(30),
+            || async { cluster.check_topic(&topic).await.map(Some) },
+        )
+        .await?;
         topology.seed(settings).await?;
 
         topology.supervisor.start(ProcessSpec {
@@ -201,7 +215,7 @@ impl Topology {
         for consumer in &topology.consumers {
             topology
                 .supervisor
-                .start(topology.consumer_spec(consumer))?;
+                .start(topology.consumer_spec(consumer)?)?;
         }
         wait_until(
             "every process ready and one relay active",
@@ -217,10 +231,10 @@ impl Topology {
         Ok(topology)
     }
 
-    /// Client settings for the run's broker.
+    /// Client settings for the run's Kafka cluster.
     pub fn kafka(&self) -> KafkaArgs {
         KafkaArgs {
-            kafka_brokers: self.broker.bootstrap(),
+            kafka_brokers: self.cluster.bootstrap(),
             kafka_options: Vec::new(),
         }
     }
@@ -268,7 +282,7 @@ impl Topology {
                 "DATABASE_MAX_CONNECTIONS".to_owned(),
                 max_connections.to_string(),
             ),
-            ("KAFKA_BROKERS".to_owned(), self.broker.bootstrap()),
+            ("KAFKA_BROKERS".to_owned(), self.cluster.bootstrap()),
             ("RUST_LOG".to_owned(), "info".to_owned()),
         ]);
         if let Some((point, trigger)) = crash_point {
@@ -281,13 +295,18 @@ impl Topology {
         env
     }
 
-    /// A consumer process running both groups, with its crash point armed.
-    pub fn consumer_spec(&self, member: &Member) -> ProcessSpec {
-        let mut args = strings(&["run"]);
-        for kind in GROUP_KINDS {
-            args.extend(strings(&["--group", kind]));
-        }
-        args.extend(strings(&[
+    /// A consumer process running its member's group on the group's protocol, with its crash
+    /// point armed.
+    pub fn consumer_spec(&self, member: &Member) -> anyhow::Result<ProcessSpec> {
+        let group = member
+            .group
+            .with_context(|| format!("{} is not a consumer", member.label))?;
+        let args = strings(&[
+            "run",
+            "--group",
+            group.kind,
+            "--group-protocol",
+            group.protocol.as_str(),
             "--topic",
             &self.topic,
             "--group-prefix",
@@ -300,15 +319,15 @@ impl Topology {
             &self.consumer_fetch_wait_ms.to_string(),
             "--lag-interval-ms",
             "0",
-        ]));
-        ProcessSpec {
+        ]);
+        Ok(ProcessSpec {
             label: member.label.clone(),
             program: self.consumer_bin.clone(),
             args,
             env: {
                 let mut env = self.pipeline_env(
                     &member.label,
-                    10,
+                    CONSUMER_MAX_CONNECTIONS,
                     Some((CONSUMER_AFTER_DB_COMMIT, &member.trigger)),
                 );
                 // Later entries win: the extra environment overrides the defaults.
@@ -317,7 +336,23 @@ impl Topology {
             },
             cwd: None,
             log_path: self.log_path(&member.label),
-        }
+        })
+    }
+
+    /// The `index`-th member of each group (what a consumer fault hits).
+    pub fn member_of_each_group(&self, index: usize) -> Vec<&Member> {
+        self.consumers
+            .chunks(MEMBERS_PER_GROUP)
+            .map(|members| &members[index % members.len()])
+            .collect()
+    }
+
+    /// The members of the group `member` belongs to.
+    pub fn group_members(&self, member: &Member) -> Vec<&Member> {
+        self.consumers
+            .iter()
+            .filter(|m| m.group.is_some() && m.group == member.group)
+            .collect()
     }
 
     async fn seed(&self, settings: &Settings) -> anyhow::Result<()> {
@@ -354,9 +389,9 @@ impl Topology {
         Ok(())
     }
 
-    /// Waits until the broker answers a metadata request (every Kafka node, seeing all three).
+    /// Waits until every Kafka node answers a metadata request and sees all three.
     pub async fn wait_for_broker(&self, timeout: Duration) -> anyhow::Result<()> {
-        self.broker.wait_until_serving(&self.kafka(), timeout).await
+        self.cluster.wait_until_serving(timeout).await
     }
 
     /// Whether a process's /readyz answers 200.
@@ -367,7 +402,7 @@ impl Topology {
         }
     }
 
-    /// Whether the order service, both relays and both consumers are up and ready.
+    /// Whether the order service, both relays and every group's members are up and ready.
     pub async fn all_ready(&self) -> bool {
         let mut ops = vec![self.order_service];
         ops.extend(self.relays.iter().map(|m| m.ops));
@@ -407,6 +442,12 @@ impl Topology {
             _ => None,
         }
     }
+}
+
+/// The label of group `kind`'s `n`-th consumer process (from 1; the one after
+/// [`MEMBERS_PER_GROUP`] joins for a rebalance).
+pub fn member_label(kind: &str, n: usize) -> String {
+    format!("{kind}-{n}")
 }
 
 /// The environment children inherit: only what finding programs and a home needs, so stray
