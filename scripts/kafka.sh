@@ -7,9 +7,8 @@
 #   scripts/kafka.sh status   exit 0 when the broker answers a Metadata request, 3 when not
 #   scripts/kafka.sh fetch    only fetches the jars (deploy/kafka/pom.xml) into the cache
 #
-# Then point the tests at it, e.g. KAFKA_BROKERS=127.0.0.1:9092 cargo test ..., or let the other
-# scripts start it themselves: PIPELINE_BROKER=kafka scripts/run-pipeline.sh (they use a broker
-# already listening on the port, and leave it running).
+# Then point the tests at it, e.g. KAFKA_BROKERS=127.0.0.1:9092 cargo test ... The other scripts
+# start a broker themselves, or use one already listening on the port (and leave it running).
 #
 # Settings: those of the "Apache Kafka" section of scripts/lib.sh (KAFKA_PORT,
 # KAFKA_CONTROLLER_PORT, KAFKA_CACHE, KAFKA_HEAP_OPTS, KAFKA_LOG_LEVEL, KAFKA_KEEP_DATA, ...) and

@@ -1,24 +1,19 @@
 # shellcheck shell=bash
-# Helpers shared by scripts/test.sh and scripts/run-pipeline.sh. Source it, don't run it:
+# Helpers shared by the scripts in scripts/. Source it, don't run it:
 #
 #   source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 #
 # It brings up the local stack the pipeline needs, without docker:
 #   - PostgreSQL on 127.0.0.1:5432, user postgres, trust auth (Debian's packages, pg_ctlcluster);
-#   - nisshi, a Kafka-protocol broker from crates.io, on 127.0.0.1:9092;
+#   - Apache Kafka 4 (KRaft, one node) on 127.0.0.1:9092, its jars from Maven Central (see
+#     "Apache Kafka" below), unless KAFKA_BROKERS names a cluster to use instead;
 #   - prometheus and promtool (Debian's prometheus package), for the monitoring checks.
 #
 # Settings (environment):
 #   RUN_DIR                logs and pid files            (default: <repo>/.run, git-ignored)
 #   PG_WAIT_SECONDS        how long to wait for PostgreSQL to accept connections (default 60)
-#   NISSHI_VERSION         version `cargo install` builds when nisshi is missing (default 0.8.1;
-#                          empty = newest)
-#   NISSHI_INSTALL_WAIT    how long to wait for a `cargo install nisshi` already running (default 1800 s)
-#   BROKER_STORAGE         nisshi storage engine URL (default memory://nisshi/), e.g.
-#                          postgres://postgres@127.0.0.1:5432/nisshi?sslmode=disable
-#   BROKER_WAIT_SECONDS    how long to wait for the broker's port (default 60)
-#   BROKER_LOG_LEVEL       RUST_LOG given to nisshi (default warn; info logs every request); our RUST_LOG is not passed on
-#   PIPELINE_BROKER        nisshi (default) or kafka: Apache Kafka 4 instead of nisshi (settings in "Apache Kafka" below)
+#   KAFKA_BROKERS          an existing Kafka cluster (host:port,...) to use: nothing is fetched or
+#                          started (other broker settings in "Apache Kafka" below)
 
 set -euo pipefail
 
@@ -32,8 +27,6 @@ PG_PORT=5432
 PG_ADMIN_URL="postgres://postgres@${PG_HOST}:${PG_PORT}/postgres?sslmode=disable"
 BROKER_HOST=127.0.0.1
 BROKER_PORT=9092
-BROKER_STORAGE="${BROKER_STORAGE:-memory://nisshi/}"
-NISSHI_VERSION="${NISSHI_VERSION-0.8.1}"
 
 # 1 once ensure_broker has started a broker (then stop_broker stops it); 0 when it found one running.
 BROKER_STARTED=0
@@ -307,130 +300,18 @@ ensure_build_deps() {
 }
 
 # ---------------------------------------------------------------------------------------------
-# nisshi (Kafka-protocol broker)
-
-# ensure_nisshi — the nisshi binary on PATH ($HOME/.cargo/bin), built with cargo install when missing.
-ensure_nisshi() {
-    if have nisshi; then
-        log "nisshi: $(command -v nisshi)"
-        return 0
-    fi
-    # A `cargo install nisshi` already under way (another script, a setup step): wait for it
-    # rather than building the same thing twice on two cores.
-    local waited=0 limit="${NISSHI_INSTALL_WAIT:-1800}"
-    while pgrep -f 'cargo(-[0-9.]+)? install .*nisshi' >/dev/null 2>&1; do
-        if ((waited == 0)); then
-            log "a 'cargo install nisshi' is already running: waiting for it (up to ${limit}s)"
-        fi
-        ((waited < limit)) || die "'cargo install nisshi' still running after ${limit}s"
-        sleep 10
-        waited=$((waited + 10))
-    done
-    if have nisshi; then
-        log "nisshi: $(command -v nisshi)"
-        return 0
-    fi
-    local version_args=()
-    if [[ -n $NISSHI_VERSION ]]; then
-        version_args=(--version "$NISSHI_VERSION")
-    fi
-    log "nisshi not found: cargo install --locked --ignore-rust-version nisshi ${NISSHI_VERSION:+$NISSHI_VERSION }(about 11 minutes on 2 cores)"
-    local started=$SECONDS
-    cargo install --locked --ignore-rust-version "${version_args[@]}" nisshi ||
-        die "cargo install nisshi failed"
-    hash -r
-    have nisshi || die "cargo install nisshi succeeded but nisshi is not on PATH ($HOME/.cargo/bin)"
-    log "nisshi installed in $(human_duration $((SECONDS - started)))"
-}
-
-# The database a postgres:// storage URL on our local server names, or nothing.
-_broker_storage_local_db() {
-    [[ $BROKER_STORAGE =~ ^postgres(ql)?://[^/]*@?(127\.0\.0\.1|localhost)(:5432)?/([A-Za-z_][A-Za-z0-9_]*) ]] &&
-        printf '%s\n' "${BASH_REMATCH[4]}"
-}
-
-# ensure_broker — a Kafka-protocol broker on 127.0.0.1:9092. When nothing listens there, installs
-# nisshi if missing (ensure_nisshi), starts it in the background (log $RUN_DIR/nisshi.log, pid
-# $RUN_DIR/nisshi.pid) and sets BROKER_STARTED=1; stop it with stop_broker.
-ensure_broker() {
-    case ${PIPELINE_BROKER:-nisshi} in
-    nisshi) ;;
-    kafka)
-        ensure_kafka # Apache Kafka instead (see "Apache Kafka" below)
-        return
-        ;;
-    *) die "PIPELINE_BROKER=$PIPELINE_BROKER: expected nisshi (the default) or kafka" ;;
-    esac
-    if port_open "$BROKER_HOST" "$BROKER_PORT"; then
-        log "using the broker already listening on $BROKER_HOST:$BROKER_PORT (not started by this script, left running)"
-        return 0
-    fi
-    ensure_nisshi
-    local db
-    if db=$(_broker_storage_local_db); then
-        create_database "$db"
-    fi
-    local url="tcp://$BROKER_HOST:$BROKER_PORT"
-    log "starting nisshi on $url, storage ${BROKER_STORAGE%%\?*} (log: $RUN_DIR/nisshi.log)"
-    # Run from $RUN_DIR: nisshi loads a .env file from its working directory (or a parent).
-    (
-        cd "$RUN_DIR"
-        exec env RUST_LOG="${BROKER_LOG_LEVEL:-warn}" nisshi broker \
-            --listener-url "$url" \
-            --advertised-listener-url "$url" \
-            --storage-engine "$BROKER_STORAGE"
-    ) >"$RUN_DIR/nisshi.log" 2>&1 </dev/null &
-    BROKER_PID=$!
-    BROKER_STARTED=1
-    echo "$BROKER_PID" >"$RUN_DIR/nisshi.pid"
-    local wait_s="${BROKER_WAIT_SECONDS:-60}"
-    local deadline=$((SECONDS + wait_s))
-    until port_open "$BROKER_HOST" "$BROKER_PORT"; do
-        if ! pid_alive "$BROKER_PID"; then
-            BROKER_STARTED=0
-            rm -f "$RUN_DIR/nisshi.pid"
-            tail -n 30 "$RUN_DIR/nisshi.log" >&2 || true
-            die "nisshi exited before listening on $url (log above, full log in $RUN_DIR/nisshi.log)"
-        fi
-        if ((SECONDS >= deadline)); then
-            tail -n 30 "$RUN_DIR/nisshi.log" >&2 || true
-            die "nisshi does not listen on $url after ${wait_s}s"
-        fi
-        sleep 0.5
-    done
-    log "broker up on $BROKER_HOST:$BROKER_PORT (nisshi pid $BROKER_PID)"
-}
-
-# stop_broker — stops the broker ensure_broker started (no-op otherwise).
-stop_broker() {
-    if ((KAFKA_STARTED)); then
-        stop_kafka
-        return 0
-    fi
-    if ((BROKER_STARTED)) && [[ -n $BROKER_PID ]]; then
-        if pid_alive "$BROKER_PID"; then
-            log "stopping nisshi (pid $BROKER_PID)"
-            stop_pid nisshi "$BROKER_PID" 15 || true
-        fi
-        rm -f "$RUN_DIR/nisshi.pid"
-        BROKER_STARTED=0
-    fi
-}
-
-# ---------------------------------------------------------------------------------------------
-# Apache Kafka (opt-in: PIPELINE_BROKER=kafka)
+# Apache Kafka
 #
-# The real broker, 4.x in KRaft combined mode (broker and controller in one JVM), its jars from
-# Maven Central: deploy/kafka/pom.xml lists them, deploy/kafka/server.properties.in and
-# deploy/kafka/log4j2.properties configure it. ensure_broker starts it instead of nisshi when
-# PIPELINE_BROKER=kafka; scripts/kafka.sh start|stop|status|fetch runs it by hand.
-# Needs Java 17 or newer (installs Debian's openjdk-17-jre-headless when there is none) and Maven
-# (Debian's maven package) for the first fetch only.
+# The broker, 4.x in KRaft combined mode (broker and controller in one JVM), its jars from Maven
+# Central: deploy/kafka/pom.xml lists them, deploy/kafka/server.properties.in and
+# deploy/kafka/log4j2.properties configure it. ensure_broker starts it (unless KAFKA_BROKERS names
+# a cluster); scripts/kafka.sh start|stop|status|fetch runs it by hand. Needs Java 17 or newer
+# (installs Debian's openjdk-17-jre-headless when there is none) and Maven (Debian's maven
+# package) for the first fetch only.
 #
 # Settings (environment):
-#   PIPELINE_BROKER        what ensure_broker starts: nisshi (default) or kafka
-#   KAFKA_BROKERS          with PIPELINE_BROKER=kafka: an existing cluster to use (nothing is fetched
-#                          or started; BROKER_HOST/BROKER_PORT take its first address)
+#   KAFKA_BROKERS          an existing cluster to use (nothing is fetched or started;
+#                          BROKER_HOST/BROKER_PORT take its first address)
 #   KAFKA_PORT             the clients' port on 127.0.0.1 (default 9092)
 #   KAFKA_CONTROLLER_PORT  the KRaft controller's port on 127.0.0.1 (default 9093)
 #   KAFKA_CACHE            the jars' folder (default ~/.cache/pipeline/kafka-<version>, outside the
@@ -438,10 +319,10 @@ stop_broker() {
 #   KAFKA_JAVA             the java command (default: java on PATH when it is 17 or newer)
 #   KAFKA_HEAP_OPTS        JVM heap (default -Xms256m -Xmx512m)
 #   KAFKA_JVM_OPTS         other JVM options (default: G1 with Kafka's own scripts' settings)
-#   KAFKA_PARTITIONS       partitions of a topic created on first use (default 4, as nisshi)
+#   KAFKA_PARTITIONS       partitions of a topic created on first use (default 4)
 #   KAFKA_LOG_LEVEL        log4j2 root level in $RUN_DIR/kafka.log (default WARN)
 #   KAFKA_KEEP_DATA        1 = keep $RUN_DIR/kafka-data from one start to the next (same ports);
-#                          default: a new empty cluster at each start, like nisshi's memory storage
+#                          default: a new empty cluster at each start
 #   KAFKA_STOP_SECONDS     how long stop_kafka waits after SIGTERM before SIGKILL (default 30)
 #   BROKER_WAIT_SECONDS    how long to wait for it to answer (default 120 for Kafka)
 
@@ -704,6 +585,24 @@ stop_kafka() {
         KAFKA_STARTED=0 KAFKA_PID=''
         BROKER_STARTED=0 BROKER_PID=''
     fi
+}
+
+# ensure_broker — the Kafka cluster the pipeline uses: KAFKA_BROKERS when set, else a local
+# Apache Kafka broker (ensure_kafka), started when nothing listens on its port (then
+# BROKER_STARTED=1, and stop_broker stops it).
+ensure_broker() {
+    ensure_kafka
+}
+
+# stop_broker — stops the broker ensure_broker started (no-op otherwise).
+stop_broker() {
+    stop_kafka
+}
+
+# broker_list — the bootstrap servers the pipeline's processes get as KAFKA_BROKERS: the cluster
+# KAFKA_BROKERS named, else the local broker.
+broker_list() {
+    printf '%s\n' "${KAFKA_BROKERS:-$BROKER_HOST:$BROKER_PORT}"
 }
 
 # ---------------------------------------------------------------------------------------------

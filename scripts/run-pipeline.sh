@@ -3,7 +3,7 @@
 #
 #   scripts/run-pipeline.sh
 #
-# order service (producer) -> outbox in PostgreSQL -> relay -> Kafka (nisshi) -> consumer groups
+# order service (producer) -> outbox in PostgreSQL -> relay -> Apache Kafka -> consumer groups
 # inventory and notification. Waits until the outbox and both groups are drained, prints a report,
 # then stops everything it started (PostgreSQL is left running).
 #
@@ -15,7 +15,8 @@
 #   DRAIN_TIMEOUT=120        seconds to wait, after the load, for outbox and consumer lag to reach 0
 #   STOP_TIMEOUT=30          seconds a service gets to exit after SIGTERM before SIGKILL
 #   RUST_LOG=info LOG_JSON   the services' logging ($RUN_DIR/{producer,relay,consumer}.log)
-#   BROKER_STORAGE, RUN_DIR  see scripts/lib.sh
+#   KAFKA_BROKERS            an existing Kafka cluster to use instead of a local broker
+#   RUN_DIR, KAFKA_*         see scripts/lib.sh
 set -euo pipefail
 # shellcheck source=scripts/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -219,8 +220,8 @@ log "logs and pid files in $RUN_DIR"
 section "[2/9] PostgreSQL"
 ensure_postgres
 
-section "[3/9] Kafka-protocol broker (nisshi)"
-ensure_broker # installs nisshi first (ensure_nisshi) unless a broker already listens
+section "[3/9] Apache Kafka"
+ensure_broker # fetches Kafka's jars first (kafka_fetch) unless a broker already listens
 
 section "[4/9] cargo build --release --workspace --bins"
 ensure_build_deps
@@ -235,8 +236,11 @@ if [[ $PIPELINE_RESET == 1 ]]; then
 fi
 create_database "$PIPELINE_DB"
 export DATABASE_URL="postgres://postgres@127.0.0.1:5432/$PIPELINE_DB?sslmode=disable"
-export KAFKA_BROKERS="$BROKER_HOST:$BROKER_PORT"
-unset KAFKA_OPTIONS # settings for a real cluster (SASL, TLS) would not suit the local broker
+if [[ -z ${KAFKA_BROKERS:-} ]]; then
+    unset KAFKA_OPTIONS # settings for a remote cluster (SASL, TLS) would not suit the local broker
+fi
+KAFKA_BROKERS="$(broker_list)"
+export KAFKA_BROKERS
 export RUST_LOG="${RUST_LOG:-info}"
 log "DATABASE_URL=$DATABASE_URL KAFKA_BROKERS=$KAFKA_BROKERS"
 log "relay ensure-topics --topic $TOPIC --partitions $PARTITIONS"
@@ -383,7 +387,7 @@ printf 'Orders: %s at %s/s   load: %s   drain: %s   total: %s\n' "$ORDERS" "$RAT
     "$(human_duration $((drain_started - load_started)))" \
     "$(human_duration "$drain_seconds")$( ((drained)) || echo ' (NOT drained)')" \
     "$(human_duration "$SECONDS")"
-echo "Logs: $RUN_DIR/{producer,relay,consumer,export-consumer,nisshi}.log   load summary: $RUN_DIR/load.json"
+echo "Logs: $RUN_DIR/{producer,relay,consumer,export-consumer,kafka}.log   load summary: $RUN_DIR/load.json"
 echo
 show_export
 echo

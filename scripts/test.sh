@@ -3,8 +3,9 @@
 #
 #   scripts/test.sh [EXTRA CARGO TEST ARGS...]
 #
-# Brings up PostgreSQL (127.0.0.1:5432) and a Kafka-protocol broker (nisshi, 127.0.0.1:9092),
-# installing them when missing (and Prometheus: prometheus, promtool), builds the binaries, runs
+# Brings up PostgreSQL (127.0.0.1:5432, Debian's packages) and Apache Kafka (KRaft, one node on
+# 127.0.0.1:9092, its jars from Maven Central; or the cluster KAFKA_BROKERS names), installing
+# what is missing (and Prometheus: prometheus, promtool), builds the binaries, runs
 # the workspace's tests against them, fuzzes the consumer's record decoding for a minute
 # (scripts/fuzz.sh), runs the short verification, checks the monitoring files
 # (scripts/check-observability.sh), then clippy and rustfmt. Exits non-zero when any step fails.
@@ -63,8 +64,8 @@ step() {
 stage "[1/9] PostgreSQL"
 ensure_postgres
 
-stage "[2/9] Kafka-protocol broker (nisshi)"
-ensure_broker # installs nisshi first (ensure_nisshi) unless a broker already listens
+stage "[2/9] Apache Kafka"
+ensure_broker # fetches Kafka's jars first (kafka_fetch) unless a broker already listens
 
 stage "[3/9] Prometheus (prometheus, promtool)"
 ensure_prometheus # the monitoring checks and the Prometheus end-to-end test need both
@@ -99,7 +100,7 @@ outbox_has_no_http() {
 step "outbox dependencies" outbox_has_no_http
 step "cargo test" env \
     DATABASE_URL="postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable" \
-    KAFKA_BROKERS="127.0.0.1:9092" \
+    KAFKA_BROKERS="$(broker_list)" \
     PIPELINE_BIN_DIR="$TARGET_DIR/release" \
     PROMETHEUS_BIN="$(command -v prometheus)" \
     cargo test --release --workspace "$@"

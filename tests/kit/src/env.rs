@@ -148,23 +148,30 @@ impl TestEnv {
 
     /// Starts a consumer process running both groups.
     pub async fn consumer(&self, label: &str) -> anyhow::Result<(Service, String)> {
-        let svc = self.spawn(
-            "consumer",
-            label,
-            &[
-                "run",
-                "--group",
-                "inventory",
-                "--group",
-                "notification",
-                "--topic",
-                &self.topic,
-                "--group-prefix",
-                &self.group_prefix,
-                "--metrics-listen",
-                "127.0.0.1:0",
-            ],
-        )?;
+        self.consumer_with_args(label, &[]).await
+    }
+
+    /// Starts a consumer process running both groups, with further `consumer run` arguments.
+    pub async fn consumer_with_args(
+        &self,
+        label: &str,
+        extra: &[&str],
+    ) -> anyhow::Result<(Service, String)> {
+        let mut args = vec![
+            "run",
+            "--group",
+            "inventory",
+            "--group",
+            "notification",
+            "--topic",
+            &self.topic,
+            "--group-prefix",
+            &self.group_prefix,
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ];
+        args.extend_from_slice(extra);
+        let svc = self.spawn("consumer", label, &args)?;
         let addr = svc
             .wait_for_log_value("consumer metrics listening on ", Duration::from_secs(30))
             .await?;

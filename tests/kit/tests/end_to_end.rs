@@ -261,3 +261,99 @@ async fn killing_relay_and_consumer_loses_nothing_and_applies_nothing_twice() ->
     drop(standby_relay);
     Ok(())
 }
+
+/// Partitions assigned to the member behind `metrics`, both groups together.
+async fn assigned(metrics: &str) -> anyhow::Result<i64> {
+    Ok(scrape_sum(metrics, "consumer_assigned_partitions", &[]).await? as i64)
+}
+
+/// A group on `protocol` under load: a second member joins (the partitions are shared between
+/// the two, none held twice), then the first is killed (the survivor takes all of them, after
+/// the session timeout), and still every event is applied exactly once and in order.
+async fn members_come_and_go(protocol: &str) -> anyhow::Result<()> {
+    const PARTITIONS: i64 = 12;
+    let every = PARTITIONS * GROUPS.len() as i64;
+    let env = TestEnv::new(&format!("proto-{protocol}"), PARTITIONS as i32).await?;
+    prepare(&env)?;
+    let (_order_service, url) = env.order_service().await?;
+    let (_relay, _) = env.relay("relay").await?;
+    let args = ["--group-protocol", protocol];
+    let (first, first_metrics) = env.consumer_with_args("consumer-1", &args).await?;
+    wait_until(
+        "the first member holds every partition",
+        Duration::from_secs(60),
+        || async { Ok((assigned(&first_metrics).await? == every).then_some(())) },
+    )
+    .await?;
+
+    let summary = env.log_dir.join("load.json");
+    let summary_path = summary.to_string_lossy().into_owned();
+    let mut load_args = load_args(&url, "900", "100", "17");
+    load_args.extend(["--summary-json", &summary_path]);
+    let mut load = tokio::process::Command::new(pipeline_testkit::bin_dir().join("producer"))
+        .args(&load_args)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .spawn()?;
+
+    wait_until("some events applied", Duration::from_secs(60), || async {
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM applied_effect")
+            .fetch_one(&env.pool)
+            .await?;
+        Ok((n >= 300).then_some(()))
+    })
+    .await?;
+    let (_second, second_metrics) = env.consumer_with_args("consumer-2", &args).await?;
+    let joined = Instant::now();
+    let shared = wait_until(
+        "the two members share the partitions",
+        Duration::from_secs(60),
+        || async {
+            let (a, b) = (
+                assigned(&first_metrics).await?,
+                assigned(&second_metrics).await?,
+            );
+            // Each partition held by one member: the two hold every partition between them.
+            Ok((a > 0 && b > 0 && a + b == every).then_some((a, b)))
+        },
+    )
+    .await?;
+    let split = joined.elapsed();
+
+    first.kill_hard()?;
+    let killed = Instant::now();
+    wait_until(
+        "the surviving member holds every partition",
+        Duration::from_secs(60),
+        || async { Ok((assigned(&second_metrics).await? == every).then_some(())) },
+    )
+    .await?;
+    let takeover = killed.elapsed();
+
+    let status = tokio::time::timeout(Duration::from_secs(300), load.wait()).await??;
+    assert!(status.success(), "load driver failed");
+    let load: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&summary)?)?;
+    let expected_events = load["events"].as_i64().expect("events in load summary");
+    env.wait_drained(&GROUPS, Duration::from_secs(180)).await?;
+    assert_exactly_once_in_order(&env, expected_events).await?;
+    let rebalances = scrape_sum(&second_metrics, "consumer_rebalances_total", &[]).await?;
+    println!(
+        "group protocol {protocol}: {expected_events} events; partitions split {}/{} {split:.1?} \
+         after the second member started; the survivor held all {every} {takeover:.1?} after the \
+         first was killed ({rebalances} rebalance callbacks on it)",
+        shared.0, shared.1
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn classic_group_protocol_shares_and_takes_over_partitions_exactly_once() -> anyhow::Result<()>
+{
+    members_come_and_go("classic").await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consumer_group_protocol_shares_and_takes_over_partitions_exactly_once(
+) -> anyhow::Result<()> {
+    members_come_and_go("consumer").await
+}
