@@ -302,11 +302,15 @@ impl Settings {
                 .map(PathBuf::from)
                 .context("the verify executable has no directory")?,
         };
-        let work_root = args.work_dir.unwrap_or_else(|| bin_dir.join("verify-runs"));
+        // Absolute: each Kafka node runs in its own directory.
+        let absolute = |path: PathBuf| {
+            std::path::absolute(&path).with_context(|| format!("resolving {}", path.display()))
+        };
+        let work_root = absolute(args.work_dir.unwrap_or_else(|| bin_dir.join("verify-runs")))?;
         let kafka = KafkaSettings {
             java: args.kafka_java,
-            jars: args.kafka_jars,
-            config_dir: args.kafka_config_dir,
+            jars: absolute(args.kafka_jars)?,
+            config_dir: absolute(args.kafka_config_dir)?,
             base_port: args.kafka_base_port,
             heap_opts: args
                 .kafka_heap_opts
