@@ -54,7 +54,27 @@ pub struct ProducerSettings {
     pub statistics_interval: Duration,
 }
 
-/// Creates the idempotent, `acks=all` producer.
+/// How long the relay waits for the answer to a produce request (librdkafka's
+/// `socket.timeout.ms`, 60 s by default, capped by the delivery timeout) before it drops the
+/// connection and sends the request's messages again. A leader that is frozen, or cut off
+/// without the connection being closed, answers nothing, and the idempotent producer sends
+/// nothing more to that leader's partitions until its requests in flight are answered or timed
+/// out: this bounds how long such a leader holds the whole batch. Longer than a broker's session
+/// timeout (Kafka's default 9 s), so that by the time the messages are sent again the controller
+/// has given the partitions a new leader, which the producer then reads from the cluster.
+pub const PRODUCE_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a leader may hold a produce request waiting for the in-sync replicas
+/// (`request.timeout.ms`, enforced by the broker): shorter than [`PRODUCE_REQUEST_TIMEOUT`], so
+/// that a live leader answers with a (retried) timeout before the relay gives up on the
+/// connection.
+pub const BROKER_ACK_TIMEOUT: Duration = Duration::from_secs(8);
+
+/// Creates the idempotent, `acks=all` producer. A request timed out or answered with a timeout
+/// is sent again with the same producer id and sequence numbers, so the broker writes each
+/// message once and in order; a message not acknowledged within the delivery timeout fails and
+/// its event is retried by the relay (its possible earlier copy is a Kafka-level duplicate the
+/// consumers skip).
 pub fn create_producer(
     kafka: &KafkaArgs,
     settings: &ProducerSettings,
@@ -65,6 +85,14 @@ pub fn create_producer(
         .set("acks", "all")
         .set("enable.idempotence", "true")
         .set("max.in.flight.requests.per.connection", "5")
+        .set(
+            "socket.timeout.ms",
+            PRODUCE_REQUEST_TIMEOUT.as_millis().to_string(),
+        )
+        .set(
+            "request.timeout.ms",
+            BROKER_ACK_TIMEOUT.as_millis().to_string(),
+        )
         .set(
             "message.timeout.ms",
             settings.delivery_timeout.as_millis().to_string(),
