@@ -1,13 +1,13 @@
 //! Kafka client settings and the few admin calls the pipeline needs.
 //!
 //! Everything here speaks the plain Kafka protocol through librdkafka, so the same binaries run
-//! against Apache Kafka, Redpanda, MSK or the local development broker.
+//! against Apache Kafka, Redpanda, MSK or any other Kafka-protocol cluster.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -88,6 +88,103 @@ impl KafkaArgs {
             }
         }
         Ok(())
+    }
+
+    /// A topic's replicas and the settings an acknowledged write's durability rests on.
+    pub async fn topic_durability(&self, topic: &str) -> anyhow::Result<TopicDurability> {
+        let admin: AdminClient<DefaultClientContext> = self
+            .client_config()
+            .create()
+            .context("creating Kafka admin client")?;
+        let timeout = Duration::from_secs(10);
+        let metadata = admin
+            .inner()
+            .fetch_metadata(Some(topic), timeout)
+            .with_context(|| format!("reading topic {topic}'s metadata"))?;
+        let Some(found) = metadata.topics().iter().find(|t| t.name() == topic) else {
+            bail!("topic {topic} not found");
+        };
+        if let Some(e) = found.error() {
+            bail!("topic {topic}: {:?}", RDKafkaErrorCode::from(e));
+        }
+        let partitions = found.partitions();
+        let replication_factor = partitions
+            .iter()
+            .map(|p| p.replicas().len())
+            .min()
+            .unwrap_or(0);
+        let opts = AdminOptions::new().request_timeout(Some(timeout));
+        let configs = admin
+            .describe_configs(&[ResourceSpecifier::Topic(topic)], &opts)
+            .await
+            .with_context(|| format!("reading topic {topic}'s configuration"))?;
+        let config = configs.into_iter().next().and_then(Result::ok);
+        let value = |name: &str| {
+            config
+                .as_ref()
+                .and_then(|c| c.get(name))
+                .and_then(|e| e.value.clone())
+        };
+        Ok(TopicDurability {
+            topic: topic.to_owned(),
+            partitions: partitions.len(),
+            replication_factor,
+            min_insync_replicas: value("min.insync.replicas").and_then(|v| v.parse().ok()),
+            unclean_leader_election: value("unclean.leader.election.enable")
+                .and_then(|v| v.parse().ok()),
+        })
+    }
+}
+
+/// What an `acks=all` write to a topic rests on: its replicas and the in-sync replicas a write
+/// needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopicDurability {
+    pub topic: String,
+    pub partitions: usize,
+    /// The fewest replicas any of its partitions has.
+    pub replication_factor: usize,
+    /// `min.insync.replicas` (the topic's, or the broker's default), when the cluster tells it.
+    pub min_insync_replicas: Option<u32>,
+    /// `unclean.leader.election.enable`, when the cluster tells it.
+    pub unclean_leader_election: Option<bool>,
+}
+
+impl TopicDurability {
+    /// What an acknowledged write to this topic does not survive, one sentence each; empty when
+    /// it survives the loss of any one broker.
+    pub fn weaknesses(&self) -> Vec<String> {
+        let mut weak = Vec::new();
+        if self.replication_factor < 2 {
+            weak.push(format!(
+                "replication factor {}: an acknowledged event lives on one broker and is lost with \
+                 its disk (use 3)",
+                self.replication_factor
+            ));
+        } else if let Some(min) = self.min_insync_replicas {
+            if min < 2 {
+                weak.push(format!(
+                    "min.insync.replicas {min}: the leader alone may acknowledge an event, and it \
+                     is lost if that broker fails before a follower copies it (use 2 with \
+                     replication factor 3)"
+                ));
+            } else if min as usize >= self.replication_factor {
+                weak.push(format!(
+                    "min.insync.replicas {min} with replication factor {}: one broker down stops \
+                     every write (use replication factor {} or more)",
+                    self.replication_factor,
+                    min + 1
+                ));
+            }
+        }
+        if self.unclean_leader_election == Some(true) {
+            weak.push(
+                "unclean.leader.election.enable=true: a replica that missed acknowledged events \
+                 may become leader and drop them"
+                    .to_owned(),
+            );
+        }
+        weak
     }
 }
 
@@ -210,6 +307,42 @@ mod tests {
         assert_eq!(
             parse_option("a=b=c").expect("valid"),
             ("a".to_owned(), "b=c".to_owned())
+        );
+    }
+
+    fn topic(replication_factor: usize, min_isr: u32, unclean: bool) -> TopicDurability {
+        TopicDurability {
+            topic: "t".into(),
+            partitions: 12,
+            replication_factor,
+            min_insync_replicas: Some(min_isr),
+            unclean_leader_election: Some(unclean),
+        }
+    }
+
+    #[test]
+    fn three_replicas_two_in_sync_survive_one_broker() {
+        assert!(topic(3, 2, false).weaknesses().is_empty());
+    }
+
+    #[test]
+    fn each_weak_setting_is_named() {
+        let one = topic(1, 1, false).weaknesses();
+        assert!(one[0].contains("replication factor 1"), "{one:?}");
+        let leader_alone = topic(3, 1, false).weaknesses();
+        assert!(
+            leader_alone[0].contains("min.insync.replicas 1"),
+            "{leader_alone:?}"
+        );
+        let all_needed = topic(2, 2, false).weaknesses();
+        assert!(
+            all_needed[0].contains("stops every write"),
+            "{all_needed:?}"
+        );
+        let unclean = topic(3, 2, true).weaknesses();
+        assert!(
+            unclean[0].contains("unclean.leader.election.enable"),
+            "{unclean:?}"
         );
     }
 }

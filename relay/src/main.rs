@@ -17,7 +17,20 @@ async fn main() -> anyhow::Result<()> {
             partitions,
         } => {
             kafka.ensure_topics(&topics, partitions).await?;
-            println!("topics ready: {}", topics.join(", "));
+            // What acks=all is worth on each topic, said where the topics are set up.
+            for topic in &topics {
+                let d = kafka.topic_durability(topic).await?;
+                let min_isr = d
+                    .min_insync_replicas
+                    .map_or_else(|| "?".to_owned(), |n| n.to_string());
+                println!(
+                    "topic {topic}: {} partitions, replication factor {}, min.insync.replicas {min_isr}",
+                    d.partitions, d.replication_factor
+                );
+                for weakness in d.weaknesses() {
+                    tracing::warn!(%topic, "{weakness}");
+                }
+            }
             Ok(())
         }
     }
