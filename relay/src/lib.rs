@@ -26,7 +26,15 @@ use crate::metrics::RelayMetrics;
 /// Connects, serves the ops endpoint and runs the relay until `shutdown`.
 pub async fn run(args: RunArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
     args.validate()?;
-    let pool = args.db.connect(&[&OUTBOX_MIGRATOR]).await?;
+    // A relay frozen inside a transaction (one holding its lease row FOR SHARE) must not keep a
+    // standby from taking the lease over: the server ends such a transaction, as it ends the
+    // lease sessions' own, after one lease operation's timeout.
+    let idle = args.lease_settings().op_timeout().as_millis().to_string();
+    let options = args
+        .db
+        .connect_options()?
+        .options([("idle_in_transaction_session_timeout", idle.as_str())]);
+    let pool = args.db.connect_pool(options, &[&OUTBOX_MIGRATOR]).await?;
     let registry = Registry::new();
     let metrics = RelayMetrics::register(&registry).context("registering metrics")?;
     ops_http::serve_worker(
