@@ -165,12 +165,22 @@ pub(super) async fn fresh_topic(
 }
 
 /// The settings `relay/src/publish.rs` gives its producer (with `relay run`'s defaults), but no
-/// client statistics. Copied rather than called, so the ceiling stays a plain client.
+/// client statistics. Copied rather than called, so the ceiling stays a plain client; the request
+/// timeouts are the relay's constants.
 pub(super) fn relay_producer_config(linger_ms: u64) -> BTreeMap<String, String> {
+    use relay::publish::{BROKER_ACK_TIMEOUT, PRODUCE_REQUEST_TIMEOUT};
     [
         ("acks", "all".to_owned()),
         ("enable.idempotence", "true".to_owned()),
         ("max.in.flight.requests.per.connection", "5".to_owned()),
+        (
+            "socket.timeout.ms",
+            PRODUCE_REQUEST_TIMEOUT.as_millis().to_string(),
+        ),
+        (
+            "request.timeout.ms",
+            BROKER_ACK_TIMEOUT.as_millis().to_string(),
+        ),
         ("message.timeout.ms", "30000".to_owned()),
         ("linger.ms", linger_ms.to_string()),
         ("compression.type", "none".to_owned()),
