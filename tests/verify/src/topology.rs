@@ -484,12 +484,33 @@ fn with_authority(url: &str, authority: &str) -> String {
     format!("{}{authority}{}", &url[..host_start], &url[end..])
 }
 
-/// `n` distinct ports free right now (bound all at once, then released).
+/// Where the run's listening ports are taken from: below the system's ephemeral range
+/// (32768–60999 by default), so that no outgoing connection of the run (the clients' connections
+/// to Kafka and PostgreSQL) takes a port between the moment it is found free and the moment its
+/// process listens on it, and below the Kafka nodes' ports (29092 and up).
+const PORTS: std::ops::Range<u16> = 20_000..29_000;
+
+/// `n` distinct ports free right now (bound all at once, then released), from [`PORTS`],
+/// starting at a place that varies with the process id so that successive runs spread out.
 fn free_ports(n: usize) -> anyhow::Result<Vec<u16>> {
-    let listeners = (0..n)
-        .map(|_| TcpListener::bind("127.0.0.1:0"))
-        .collect::<Result<Vec<_>, _>>()
-        .context("finding free ports")?;
+    let span = PORTS.end - PORTS.start;
+    let start = (std::process::id() % u32::from(span)) as u16;
+    let mut listeners = Vec::with_capacity(n);
+    for i in 0..span {
+        if listeners.len() == n {
+            break;
+        }
+        let port = PORTS.start + (start + i) % span;
+        if let Ok(l) = TcpListener::bind(("127.0.0.1", port)) {
+            listeners.push(l);
+        }
+    }
+    anyhow::ensure!(
+        listeners.len() == n,
+        "finding {n} free ports between {} and {}",
+        PORTS.start,
+        PORTS.end
+    );
     listeners
         .iter()
         .map(|l| Ok(l.local_addr()?.port()))
