@@ -305,3 +305,19 @@ pub(super) fn plain_reader(
 pub fn round3(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn librdkafka_takes_the_relay_like_settings() {
+        // Creating a producer checks every property; no broker is contacted yet.
+        let mut config = kafka_args("127.0.0.1:1").client_config();
+        for (k, v) in &relay_producer_config(1) {
+            config.set(k, v);
+        }
+        let producer: Result<FutureProducer, _> = config.create();
+        assert!(producer.is_ok(), "{:?}", producer.err());
+    }
+}
