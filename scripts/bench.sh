@@ -38,16 +38,9 @@ trap finish EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-# Descriptors this script inherited beyond stdin, stdout and stderr (a flock(1) lock serialising
-# heavy jobs, say) are closed, so that the servers it may start (PostgreSQL outlives it) do not
-# keep them open. Bash reads this script through descriptor 255.
-for fd_path in /proc/$$/fd/*; do
-    fd=${fd_path##*/}
-    if [[ $fd =~ ^[0-9]+$ ]] && ((fd > 2 && fd != 255)); then
-        eval "exec $fd>&-" 2>/dev/null || true
-    fi
-done
-unset fd fd_path
+# Descriptors this script inherited (a flock(1) lock serialising heavy jobs, say) are closed, so
+# that the servers it may start (PostgreSQL outlives it) do not keep them open.
+close_inherited_fds
 
 section "PostgreSQL and broker"
 ensure_postgres

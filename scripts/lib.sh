@@ -78,6 +78,20 @@ human_duration() {
 
 have() { command -v "$1" >/dev/null 2>&1; }
 
+# close_inherited_fds — closes the descriptors this shell inherited beyond stdin, stdout and
+# stderr (and 255, through which bash reads a script). Call it in the subshell that starts a
+# server outliving the script (PostgreSQL): a descriptor it inherits, such as a flock(1) lock
+# serialising heavy jobs, would otherwise stay held for as long as the server runs.
+close_inherited_fds() {
+    local fd_path fd
+    for fd_path in "/proc/$BASHPID/fd"/*; do
+        fd=${fd_path##*/}
+        if [[ $fd =~ ^[0-9]+$ ]] && ((fd > 2 && fd != 255)); then
+            eval "exec $fd>&-" 2>/dev/null || true
+        fi
+    done
+}
+
 # as_root COMMAND... — runs a command as root (directly, or through sudo).
 as_root() {
     if [[ $(id -u) -eq 0 ]]; then
@@ -167,7 +181,11 @@ install_postgres() {
     log "PostgreSQL server not installed: installing Debian's postgresql package"
     have apt-get || die "PostgreSQL is missing and apt-get is not available to install it"
     as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+    # The package may start its cluster: that server must not inherit our descriptors either.
+    (
+        close_inherited_fds
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+    )
     [[ -n $(pg_server_version) ]] || die "apt-get install postgresql left no server in /usr/lib/postgresql"
 }
 
@@ -216,7 +234,10 @@ ensure_postgres() {
             fi
         else
             log "starting PostgreSQL cluster $ver/$cluster"
-            as_root pg_ctlcluster --skip-systemctl-redirect "$ver" "$cluster" start ||
+            (
+                close_inherited_fds
+                as_root pg_ctlcluster --skip-systemctl-redirect "$ver" "$cluster" start
+            ) ||
                 die "pg_ctlcluster could not start $ver/$cluster (see /var/log/postgresql/postgresql-$ver-$cluster.log)"
         fi
         local deadline=$((SECONDS + wait_s))
@@ -545,6 +566,7 @@ ensure_kafka() {
     log "starting Apache Kafka $version (KRaft) on $BROKER_HOST:$port, controller on :$cport (log: $klog)"
     (
         cd "$RUN_DIR"
+        close_inherited_fds
         exec "$KAFKA_JAVA_CMD" "${heap[@]}" "${jvm[@]}" \
             -Dlog4j2.configurationFile="$log4j" -Dkafka.root.log.level="$level" \
             -cp "$cache/*" kafka.Kafka "$props"
