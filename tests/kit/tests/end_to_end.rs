@@ -205,7 +205,7 @@ async fn killing_relay_and_consumer_loses_nothing_and_applies_nothing_twice() ->
     let mut args = load_args(&url, "1000", "150", "11");
     args.extend(["--summary-json", &summary_path]);
     let producer_bin = pipeline_testkit::bin_dir().join("producer");
-    let mut load = tokio::process::Command::new(producer_bin)
+    let load = tokio::process::Command::new(producer_bin)
         .args(&args)
         .env("RUST_LOG", "warn")
         .stdout(std::process::Stdio::null())
@@ -241,13 +241,7 @@ async fn killing_relay_and_consumer_loses_nothing_and_applies_nothing_twice() ->
     let (_consumer2, consumer2_metrics) = env.consumer("consumer-2").await?;
     let (_relay_c, _) = env.relay("relay-c").await?;
 
-    let status = tokio::time::timeout(Duration::from_secs(300), load.wait()).await??;
-    assert!(status.success(), "load driver failed");
-    let load: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&summary)?)?;
-    let expected_events = load["events"].as_i64().expect("events in load summary");
-
-    env.wait_drained(&GROUPS, Duration::from_secs(180)).await?;
-    assert_exactly_once_in_order(&env, expected_events).await?;
+    let expected_events = finish_load(&env, load, &summary).await?;
     let duplicates = scrape_sum(
         &consumer2_metrics,
         "consumer_messages_total",
@@ -260,6 +254,22 @@ async fn killing_relay_and_consumer_loses_nothing_and_applies_nothing_twice() ->
     );
     drop(standby_relay);
     Ok(())
+}
+
+/// Waits for the load driver started in the background, then for the pipeline to drain, and
+/// checks every event it acknowledged (its summary at `summary`); returns their number.
+async fn finish_load(
+    env: &TestEnv,
+    mut load: tokio::process::Child,
+    summary: &std::path::Path,
+) -> anyhow::Result<i64> {
+    let status = tokio::time::timeout(Duration::from_secs(300), load.wait()).await??;
+    assert!(status.success(), "load driver failed");
+    let load: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(summary)?)?;
+    let expected_events = load["events"].as_i64().expect("events in load summary");
+    env.wait_drained(&GROUPS, Duration::from_secs(180)).await?;
+    assert_exactly_once_in_order(env, expected_events).await?;
+    Ok(expected_events)
 }
 
 /// Partitions assigned to the member behind `metrics`, both groups together.
@@ -290,7 +300,7 @@ async fn members_come_and_go(protocol: &str) -> anyhow::Result<()> {
     let summary_path = summary.to_string_lossy().into_owned();
     let mut load_args = load_args(&url, "900", "100", "17");
     load_args.extend(["--summary-json", &summary_path]);
-    let mut load = tokio::process::Command::new(pipeline_testkit::bin_dir().join("producer"))
+    let load = tokio::process::Command::new(pipeline_testkit::bin_dir().join("producer"))
         .args(&load_args)
         .env("RUST_LOG", "warn")
         .stdout(std::process::Stdio::null())
@@ -330,12 +340,7 @@ async fn members_come_and_go(protocol: &str) -> anyhow::Result<()> {
     .await?;
     let takeover = killed.elapsed();
 
-    let status = tokio::time::timeout(Duration::from_secs(300), load.wait()).await??;
-    assert!(status.success(), "load driver failed");
-    let load: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&summary)?)?;
-    let expected_events = load["events"].as_i64().expect("events in load summary");
-    env.wait_drained(&GROUPS, Duration::from_secs(180)).await?;
-    assert_exactly_once_in_order(&env, expected_events).await?;
+    let expected_events = finish_load(&env, load, &summary).await?;
     let rebalances = scrape_sum(&second_metrics, "consumer_rebalances_total", &[]).await?;
     println!(
         "group protocol {protocol}: {expected_events} events; partitions split {}/{} {split:.1?} \
