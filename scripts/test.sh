@@ -82,6 +82,10 @@ if ((${#missing[@]})); then
 fi
 
 stage "[5/9] cargo build --release --workspace --bins"
+# A clean build (CI) keeps no incremental state: on a fresh machine it would only cost disk.
+if [[ -n ${CI:-} ]]; then
+    export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
+fi
 ensure_build_deps
 cargo build --release --workspace --bins
 
