@@ -4,9 +4,9 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use demo_events::order_events::ORDER_EVENTS_TOPIC;
 use pipeline_core::db::DbArgs;
 use pipeline_core::kafka::KafkaArgs;
-use pipeline_core::order_events::ORDER_EVENTS_TOPIC;
 use pipeline_core::telemetry::LogArgs;
 
 use crate::handlers::export::ExportSettings;

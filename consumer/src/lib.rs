@@ -109,7 +109,10 @@ pub use crate::handlers::{
 
 /// The consumer library's migrations: what any group needs besides its own effect tables
 /// (dedupe rows, progress, parked events, dead letters, effect history, partition ownership).
-pub use pipeline_core::db::CONSUMER_MIGRATOR as MIGRATOR;
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate::Migrator {
+    ignore_missing: true,
+    ..sqlx::migrate!("../migrations/consumer")
+};
 
 /// Runs the groups `args` names, each looked up in `groups`, until `shutdown` (or a fatal
 /// error, which is returned). See [`runtime::Runtime`] for its steps.

@@ -13,8 +13,8 @@ use consumer::transaction::{
     TransactionContext, CUSTOM_PLANS_UP_TO,
 };
 use consumer::{Event, Handler};
+use demo_events::order_events::{OrderLine, OrderSnapshot, OrderStatus};
 use pipeline_core::envelope::{Envelope, EnvelopeError};
-use pipeline_core::order_events::{OrderLine, OrderSnapshot, OrderStatus};
 use prometheus::Registry;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
@@ -90,7 +90,7 @@ async fn available(pool: &PgPool) -> (i32, i32) {
         .expect("stock row")
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn redelivered_batch_applies_nothing_twice(pool: PgPool) {
     stock(&pool, 100).await;
     let handler = Inventory::new(GROUP);
@@ -138,7 +138,7 @@ async fn redelivered_batch_applies_nothing_twice(pool: PgPool) {
     );
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn same_event_twice_in_one_batch_is_applied_once(pool: PgPool) {
     stock(&pool, 100).await;
     let handler = Inventory::new(GROUP);
@@ -153,7 +153,7 @@ async fn same_event_twice_in_one_batch_is_applied_once(pool: PgPool) {
     assert_eq!(available(&pool).await, (98, 2));
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn event_ahead_of_its_predecessor_is_parked_then_applied_in_order(pool: PgPool) {
     stock(&pool, 100).await;
     let handler = Inventory::new(GROUP);
@@ -200,7 +200,7 @@ async fn event_ahead_of_its_predecessor_is_parked_then_applied_in_order(pool: Pg
     );
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn gap_closed_within_one_batch_records_every_event_as_applied(pool: PgPool) {
     stock(&pool, 100).await;
     let handler = Inventory::new(GROUP);
@@ -230,7 +230,7 @@ async fn gap_closed_within_one_batch_records_every_event_as_applied(pool: PgPool
     assert_eq!(outcomes, vec!["applied", "applied"]);
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn bad_records_are_dead_lettered_with_their_cause_and_others_flow(pool: PgPool) {
     stock(&pool, 100).await;
     let handler = Notifications::new("notification");
@@ -276,7 +276,7 @@ async fn bad_records_are_dead_lettered_with_their_cause_and_others_flow(pool: Pg
     );
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn insufficient_stock_is_a_rejected_reservation_not_an_error(pool: PgPool) {
     stock(&pool, 1).await;
     let handler = Inventory::new(GROUP);
@@ -348,7 +348,7 @@ async fn reservation(pool: &PgPool, order: Uuid) -> (String, Option<String>) {
         .expect("reservation")
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn stock_taken_meanwhile_by_another_batch_is_decided_on_again(pool: PgPool) {
     // 3 in stock, each order wants 2: the batch that read 3 must not reserve once the other
     // batch has taken 2 of them.
@@ -374,7 +374,7 @@ async fn stock_taken_meanwhile_by_another_batch_is_decided_on_again(pool: PgPool
     );
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn stock_changed_meanwhile_is_kept_when_writing(pool: PgPool) {
     stock(&pool, 10).await;
     let (first, cancelled, second) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
@@ -428,7 +428,7 @@ fn dispatch_settings() -> consumer::handlers::notification::DispatchSettings {
     }
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn dispatch_records_each_outcome_backs_off_and_gives_up_after_ten_attempts(pool: PgPool) {
     sqlx::query(
         "INSERT INTO notification (event_id, order_id, recipient, channel, template)
@@ -529,7 +529,7 @@ impl consumer::handlers::notification::NotificationSender for SlowSender {
     }
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn dispatch_holds_no_lock_while_it_sends(pool: PgPool) {
     sqlx::query(
         "INSERT INTO notification (event_id, order_id, recipient, channel, template)
@@ -602,7 +602,7 @@ async fn processed_count(pool: &PgPool) -> i64 {
         .expect("count")
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn batches_of_several_partitions_in_one_transaction_keep_dedupe_and_order(pool: PgPool) {
     stock(&pool, 5).await;
     let handler = Inventory::new(GROUP);
@@ -690,7 +690,7 @@ async fn owned_and_lost(pool: &PgPool) -> (Fence, Fence) {
     (owned, lost)
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn a_fenced_batch_rolls_back_the_shared_transaction(pool: PgPool) {
     stock(&pool, 100).await;
     let handler = Inventory::new(GROUP);
@@ -747,7 +747,7 @@ fn shared(pool: &PgPool, transactions: usize, metrics: &ConsumerMetrics) -> Shar
 
 // `#[sqlx::test]` runs on a current-thread runtime: every batch below is handed over before the
 // runner first runs, as when partitions' batches arrive while a transaction is in flight.
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn waiting_batches_of_many_partitions_share_transactions(pool: PgPool) {
     stock(&pool, 1_000).await;
     let metrics = ConsumerMetrics::register(&Registry::new()).expect("metrics");
@@ -783,7 +783,7 @@ async fn waiting_batches_of_many_partitions_share_transactions(pool: PgPool) {
     );
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn batches_of_a_failed_shared_transaction_are_handed_back(pool: PgPool) {
     stock(&pool, 100).await;
     let metrics = ConsumerMetrics::register(&Registry::new()).expect("metrics");

@@ -8,8 +8,8 @@ use consumer::transaction::{
     claim_partition, process_batch, process_batch_with, Fence, InboundMessage, Outcome,
     ProcessError, TransactionContext, CUSTOM_PLANS_UP_TO,
 };
+use demo_events::order_events::{OrderLine, OrderSnapshot, OrderStatus};
 use pipeline_core::envelope::Envelope;
-use pipeline_core::order_events::{OrderLine, OrderSnapshot, OrderStatus};
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -85,7 +85,7 @@ async fn parked(pool: &PgPool) -> i64 {
         .expect("count")
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn a_dead_letter_parks_its_orders_later_events_and_skip_releases_them(pool: PgPool) {
     setup(&pool).await;
     let handler = Inventory::new(GROUP);
@@ -172,7 +172,7 @@ async fn a_dead_letter_parks_its_orders_later_events_and_skip_releases_them(pool
     assert_eq!(report.outcomes, vec![Outcome::Applied]);
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn replay_after_fixing_the_data_applies_the_event_then_the_parked_ones(pool: PgPool) {
     setup(&pool).await;
     let handler = Inventory::new(GROUP);
@@ -240,7 +240,7 @@ async fn replay_after_fixing_the_data_applies_the_event_then_the_parked_ones(poo
     );
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn a_consumer_that_lost_its_partition_applies_nothing(pool: PgPool) {
     setup(&pool).await;
     let handler = Inventory::new(GROUP);
@@ -285,7 +285,7 @@ async fn a_consumer_that_lost_its_partition_applies_nothing(pool: PgPool) {
     assert_eq!(report.outcomes, vec![Outcome::Applied]);
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn a_parked_event_rejected_when_released_is_dead_lettered_with_its_record_as_it_arrived(
     pool: PgPool,
 ) {

@@ -83,7 +83,7 @@ async fn apply(pool: &PgPool, event: &Event) -> Result<(), HandlerError> {
     tx.apply(&mut conn, event).await
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn the_handler_starts_a_pending_job_once_and_rejects_what_it_cannot_start(pool: PgPool) {
     let id = job(&pool, serde_json::json!({}), "pending").await;
     apply(&pool, &requested(id, "export.requested"))
@@ -115,7 +115,7 @@ async fn the_handler_starts_a_pending_job_once_and_rejects_what_it_cannot_start(
     ));
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn a_file_renamed_before_its_job_was_recorded_is_adopted_not_rewritten(pool: PgPool) {
     let dir = temp_dir();
     let settings = settings(dir.clone());
@@ -163,7 +163,7 @@ async fn a_file_renamed_before_its_job_was_recorded_is_adopted_not_rewritten(poo
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn failures_are_retried_then_failed_and_unreadable_filters_fail_for_good(pool: PgPool) {
     let stop = CancellationToken::new();
     // The export directory cannot be created: a file stands where it should be.
@@ -214,7 +214,7 @@ async fn failures_are_retried_then_failed_and_unreadable_filters_fail_for_good(p
     assert!(!dir.exists() || std::fs::read_dir(&dir).expect("dir").count() == 0);
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn the_jobs_waiting_are_the_pending_and_processing_ones_with_the_oldest_age(pool: PgPool) {
     use consumer::handlers::export::jobs::waiting;
     assert_eq!(waiting(&pool).await.expect("waiting"), (0, 0.0));

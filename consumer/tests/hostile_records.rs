@@ -388,10 +388,7 @@ fn database(rt: &tokio::runtime::Runtime) -> (PgPool, String) {
             .connect(&format!("{base}/{name}?{query}"))
             .await
             .expect("connect");
-        pipeline_core::db::CONSUMER_MIGRATOR
-            .run(&pool)
-            .await
-            .expect("migrate");
+        consumer::MIGRATOR.run(&pool).await.expect("migrate");
         sqlx::query(
             "CREATE TABLE kept (event_id uuid PRIMARY KEY, order_id text NOT NULL,
                                 event_type text NOT NULL, sequence bigint NOT NULL,

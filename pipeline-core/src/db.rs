@@ -6,55 +6,7 @@ use anyhow::Context;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 
-use std::sync::LazyLock;
-
 use sqlx::migrate::Migrator;
-
-pub use outbox::{MIGRATOR as OUTBOX_MIGRATOR, OUTBOX_CHANNEL};
-
-/// The consumer groups' bookkeeping: dedupe rows, per-aggregate progress, parked events, dead
-/// letters, effect history, partition ownership (`migrations/consumer`).
-pub static CONSUMER_MIGRATOR: Migrator = Migrator {
-    ignore_missing: true,
-    ..sqlx::migrate!("../migrations/consumer")
-};
-
-/// The demonstration order service's tables: catalogue, orders, order lines
-/// (`migrations/demo-orders`).
-pub static DEMO_ORDERS_MIGRATOR: Migrator = Migrator {
-    ignore_missing: true,
-    ..sqlx::migrate!("../migrations/demo-orders")
-};
-
-/// The demonstration groups' effect tables: inventory and notification
-/// (`migrations/demo-groups`).
-pub static DEMO_GROUPS_MIGRATOR: Migrator = Migrator {
-    ignore_missing: true,
-    ..sqlx::migrate!("../migrations/demo-groups")
-};
-
-/// The pipeline's own tables: the outbox and relay's, and the consumer groups' bookkeeping. A
-/// database migrated with these alone has no table of the demonstration.
-pub const PIPELINE: [&Migrator; 2] = [&OUTBOX_MIGRATOR, &CONSUMER_MIGRATOR];
-
-/// Every set in one, for the demonstration's single database (the order service, the relay and
-/// both groups share it) and for tests.
-pub static MIGRATOR: LazyLock<Migrator> = LazyLock::new(|| {
-    let migrations = [
-        &OUTBOX_MIGRATOR,
-        &CONSUMER_MIGRATOR,
-        &DEMO_ORDERS_MIGRATOR,
-        &DEMO_GROUPS_MIGRATOR,
-    ]
-    .iter()
-    .flat_map(|m| m.migrations.iter().cloned())
-    .collect::<Vec<_>>();
-    Migrator {
-        migrations: std::borrow::Cow::Owned(migrations),
-        ignore_missing: true,
-        ..Migrator::DEFAULT
-    }
-});
 
 /// Applies `sets` in order.
 pub async fn migrate(pool: &PgPool, sets: &[&Migrator]) -> anyhow::Result<()> {
@@ -90,22 +42,42 @@ pub const KEY_LOOKUP_PLANNER: [(&str, &str); 3] = [
     ("enable_mergejoin", "off"),
 ];
 
+/// The database URL of [`DbArgs::default`]: the local PostgreSQL's `pipeline` database.
+pub const DEFAULT_DATABASE_URL: &str =
+    "postgres://postgres@127.0.0.1:5432/pipeline?sslmode=disable";
+
 /// Database settings shared by every binary.
-#[derive(clap::Args, Clone)]
+#[derive(Clone)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
 pub struct DbArgs {
     /// PostgreSQL connection URL.
-    #[arg(
-        long,
-        env = "DATABASE_URL",
-        default_value = "postgres://postgres@127.0.0.1:5432/pipeline?sslmode=disable"
+    #[cfg_attr(
+        feature = "cli",
+        arg(long, env = "DATABASE_URL", default_value = DEFAULT_DATABASE_URL)
     )]
     pub database_url: String,
     /// Largest number of pooled connections.
-    #[arg(long, env = "DATABASE_MAX_CONNECTIONS", default_value_t = 16)]
+    #[cfg_attr(
+        feature = "cli",
+        arg(long, env = "DATABASE_MAX_CONNECTIONS", default_value_t = 16)
+    )]
     pub database_max_connections: u32,
     /// Apply pending migrations at start-up.
-    #[arg(long, env = "DATABASE_MIGRATE", default_value_t = true, action = clap::ArgAction::Set)]
+    #[cfg_attr(
+        feature = "cli",
+        arg(long, env = "DATABASE_MIGRATE", default_value_t = true, action = clap::ArgAction::Set)
+    )]
     pub migrate: bool,
+}
+
+impl Default for DbArgs {
+    fn default() -> Self {
+        DbArgs {
+            database_url: DEFAULT_DATABASE_URL.to_owned(),
+            database_max_connections: 16,
+            migrate: true,
+        }
+    }
 }
 
 impl std::fmt::Debug for DbArgs {

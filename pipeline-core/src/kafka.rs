@@ -14,20 +14,40 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 
+/// The brokers of [`KafkaArgs::default`]: a local broker.
+pub const DEFAULT_KAFKA_BROKERS: &str = "127.0.0.1:9092";
+
 /// Kafka settings shared by every binary.
-#[derive(clap::Args, Clone)]
+#[derive(Clone)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
 pub struct KafkaArgs {
     /// Bootstrap brokers, comma separated.
-    #[arg(long, env = "KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
+    #[cfg_attr(
+        feature = "cli",
+        arg(long, env = "KAFKA_BROKERS", default_value = DEFAULT_KAFKA_BROKERS)
+    )]
     pub kafka_brokers: String,
     /// Extra librdkafka settings as key=value, repeatable (or comma separated in the environment),
     /// e.g. security.protocol=SASL_SSL, sasl.mechanisms=SCRAM-SHA-512, sasl.username=…,
     /// sasl.password=…, ssl.ca.location=/etc/ssl/ca.pem.
-    #[arg(long = "kafka-option", env = "KAFKA_OPTIONS", value_delimiter = ',', value_parser = parse_option)]
+    #[cfg_attr(
+        feature = "cli",
+        arg(long = "kafka-option", env = "KAFKA_OPTIONS", value_delimiter = ',', value_parser = parse_option)
+    )]
     pub kafka_options: Vec<(String, String)>,
 }
 
-fn parse_option(s: &str) -> Result<(String, String), String> {
+impl Default for KafkaArgs {
+    fn default() -> Self {
+        KafkaArgs {
+            kafka_brokers: DEFAULT_KAFKA_BROKERS.to_owned(),
+            kafka_options: Vec::new(),
+        }
+    }
+}
+
+/// Parses one `key=value` librdkafka setting.
+pub fn parse_option(s: &str) -> Result<(String, String), String> {
     let (k, v) = s
         .split_once('=')
         .ok_or_else(|| format!("`{s}` is not key=value"))?;
@@ -279,24 +299,17 @@ pub fn partition_lags(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
-
-    #[derive(Parser)]
-    struct Cli {
-        #[command(flatten)]
-        kafka: KafkaArgs,
-    }
 
     #[test]
     fn secrets_are_redacted_in_debug() {
-        let cli = Cli::parse_from([
-            "x",
-            "--kafka-option",
-            "sasl.username=app",
-            "--kafka-option",
-            "sasl.password=hunter2",
-        ]);
-        let shown = format!("{:?}", cli.kafka);
+        let kafka = KafkaArgs {
+            kafka_options: vec![
+                parse_option("sasl.username=app").expect("valid"),
+                parse_option("sasl.password=hunter2").expect("valid"),
+            ],
+            ..KafkaArgs::default()
+        };
+        let shown = format!("{kafka:?}");
         assert!(shown.contains("app"), "{shown}");
         assert!(!shown.contains("hunter2"), "{shown}");
     }

@@ -1,12 +1,14 @@
-//! What the order service, the relay and the consumers share.
+//! What the outbox's relay, the consumer runtime and the operator command share: the event
+//! envelope and record headers, database and Kafka settings, the operations endpoint, telemetry,
+//! the overlap of shared transactions and crash points for fault-injection runs.
+//!
+//! The command-line forms of the settings (`clap`) come with the `cli` feature, for binaries.
 
 pub mod crash_point;
 pub mod db;
 pub mod envelope;
-pub mod export_events;
 pub mod kafka;
 pub mod ops_http;
-pub mod order_events;
 pub mod overlap;
 pub mod record;
 pub mod telemetry;

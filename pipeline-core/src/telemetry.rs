@@ -4,14 +4,24 @@ use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 
 /// Log settings shared by every binary.
-#[derive(clap::Args, Debug, Clone)]
+#[derive(Debug, Clone)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
 pub struct LogArgs {
     /// Log lines as JSON objects instead of text.
-    #[arg(long, env = "LOG_JSON", default_value_t = false)]
+    #[cfg_attr(feature = "cli", arg(long, env = "LOG_JSON", default_value_t = false))]
     pub log_json: bool,
     /// Log filter, e.g. `info` or `relay=debug,info` (RUST_LOG syntax).
-    #[arg(long, env = "RUST_LOG", default_value = "info")]
+    #[cfg_attr(feature = "cli", arg(long, env = "RUST_LOG", default_value = "info"))]
     pub log: String,
+}
+
+impl Default for LogArgs {
+    fn default() -> Self {
+        LogArgs {
+            log_json: false,
+            log: "info".to_owned(),
+        }
+    }
 }
 
 /// Installs the global `tracing` subscriber writing to stderr.

@@ -4,8 +4,8 @@
 //! consumer seeds its stock from the same ids (`demo_product_id`).
 
 use anyhow::Context;
+use demo_events::order_events::demo_product_id;
 use pipeline_core::db::DbArgs;
-use pipeline_core::order_events::demo_product_id;
 use pipeline_core::telemetry::LogArgs;
 use sqlx::PgPool;
 

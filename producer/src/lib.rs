@@ -20,8 +20,5 @@ pub mod outbox;
 pub mod server;
 pub mod validation;
 
-use pipeline_core::db::{DEMO_ORDERS_MIGRATOR, OUTBOX_MIGRATOR};
-use sqlx::migrate::Migrator;
-
 /// The tables the order service uses: the outbox's, and its own (catalogue, orders, order lines).
-pub const SCHEMA: [&Migrator; 2] = [&OUTBOX_MIGRATOR, &DEMO_ORDERS_MIGRATOR];
+pub use demo_events::schema::ORDER_SERVICE as SCHEMA;

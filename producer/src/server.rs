@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use axum::Router;
+use demo_events::order_events::ORDER_EVENTS_TOPIC;
 use pipeline_core::db::{DbArgs, Planner};
 use pipeline_core::ops_http;
-use pipeline_core::order_events::ORDER_EVENTS_TOPIC;
 use pipeline_core::telemetry::LogArgs;
 use prometheus::Registry;
 use tokio::net::TcpListener;

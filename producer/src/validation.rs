@@ -10,7 +10,7 @@ use std::collections::HashSet;
 use std::fmt;
 
 use chrono::{DateTime, Utc};
-use pipeline_core::order_events::OrderLine;
+use demo_events::order_events::OrderLine;
 use serde::de::value::MapAccessDeserializer;
 use serde::de::{MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};

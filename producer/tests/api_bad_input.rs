@@ -42,7 +42,7 @@ fn lines(n: usize) -> Value {
     )
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn bad_create_requests_are_refused_without_writes(pool: PgPool) {
     let app = spawn_app(pool).await;
     let nul_line = json!([{"product_id": "sku-\u{0}1", "quantity": 1}]);
@@ -234,7 +234,7 @@ async fn bad_create_requests_are_refused_without_writes(pool: PgPool) {
     assert_eq!(status, 201);
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn limits_are_inclusive(pool: PgPool) {
     let app = spawn_app(pool).await;
     let (status, body) = app
@@ -264,7 +264,7 @@ async fn limits_are_inclusive(pool: PgPool) {
     assert_eq!(status, 201, "{body}");
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn transitions_ignore_their_body(pool: PgPool) {
     let app = spawn_app(pool).await;
     let id = app.place_order().await;

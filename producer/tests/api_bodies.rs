@@ -100,7 +100,7 @@ async fn refused_without_writes(app: &TestApp, path: &str, cases: Vec<Case>) {
     .await;
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn create_order_takes_only_an_object(pool: PgPool) {
     let app = spawn_app(pool).await;
     let reminder_at = (chrono::Utc::now() + chrono::Duration::hours(1))
@@ -170,7 +170,7 @@ async fn create_order_takes_only_an_object(pool: PgPool) {
     assert_eq!(written, (1, 1, 1), "the order, its event and its reminder");
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn submit_export_takes_only_an_object(pool: PgPool) {
     let app = spawn_app(pool).await;
     let filters = json!({"status": "cancelled", "customer_id": "customer-1"});

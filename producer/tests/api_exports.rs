@@ -18,7 +18,7 @@ async fn written(app: &TestApp) -> (i64, i64) {
         .expect("count rows")
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn a_valid_request_is_accepted_at_once_with_its_event(pool: PgPool) {
     let app = spawn_app(pool).await;
     let answer = app
@@ -74,7 +74,7 @@ async fn a_valid_request_is_accepted_at_once_with_its_event(pool: PgPool) {
     );
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn bad_requests_are_refused_with_a_reason_and_write_nothing(pool: PgPool) {
     let app = spawn_app(pool).await;
     let cases: [(&str, Vec<u8>, u16, &str); 9] = [
@@ -165,7 +165,7 @@ async fn bad_requests_are_refused_with_a_reason_and_write_nothing(pool: PgPool) 
     assert_eq!(written(&app).await, (0, 0), "nothing written");
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn downloads_answer_by_the_jobs_state(pool: PgPool) {
     let app = spawn_app(pool).await;
     let id = uuid::Uuid::new_v4();

@@ -9,7 +9,7 @@ use common::{spawn_app, valid_order};
 use serde_json::json;
 use sqlx::PgPool;
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn same_key_same_request_returns_the_same_order(pool: PgPool) {
     let app = spawn_app(pool).await;
     let key = [("Idempotency-Key", "key-1")];
@@ -46,7 +46,7 @@ async fn same_key_same_request_returns_the_same_order(pool: PgPool) {
     assert_eq!(app.row_counts().await.0, 3);
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn same_key_different_request_is_refused(pool: PgPool) {
     let app = spawn_app(pool).await;
     let key = [("Idempotency-Key", "key-2")];
@@ -62,7 +62,7 @@ async fn same_key_different_request_is_refused(pool: PgPool) {
     assert_eq!(app.row_counts().await, (1, 2, 1));
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn concurrent_creates_with_one_key_place_one_order(pool: PgPool) {
     let app = spawn_app(pool).await;
     let body = valid_order();
@@ -80,7 +80,7 @@ async fn concurrent_creates_with_one_key_place_one_order(pool: PgPool) {
     assert_eq!(app.row_counts().await, (1, 2, 1));
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn a_refused_request_does_not_use_up_its_key(pool: PgPool) {
     let app = spawn_app(pool).await;
     let key = [("Idempotency-Key", "key-3")];
@@ -92,7 +92,7 @@ async fn a_refused_request_does_not_use_up_its_key(pool: PgPool) {
     assert_eq!(status, 201);
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn malformed_keys_are_refused(pool: PgPool) {
     let app = spawn_app(pool).await;
     let long = "k".repeat(201);

@@ -7,7 +7,7 @@ use common::{outbox_rows, spawn_app, valid_order, TOPIC, TRACEPARENT};
 use serde_json::json;
 use sqlx::PgPool;
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn place_pay_ship_writes_three_events_in_sequence(pool: PgPool) {
     let app = spawn_app(pool).await;
     let (status, placed) = app.post("/orders", &valid_order(), &[]).await;
@@ -56,7 +56,7 @@ async fn place_pay_ship_writes_three_events_in_sequence(pool: PgPool) {
     assert_ne!(fetched["updated_at"], placed["updated_at"]);
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn illegal_transitions_are_refused_and_write_nothing(pool: PgPool) {
     let app = spawn_app(pool).await;
 
@@ -103,7 +103,7 @@ async fn illegal_transitions_are_refused_and_write_nothing(pool: PgPool) {
     assert_eq!(outbox_rows(&app.pool, &id).await.len(), 2);
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn unknown_and_malformed_order_ids(pool: PgPool) {
     let app = spawn_app(pool).await;
     let missing = uuid::Uuid::new_v4();
@@ -137,7 +137,7 @@ async fn unknown_and_malformed_order_ids(pool: PgPool) {
     assert_eq!(app.row_counts().await, (0, 0, 0));
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn traceparent_is_carried_into_outbox_headers(pool: PgPool) {
     let app = spawn_app(pool).await;
     let (status, order) = app
@@ -159,7 +159,7 @@ async fn traceparent_is_carried_into_outbox_headers(pool: PgPool) {
     assert_eq!(rows[1].4, json!({}));
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn ops_endpoints_share_the_listener(pool: PgPool) {
     let app = spawn_app(pool).await;
     let id = app.place_order().await;
@@ -200,7 +200,7 @@ async fn ops_endpoints_share_the_listener(pool: PgPool) {
     }
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn catalogue_seed_is_idempotent(pool: PgPool) {
     assert_eq!(
         producer::catalog::seed_catalog(&pool, 25)

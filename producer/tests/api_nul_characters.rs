@@ -41,7 +41,7 @@ async fn refused_without_writes(
     .await;
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn nul_in_an_order_is_refused_wherever_it_is(pool: PgPool) {
     let app = spawn_app(pool).await;
     let reminder_at = (chrono::Utc::now() + chrono::Duration::hours(1))
@@ -143,7 +143,7 @@ async fn nul_in_an_order_is_refused_wherever_it_is(pool: PgPool) {
     assert_eq!(placed["customer_id"], "customer\\u0000-1");
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn nul_in_an_export_request_is_refused(pool: PgPool) {
     let app = spawn_app(pool).await;
     let cases = vec![
@@ -201,7 +201,7 @@ async fn raw_status(app: &TestApp, request: &[u8]) -> u16 {
         .unwrap_or_else(|| panic!("no status line: {line:?}"))
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn header_values_that_cannot_be_stored_are_refused(pool: PgPool) {
     let app = spawn_app(pool).await;
     let body = serde_json::to_string(&valid_order()).expect("serialise");

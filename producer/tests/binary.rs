@@ -46,7 +46,7 @@ async fn listening_address(child: &mut Child) -> String {
     addr
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn serve_load_and_stop(pool: PgPool) {
     let seeded = producer(&pool, &["seed-catalog", "--products", "20"])
         .stderr(Stdio::null())

@@ -175,7 +175,7 @@ async fn event_types(pool: &PgPool, order_id: Uuid) -> Vec<(String, i64)> {
         .collect()
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn waiting_changes_share_a_transaction_and_keep_their_own_answers(pool: PgPool) {
     let (orders, registry) = setup(&pool).await;
     let held = placed(&orders).await;
@@ -255,7 +255,7 @@ async fn waiting_changes_share_a_transaction_and_keep_their_own_answers(pool: Pg
     assert_eq!(failures(&registry), 0);
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn a_change_that_must_be_undone_sends_the_others_alone(pool: PgPool) {
     let (orders, registry) = setup(&pool).await;
     let held = placed(&orders).await;
@@ -323,7 +323,7 @@ async fn answered(task: JoinHandle<Result<Order, OrderError>>) -> Order {
     task.await.expect("join").expect("transition")
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn transitions_of_a_shared_transaction_are_made_together_in_arrival_order(pool: PgPool) {
     let (orders, registry) = setup(&pool).await;
     let held = placed(&orders).await;
@@ -419,7 +419,7 @@ async fn lines_of(pool: &PgPool, order_id: Uuid) -> Vec<(i32, String, i32)> {
     .expect("order lines")
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn places_of_a_shared_transaction_are_made_together_with_their_own_answers(pool: PgPool) {
     let (orders, registry) = setup(&pool).await;
     let held = placed(&orders).await;

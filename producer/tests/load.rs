@@ -56,7 +56,7 @@ async fn assert_matches_database(app: &TestApp, summary: &Summary) {
     assert_eq!(bad, 0, "every order yields 2 or 3 events");
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn load_run_matches_the_outbox(pool: PgPool) {
     let app = spawn_app(pool).await;
     let dir = std::env::temp_dir().join(format!("producer-load-{}", uuid::Uuid::new_v4()));
@@ -123,7 +123,7 @@ async fn forward(
     (status, [("content-type", "application/json")], body).into_response()
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn lost_answers_are_retried_without_double_effects(pool: PgPool) {
     let app = spawn_app(pool).await;
     let proxy = LossyProxy {
@@ -204,7 +204,7 @@ fn open_ended(rate: f64) -> Pacing {
     }
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn request_pacing_sends_one_event_a_slot_and_each_orders_in_sequence(pool: PgPool) {
     const REQUESTS: u64 = 240;
     let app = spawn_app(pool).await;
@@ -253,7 +253,7 @@ async fn request_pacing_sends_one_event_a_slot_and_each_orders_in_sequence(pool:
     assert_eq!(orders.len() as i64, in_database);
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn an_open_ended_run_ends_when_the_recorder_has_enough_and_finishes_its_orders(pool: PgPool) {
     let app = spawn_app(pool).await;
     let mut recorder = UpTo {

@@ -37,7 +37,7 @@ async fn sequences(pool: &PgPool, aggregate_id: &str) -> Vec<i64> {
         .expect("sequences")
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn same_fact_twice_is_a_duplicate_without_a_gap(pool: PgPool) {
     let first = enqueue_committed(&pool, &event("o1", "order.placed", "o1")).await;
     assert!(
@@ -86,7 +86,7 @@ async fn same_fact_twice_is_a_duplicate_without_a_gap(pool: PgPool) {
     assert_eq!(headers, json!({"x-source": "test"}));
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn rollback_leaves_no_row_and_no_gap(pool: PgPool) {
     let mut tx = pool.begin().await.expect("begin");
     let _ = enqueue(&mut tx, &event("o2", "order.placed", "o2"))
@@ -112,7 +112,7 @@ async fn rollback_leaves_no_row_and_no_gap(pool: PgPool) {
     );
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn aggregates_have_their_own_sequences(pool: PgPool) {
     for (key, agg) in [
         ("a1", "a"),
@@ -127,7 +127,7 @@ async fn aggregates_have_their_own_sequences(pool: PgPool) {
     assert_eq!(sequences(&pool, "b").await, [1, 2]);
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn concurrent_writers_of_one_aggregate_get_consecutive_sequences(pool: PgPool) {
     let tasks = (0..20).map(|i| {
         let pool = pool.clone();
@@ -146,7 +146,7 @@ async fn concurrent_writers_of_one_aggregate_get_consecutive_sequences(pool: PgP
     assert_eq!(seqs, (1..=20).collect::<Vec<i64>>());
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn invalid_events_are_refused_before_the_database(pool: PgPool) {
     let mut tx = pool.begin().await.expect("begin");
     let mut e = event("k", "t", "a");
@@ -181,7 +181,7 @@ async fn enqueue_all_committed(pool: &PgPool, events: &[NewEvent]) -> Vec<(uuid:
     result
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn enqueue_all_continues_each_aggregates_sequence_in_the_order_given(pool: PgPool) {
     let _ = enqueue_committed(&pool, &event("a1", "e", "a")).await;
     let events = [
@@ -213,7 +213,7 @@ async fn enqueue_all_continues_each_aggregates_sequence_in_the_order_given(pool:
     );
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn enqueue_all_refuses_a_recorded_fact_and_leaves_no_gap(pool: PgPool) {
     let _ = enqueue_committed(&pool, &event("o1", "order.placed", "o1")).await;
     for events in [
@@ -251,7 +251,7 @@ async fn enqueue_all_refuses_a_recorded_fact_and_leaves_no_gap(pool: PgPool) {
     assert!(enqueue_all_committed(&pool, &[]).await.is_empty());
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn concurrent_enqueue_all_of_shared_aggregates_neither_deadlocks_nor_skips(pool: PgPool) {
     // Each writer names the two aggregates in the opposite order.
     let tasks = (0..20).map(|i| {
@@ -386,7 +386,7 @@ async fn rows_written(tx: &mut Transaction<'_, Postgres>) -> i64 {
     .expect("count")
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn every_entry_point_refuses_what_postgresql_or_kafka_would_and_writes_nothing(pool: PgPool) {
     let soon = PublishAt::After(Duration::from_secs(60));
     let good = event("good", "order.placed", "order-good");
@@ -462,7 +462,7 @@ async fn every_entry_point_refuses_what_postgresql_or_kafka_would_and_writes_not
     assert_eq!(sequences(&pool, "order-good").await, [1]);
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn without_the_checks_postgresql_would_refuse_the_nul_characters(pool: PgPool) {
     // What the checks spare callers: a database error that aborts their transaction, which they
     // could not tell from a transient fault.
@@ -488,7 +488,7 @@ async fn without_the_checks_postgresql_would_refuse_the_nul_characters(pool: PgP
     }
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn the_size_limit_is_a_setting_and_counts_key_headers_and_payload(pool: PgPool) {
     let limit = 10_000;
     let outbox = Outbox::new(OutboxSettings {

@@ -15,7 +15,7 @@ pub mod vacuum;
 use std::time::Duration;
 
 use anyhow::Context;
-use pipeline_core::db::OUTBOX_MIGRATOR;
+use outbox::MIGRATOR as OUTBOX_MIGRATOR;
 use pipeline_core::ops_http;
 use prometheus::Registry;
 use tokio_util::sync::CancellationToken;

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use chrono::Utc;
 use futures::stream::{FuturesUnordered, StreamExt};
-use pipeline_core::db::OUTBOX_CHANNEL;
+use outbox::OUTBOX_CHANNEL;
 use rdkafka::producer::Producer;
 use sqlx::postgres::PgListener;
 use sqlx::PgPool;

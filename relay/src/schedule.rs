@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use crate::lease::{Fence, Lease};
 use crate::mark::MarkError;
 use crate::metrics::RelayMetrics;
-use pipeline_core::db::OUTBOX_CHANNEL;
+use outbox::OUTBOX_CHANNEL;
 
 /// Moves up to `limit` due scheduled events into the outbox in one statement, oldest due first,
 /// and returns how many it moved.

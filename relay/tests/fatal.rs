@@ -71,7 +71,7 @@ fn read_all(bootstrap: &str, expected: usize) -> Vec<(String, i64)> {
     seen
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn after_a_fatal_producer_error_the_relay_renews_its_producer_and_publishes_everything_in_order(
     pool: PgPool,
 ) {

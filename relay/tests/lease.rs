@@ -52,7 +52,7 @@ fn published(id: i64) -> Published {
     }
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn a_frozen_holder_is_replaced_once_its_lease_expires_and_is_fenced(pool: PgPool) {
     let ttl = Duration::from_millis(2_000);
     let settings = common::lease_settings(ttl);
@@ -135,7 +135,7 @@ async fn a_frozen_holder_is_replaced_once_its_lease_expires_and_is_fenced(pool: 
     assert_eq!(queue_row(&pool, event).await, None);
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn a_holder_whose_session_ends_is_replaced_at_once(pool: PgPool) {
     let settings = common::lease_settings(Duration::from_secs(120));
     let mut old = common::elector(&pool, settings.clone());
@@ -156,7 +156,7 @@ async fn a_holder_whose_session_ends_is_replaced_at_once(pool: PgPool) {
     assert_eq!(new_lease.fence().epoch, old_lease.fence().epoch + 1);
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn a_lease_released_on_shutdown_is_taken_at_once_and_renewals_keep_it(pool: PgPool) {
     let settings = common::lease_settings(Duration::from_millis(1_500));
     let mut holder = common::elector(&pool, settings.clone());

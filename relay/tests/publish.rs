@@ -123,7 +123,7 @@ async fn relay_until(
     }
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn a_message_too_large_fails_with_its_reason_and_holds_its_order_only(pool: PgPool) {
     let (_elector, lease) = common::hold_lease(&pool).await;
     let topic = topic().await;
@@ -312,7 +312,7 @@ async fn a_message_too_large_fails_with_its_reason_and_holds_its_order_only(pool
     assert_eq!(payload["text"], "Robert'); DROP TABLE outbox;-- 顧客 ✓");
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn an_event_the_outbox_takes_at_its_limit_is_published_by_a_producer_with_that_limit(
     pool: PgPool,
 ) {
@@ -388,7 +388,7 @@ async fn an_event_the_outbox_takes_at_its_limit_is_published_by_a_producer_with_
     );
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn broker_down_records_backoff_and_the_event_goes_out_once_a_broker_answers(pool: PgPool) {
     let (_elector, lease) = common::hold_lease(&pool).await;
     let topic = topic().await;
@@ -458,7 +458,7 @@ async fn broker_down_records_backoff_and_the_event_goes_out_once_a_broker_answer
     assert_eq!((attempts, error), (2, None));
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn an_event_for_a_topic_kafka_refuses_fails_and_holds_its_order(pool: PgPool) {
     let (_elector, lease) = common::hold_lease(&pool).await;
     let metrics = RelayMetrics::register(&Registry::new()).expect("metrics");

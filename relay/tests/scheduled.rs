@@ -74,7 +74,7 @@ async fn in_outbox(pool: &PgPool, order: &str) -> Vec<(Uuid, i64)> {
     .expect("outbox")
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn a_delayed_event_goes_out_when_due_after_what_its_order_committed_before(pool: PgPool) {
     let (_elector, lease) = common::hold_lease(&pool).await;
     let topic = topic().await;
@@ -206,7 +206,7 @@ async fn a_delayed_event_goes_out_when_due_after_what_its_order_committed_before
     assert_eq!(header_at, publish_at);
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn a_delayed_fact_is_recorded_once_and_a_cancelled_one_never_published(pool: PgPool) {
     let (_elector, lease) = common::hold_lease(&pool).await;
     let soon = PublishAt::After(Duration::from_millis(200));
@@ -261,7 +261,7 @@ async fn a_delayed_fact_is_recorded_once_and_a_cancelled_one_never_published(poo
     assert_eq!(waiting, 0);
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn only_the_lease_holder_releases(pool: PgPool) {
     let (_elector, lease) = common::hold_lease(&pool).await;
     let _ = enqueue_later(

@@ -37,7 +37,7 @@ async fn queue_pages(pool: &PgPool) -> i64 {
     .expect("relation size")
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn vacuum_gives_back_the_pages_of_published_events(pool: PgPool) {
     let (_elector, lease) = common::hold_lease(&pool).await;
     enqueue_orders(&pool, "first", 3000).await;

@@ -1,8 +1,8 @@
 //! The command line of `pipeline`; every shared flag also reads an environment variable.
 
 use clap::{Parser, Subcommand};
+use demo_events::order_events::ORDER_EVENTS_TOPIC;
 use pipeline_core::kafka::KafkaArgs;
-use pipeline_core::order_events::ORDER_EVENTS_TOPIC;
 
 use crate::error::BadInput;
 

@@ -8,7 +8,7 @@ mod common;
 use common::{order_message, pipeline, stock};
 use consumer::handlers::inventory::Inventory;
 use consumer::transaction::{process_batch, InboundMessage, Outcome};
-use pipeline_core::order_events::OrderStatus;
+use demo_events::order_events::OrderStatus;
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -43,7 +43,7 @@ fn ids(run: &common::Run) -> Vec<i64> {
         .collect()
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn replay_and_skip_release_parked_events_in_order(pool: PgPool) {
     stock(&pool).await;
     let handler = Inventory::new(GROUP);
@@ -268,7 +268,7 @@ async fn replay_and_skip_release_parked_events_in_order(pool: PgPool) {
     assert_eq!(after, ["applied", "released"], "{trace}");
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn bad_input_exits_2_and_changes_nothing(pool: PgPool) {
     stock(&pool).await;
     let handler = Inventory::new(GROUP);

@@ -41,7 +41,7 @@ async fn fail_for_good(pool: &PgPool, id: i64, error: &str) {
     }
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn a_requeued_event_is_published_before_its_orders_held_events(pool: PgPool) {
     let (first, first_event) = enqueue(&pool, "order-1", "order.placed").await;
     let (second, _) = enqueue(&pool, "order-1", "order.paid").await;
@@ -118,7 +118,7 @@ async fn a_requeued_event_is_published_before_its_orders_held_events(pool: PgPoo
     );
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn requeue_refuses_what_is_not_failed_and_changes_nothing(pool: PgPool) {
     let (id, event) = enqueue(&pool, "order-1", "order.placed").await;
     let event = event.to_string();
@@ -165,7 +165,7 @@ async fn requeue_refuses_what_is_not_failed_and_changes_nothing(pool: PgPool) {
     assert_eq!((attempts, actions), (0, 0));
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn trace_of_an_unknown_order_is_an_error(pool: PgPool) {
     let run = pipeline(&pool, &["trace", "no-such-order"]);
     assert_eq!(run.status, 2, "{}", run.stderr);
@@ -176,7 +176,7 @@ async fn trace_of_an_unknown_order_is_an_error(pool: PgPool) {
     );
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn status_counts_stop_at_the_cap_and_read_by_index(pool: PgPool) {
     // More queued events than the cap: the figure shows the cap rather than counting on.
     sqlx::query(

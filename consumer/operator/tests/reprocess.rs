@@ -10,8 +10,8 @@ use std::time::Duration;
 use common::{order_message, pipeline, stock};
 use consumer::handlers::inventory::Inventory;
 use consumer::transaction::{process_batch, InboundMessage, Outcome};
+use demo_events::order_events::OrderStatus;
 use pipeline_core::kafka::KafkaArgs;
-use pipeline_core::order_events::OrderStatus;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
@@ -131,7 +131,7 @@ async fn progress(pool: &PgPool, group: &str, order: Uuid) -> i64 {
     .expect("progress")
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn reprocess_keeps_dedupe_rows_unless_told_to_clear_them(pool: PgPool) {
     let topic = topic_with(4).await;
     let group = format!("inventory-{}", Uuid::new_v4().simple());
@@ -227,7 +227,7 @@ async fn reprocess_keeps_dedupe_rows_unless_told_to_clear_them(pool: PgPool) {
     );
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn reprocess_refuses_a_running_group_and_bad_positions(pool: PgPool) {
     let topic = topic_with(4).await;
     let group = format!("inventory-{}", Uuid::new_v4().simple());

@@ -81,7 +81,7 @@ fn every_runbook_command_parses() {
     }
 }
 
-#[sqlx::test(migrator = "pipeline_core::db::MIGRATOR")]
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn every_runbook_statement_runs_on_the_current_schema(pool: PgPool) {
     let statements: Vec<String> = runbook(ALERTS)
         .statements

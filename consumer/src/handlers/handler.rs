@@ -79,8 +79,8 @@ pub trait HandlerTransaction: Send {
 /// Parses the order snapshot every order event carries.
 pub fn order_snapshot(
     event: &Event,
-) -> Result<pipeline_core::order_events::OrderSnapshot, HandlerError> {
-    let snapshot: pipeline_core::order_events::OrderSnapshot =
+) -> Result<demo_events::order_events::OrderSnapshot, HandlerError> {
+    let snapshot: demo_events::order_events::OrderSnapshot =
         serde_json::from_value(event.payload.clone()).map_err(|e| {
             HandlerError::Rejected(format!("payload is not an order snapshot: {e}"))
         })?;

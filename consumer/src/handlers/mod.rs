@@ -9,7 +9,7 @@ pub mod inventory;
 pub mod notification;
 mod registry;
 
-use pipeline_core::db::{CONSUMER_MIGRATOR, DEMO_GROUPS_MIGRATOR};
+use demo_events::schema::{CONSUMER_MIGRATOR, DEMO_GROUPS_MIGRATOR};
 use sqlx::migrate::Migrator;
 
 pub use handler::{order_snapshot, Event, Handler, HandlerError, HandlerTransaction};

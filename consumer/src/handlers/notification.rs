@@ -9,10 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use futures::future::BoxFuture;
-use pipeline_core::order_events::{
+use demo_events::order_events::{
     ORDER_CANCELLED, ORDER_PAID, ORDER_PAYMENT_REMINDER, ORDER_PLACED, ORDER_SHIPPED,
 };
+use futures::future::BoxFuture;
 use sqlx::{PgConnection, PgPool};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;

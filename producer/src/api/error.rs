@@ -175,7 +175,7 @@ impl From<PathRejection> for ApiError {
 mod tests {
     use super::*;
     use crate::orders::{Action, IllegalTransition};
-    use pipeline_core::order_events::OrderStatus;
+    use demo_events::order_events::OrderStatus;
 
     #[test]
     fn domain_errors_map_to_client_statuses() {

@@ -49,7 +49,7 @@ pub(super) async fn submit_export(
         .await?;
     state
         .metrics
-        .event_enqueued(pipeline_core::export_events::EXPORT_REQUESTED);
+        .event_enqueued(demo_events::export_events::EXPORT_REQUESTED);
     tracing::info!(export_id = %job.id, ?filters, "export submitted");
     let answer = JobAnswer::from(job);
     let location = HeaderValue::from_str(&answer.status_url)

@@ -5,8 +5,8 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use demo_events::order_events::ORDER_PLACED;
 use pipeline_core::envelope::TRACEPARENT;
-use pipeline_core::order_events::ORDER_PLACED;
 use uuid::Uuid;
 
 use super::{ApiError, ApiJson, AppState};

@@ -2,8 +2,8 @@
 //! times in order, a bounded customer id. Nothing reaches the database unless it passes.
 
 use chrono::{DateTime, Utc};
-use pipeline_core::export_events::ExportFilters;
-use pipeline_core::order_events::OrderStatus;
+use demo_events::export_events::ExportFilters;
+use demo_events::order_events::OrderStatus;
 use serde::Deserialize;
 
 use crate::validation::MAX_CUSTOMER_ID_CHARS;

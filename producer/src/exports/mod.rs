@@ -15,7 +15,7 @@ mod store;
 use std::path::PathBuf;
 
 use chrono::{DateTime, Utc};
-use pipeline_core::export_events::EXPORT_JOBS_TOPIC;
+use demo_events::export_events::EXPORT_JOBS_TOPIC;
 use serde::Serialize;
 use uuid::Uuid;
 

@@ -4,10 +4,10 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use pipeline_core::envelope::TRACEPARENT;
-use pipeline_core::export_events::{
+use demo_events::export_events::{
     export_file_name, ExportFilters, ExportRequested, EXPORT_REQUESTED,
 };
+use pipeline_core::envelope::TRACEPARENT;
 use sqlx::PgPool;
 use uuid::Uuid;
 

@@ -124,7 +124,7 @@ impl StepRecord {
     /// The event type the step records when it goes through.
     pub fn event_type(&self) -> &'static str {
         match self.action {
-            None => pipeline_core::order_events::ORDER_PLACED,
+            None => demo_events::order_events::ORDER_PLACED,
             Some(action) => action.target().event_type(),
         }
     }

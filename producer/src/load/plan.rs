@@ -2,7 +2,7 @@
 //! The seeded mix derives each order from the run's seed and the order's index only, so it is the
 //! same whatever the concurrency or timing.
 
-use pipeline_core::order_events::{demo_product_id, OrderLine};
+use demo_events::order_events::{demo_product_id, OrderLine};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 

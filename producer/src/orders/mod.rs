@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use pipeline_core::order_events::{OrderLine, OrderSnapshot, OrderStatus};
+use demo_events::order_events::{OrderLine, OrderSnapshot, OrderStatus};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use uuid::Uuid;

@@ -226,7 +226,7 @@ fn placed_order(
         order_id,
         customer_id: order.customer_id.clone(),
         email: order.email.clone(),
-        status: pipeline_core::order_events::OrderStatus::Placed,
+        status: demo_events::order_events::OrderStatus::Placed,
         lines: order.lines.clone(),
         created_at,
         updated_at,

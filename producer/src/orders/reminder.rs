@@ -7,7 +7,7 @@
 //! leaves none. The relay publishes a reminder that is still there when it falls due, after every
 //! event the order committed before it.
 
-use pipeline_core::order_events::{OrderStatus, ORDER_PAYMENT_REMINDER};
+use demo_events::order_events::{OrderStatus, ORDER_PAYMENT_REMINDER};
 
 use super::{Order, OrderError, OrderService};
 use crate::outbox::{NewEvent, PublishAt};

@@ -1,8 +1,8 @@
 //! Reading orders back and appending their events: the SQL shared by placing and transitions.
 
 use chrono::{DateTime, Utc};
+use demo_events::order_events::{OrderLine, OrderStatus};
 use pipeline_core::envelope::TRACEPARENT;
-use pipeline_core::order_events::{OrderLine, OrderStatus};
 use sqlx::{PgConnection, Postgres, Transaction};
 use uuid::Uuid;
 

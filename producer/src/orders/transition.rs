@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use sqlx::{Postgres, Transaction};
 use uuid::Uuid;
 
-use pipeline_core::order_events::OrderStatus;
+use demo_events::order_events::OrderStatus;
 
 use super::store::{order_from_row, parse_status, OrderRow};
 use super::{Action, IllegalTransition, Order, OrderError, OrderService};

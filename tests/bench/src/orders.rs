@@ -8,8 +8,8 @@
 use std::io;
 
 use chrono::Utc;
+use demo_events::order_events::{demo_product_id, OrderLine, OrderSnapshot, OrderStatus};
 use pipeline_core::envelope::Envelope;
-use pipeline_core::order_events::{demo_product_id, OrderLine, OrderSnapshot, OrderStatus};
 use producer::load::{Fate, OrderPlan};
 use producer::validation::ValidOrder;
 use rdkafka::message::{Headers, OwnedHeaders};

@@ -74,7 +74,7 @@ pub async fn migrated_database(prefix: &str) -> anyhow::Result<(String, PgPool)>
     );
     let url = create_database(&server_url(), &name).await?;
     let pool = PgPool::connect(&url).await?;
-    pipeline_core::db::MIGRATOR.run(&pool).await?;
+    demo_events::MIGRATOR.run(&pool).await?;
     Ok((name, pool))
 }
 

@@ -37,7 +37,7 @@ impl TestEnv {
         let short = &id[..10];
         let database_url = create_database(&server_url(), &format!("pt_{name}_{short}")).await?;
         let pool = PgPool::connect(&database_url).await?;
-        pipeline_core::db::MIGRATOR.run(&pool).await?;
+        demo_events::MIGRATOR.run(&pool).await?;
         let brokers = brokers();
         let topic = format!("orders-{name}-{short}");
         kafka_args(&brokers)

@@ -4,8 +4,8 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use demo_events::order_events::{OrderLine, OrderSnapshot, OrderStatus};
 use pipeline_core::envelope::Envelope;
-use pipeline_core::order_events::{OrderLine, OrderSnapshot, OrderStatus};
 use pipeline_testkit::kafka::read_topic;
 use pipeline_testkit::{scrape_sum, wait_until, TestEnv};
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders};

@@ -6,8 +6,8 @@
 
 use std::time::Duration;
 
+use demo_events::order_events::{OrderLine, OrderSnapshot, OrderStatus};
 use pipeline_core::envelope::Envelope;
-use pipeline_core::order_events::{OrderLine, OrderSnapshot, OrderStatus};
 use pipeline_testkit::TestEnv;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};

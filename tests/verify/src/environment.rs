@@ -113,7 +113,7 @@ async fn connect_and_migrate(database_url: &str) -> anyhow::Result<PgPool> {
         },
     )
     .await?;
-    pipeline_core::db::MIGRATOR
+    demo_events::MIGRATOR
         .run(&pool)
         .await
         .context("migrating the run's database")?;

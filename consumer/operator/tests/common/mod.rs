@@ -6,8 +6,8 @@ use std::process::Output;
 
 use chrono::Utc;
 use consumer::transaction::InboundMessage;
+use demo_events::order_events::{OrderLine, OrderSnapshot, OrderStatus};
 use pipeline_core::envelope::Envelope;
-use pipeline_core::order_events::{OrderLine, OrderSnapshot, OrderStatus};
 use sqlx::PgPool;
 use uuid::Uuid;
 

@@ -11,10 +11,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, SecondsFormat, Utc};
-use futures::TryStreamExt;
-use pipeline_core::export_events::{
+use demo_events::export_events::{
     export_file_name, export_temp_name, ExportFilters, EXPORT_COLUMNS,
 };
+use futures::TryStreamExt;
 use sha2::{Digest, Sha256};
 use sqlx::{PgPool, Row};
 use tokio::io::AsyncWriteExt;

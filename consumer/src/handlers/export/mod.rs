@@ -29,9 +29,9 @@ pub mod worker;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use demo_events::export_events::{ExportRequested, EXPORT_REQUESTED};
+use demo_events::order_events::ORDER_EVENTS_TOPIC;
 use futures::future::BoxFuture;
-use pipeline_core::export_events::{ExportRequested, EXPORT_REQUESTED};
-use pipeline_core::order_events::ORDER_EVENTS_TOPIC;
 use sqlx::PgConnection;
 use uuid::Uuid;
 

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use pipeline_core::order_events::OrderSnapshot;
+use demo_events::order_events::OrderSnapshot;
 
 use super::{Decision, InventoryTransaction, Reservation};
 use crate::handlers::HandlerError;

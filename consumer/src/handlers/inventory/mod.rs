@@ -16,11 +16,11 @@ mod rows;
 use std::collections::{BTreeMap, BTreeSet};
 
 use anyhow::Context;
-use futures::future::BoxFuture;
-use pipeline_core::order_events::{
+use demo_events::order_events::{
     demo_product_id, OrderSnapshot, ORDER_CANCELLED, ORDER_PAID, ORDER_PAYMENT_REMINDER,
     ORDER_PLACED, ORDER_SHIPPED,
 };
+use futures::future::BoxFuture;
 use sqlx::{PgConnection, PgPool};
 
 use super::handler::{order_snapshot, Event, Handler, HandlerError, HandlerTransaction};

@@ -2,7 +2,18 @@
 //! pipeline's own create the pipeline's tables and nothing of the demonstration, and every set
 //! can be applied beside the others, in any order, again and again.
 
-use pipeline_core::db::{migrate, MIGRATOR, PIPELINE};
+use demo_events::schema::{CONSUMER_MIGRATOR, MIGRATOR};
+use sqlx::migrate::Migrator;
+
+/// The pipeline's own tables: the outbox's and the consumer library's.
+const PIPELINE: [&Migrator; 2] = [&outbox::MIGRATOR, &CONSUMER_MIGRATOR];
+
+async fn migrate(pool: &PgPool, sets: &[&Migrator]) -> Result<(), sqlx::migrate::MigrateError> {
+    for set in sets {
+        set.run(pool).await?;
+    }
+    Ok(())
+}
 use sqlx::PgPool;
 
 async fn tables(pool: &PgPool) -> Vec<String> {
