@@ -24,13 +24,12 @@ pub enum Planner {
     /// PostgreSQL's own choices.
     Default,
     /// Index scans and nested loops wherever one exists, whatever the tables' statistics say:
-    /// for sessions whose every hot statement looks rows up by key (the order service, the
-    /// consumers). PostgreSQL otherwise plans such a statement on a table that was small when
-    /// it last looked (a new database, or one whose statistics autovacuum has not refreshed) as
-    /// a sequential scan and hash join, and a prepared statement keeps that plan while the
-    /// table grows: seen, the order service's transition UPDATE and the notification
-    /// dispatcher's UPDATE reading their whole tables for a few rows (2 and 5 ms a statement,
-    /// growing). Other statements still run: a plan with no index to use keeps its sequential
+    /// for sessions whose every hot statement looks rows up by key (services writing through
+    /// the outbox, consumer groups). PostgreSQL otherwise plans such a statement on a table
+    /// that was small when it last looked (a new database, or one whose statistics autovacuum
+    /// has not refreshed) as a sequential scan and hash join, and a prepared statement keeps
+    /// that plan while the table grows, so a statement that touches a few rows reads the whole
+    /// table. Other statements still run: a plan with no index to use keeps its sequential
     /// scan.
     KeyLookups,
 }

@@ -1,14 +1,14 @@
 //! When a further shared transaction may start while another is being written.
 //!
-//! The order service's group commit and a consumer group's shared transactions have several
-//! runners; each takes all the work waiting when it starts a transaction. Without a rule, work
-//! that arrives while one transaction is written starts a second at once, holding just itself:
-//! at moderate rates nearly every change got a transaction of its own (at 1,000 requests/s the
-//! order service ran its one-a-transaction enqueue statement 22,419 times for 25,000 events), and
-//! each costs its round trips and a WAL flush. With an [`Overlap`], a runner holding new work first waits, up to its
-//! patience, for the transactions already running to finish, so what arrives meanwhile shares
-//! the next one. Under load transactions last longer than the patience and run side by side as
-//! before; on an idle service nothing is running and nothing waits.
+//! Shared transactions (a service's requests committed together, a consumer group's batches of
+//! several partitions applied together) have several runners; each takes all the work waiting
+//! when it starts a transaction. Without a rule, work that arrives while one transaction is
+//! written starts a second at once, holding just itself, so at moderate rates nearly every
+//! change gets a transaction of its own, each with its round trips and a WAL flush. With an
+//! [`Overlap`], a runner holding new work first waits, up to its patience, for the transactions
+//! already running to finish, so what arrives meanwhile shares the next one. Under load
+//! transactions last longer than the patience and run side by side; on an idle service nothing
+//! is running and nothing waits.
 
 use std::pin::pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
