@@ -24,11 +24,32 @@ impl Default for LogArgs {
     }
 }
 
-/// Installs the global `tracing` subscriber writing to stderr.
+/// PostgreSQL's notices (`relation "…" already exists, skipping` from every migration that
+/// finds its table) are logged only from warnings up, unless the filter names them itself.
+const NOTICES: &str = "sqlx::postgres::notice=warn";
+
+/// The filter of `spec` (RUST_LOG syntax; `info` when it does not parse), with [`NOTICES`]
+/// added unless `spec` says something of sqlx.
+fn filter(spec: &str) -> EnvFilter {
+    let spec = if EnvFilter::try_new(spec).is_ok() {
+        spec
+    } else {
+        "info"
+    };
+    if spec.contains("sqlx") {
+        EnvFilter::new(spec)
+    } else {
+        EnvFilter::new(format!("{spec},{NOTICES}"))
+    }
+}
+
+/// Installs the global `tracing` subscriber writing to stderr, with terminal colours only when
+/// stderr is a terminal (a log file gets plain text).
 pub fn init(args: &LogArgs) {
-    let filter = EnvFilter::try_new(&args.log).unwrap_or_else(|_| EnvFilter::new("info"));
+    use std::io::IsTerminal;
     let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+        .with_env_filter(filter(&args.log))
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     // A second initialisation (in tests) is harmless: the first subscriber stays.
     let _ = if args.log_json {
@@ -72,4 +93,22 @@ async fn wait_for_signal() {
 #[cfg(not(unix))]
 async fn wait_for_signal() {
     let _ = tokio::signal::ctrl_c().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::filter;
+
+    #[test]
+    fn notices_are_quiet_unless_asked_for() {
+        assert_eq!(
+            filter("info").to_string(),
+            "sqlx::postgres::notice=warn,info"
+        );
+        assert_eq!(filter("debug,sqlx=info").to_string(), "sqlx=info,debug");
+        assert_eq!(
+            filter("not a filter [").to_string(),
+            "sqlx::postgres::notice=warn,info"
+        );
+    }
 }
