@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use pipeline_core::telemetry;
-use producer::cli::{self, Cli};
+use demo_orders::cli::{self, Cli};
 
 #[tokio::main]
 async fn main() -> ExitCode {

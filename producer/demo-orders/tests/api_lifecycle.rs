@@ -203,19 +203,19 @@ async fn ops_endpoints_share_the_listener(pool: PgPool) {
 #[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn catalogue_seed_is_idempotent(pool: PgPool) {
     assert_eq!(
-        producer::catalog::seed_catalog(&pool, 25)
+        demo_orders::catalog::seed_catalog(&pool, 25)
             .await
             .expect("seed"),
         25
     );
     assert_eq!(
-        producer::catalog::seed_catalog(&pool, 25)
+        demo_orders::catalog::seed_catalog(&pool, 25)
             .await
             .expect("seed"),
         0
     );
     assert_eq!(
-        producer::catalog::seed_catalog(&pool, 30)
+        demo_orders::catalog::seed_catalog(&pool, 30)
             .await
             .expect("seed"),
         5

@@ -10,9 +10,9 @@ mod common;
 use std::time::Duration;
 
 use common::{order_service, outbox_rows, PRODUCTS};
-use producer::orders::{Action, GroupCommitSettings, Order, OrderError, OrderService};
-use producer::outbox::{enqueue, NewEvent};
-use producer::validation::{validate_order, CreateOrderRequest, RequestedLine, ValidOrder};
+use demo_orders::orders::{Action, GroupCommitSettings, Order, OrderError, OrderService};
+use demo_orders::outbox::{enqueue, NewEvent};
+use demo_orders::validation::{validate_order, CreateOrderRequest, RequestedLine, ValidOrder};
 use prometheus::Registry;
 use sqlx::{PgPool, Postgres, Transaction};
 use tokio::task::JoinHandle;
@@ -38,7 +38,7 @@ fn order(product_id: &str) -> ValidOrder {
 }
 
 async fn setup(pool: &PgPool) -> (OrderService, Registry) {
-    producer::catalog::seed_catalog(pool, PRODUCTS)
+    demo_orders::catalog::seed_catalog(pool, PRODUCTS)
         .await
         .expect("seed catalogue");
     let registry = Registry::new();

@@ -15,7 +15,7 @@ use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use common::{spawn_app, TestApp, PRODUCTS};
 use pipeline_core::telemetry::LogArgs;
-use producer::load::{
+use demo_orders::load::{
     self, drive, ClientSettings, DriveSettings, LoadArgs, OnStop, OrderClient, OrderPlan, Pacing,
     Recorder, RetryPolicy, StepRecord, Summary,
 };

@@ -17,7 +17,7 @@ pub(crate) async fn enqueue_one(
     settings: &OutboxSettings,
 ) -> Result<Enqueued, EnqueueError> {
     settings.check(event)?;
-    let headers = headers_json(event);
+    let headers = event.headers_json();
     // One round trip: lock the aggregate's sequence row (creating it at 1 on first use), take the
     // next number and insert the event with it.
     let event_id = Uuid::now_v7();
@@ -153,7 +153,7 @@ pub(crate) async fn append(
     let ids: Vec<Uuid> = events.iter().map(|_| Uuid::now_v7()).collect();
     let field = |f: fn(&NewEvent) -> &str| events.iter().map(f).collect::<Vec<&str>>();
     let payloads: Vec<&Value> = events.iter().map(|e| &e.payload).collect();
-    let headers: Vec<Value> = events.iter().map(headers_json).collect();
+    let headers: Vec<Value> = events.iter().map(NewEvent::headers_json).collect();
     // Aggregates' sequence rows are taken in key order, so concurrent callers cannot deadlock on
     // them; each aggregate advances by its number of events at once.
     let query = sqlx::query_as::<_, (Uuid, i64)>(match schedule {
@@ -193,14 +193,4 @@ pub(crate) async fn append(
             None => Err(EnqueueError::Database(sqlx::Error::RowNotFound)),
         })
         .collect()
-}
-
-pub(crate) fn headers_json(event: &NewEvent) -> Value {
-    Value::Object(
-        event
-            .headers
-            .iter()
-            .map(|(k, v)| (k.clone(), Value::String(v.clone())))
-            .collect(),
-    )
 }

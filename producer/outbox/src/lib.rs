@@ -107,6 +107,18 @@ pub struct NewEvent {
     pub headers: Vec<(String, String)>,
 }
 
+impl NewEvent {
+    /// The headers as the JSON object the outbox row stores.
+    pub(crate) fn headers_json(&self) -> Value {
+        Value::Object(
+            self.headers
+                .iter()
+                .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+                .collect(),
+        )
+    }
+}
+
 /// What [`enqueue`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Enqueued {

@@ -9,7 +9,6 @@ use chrono::{DateTime, Utc};
 use sqlx::{Postgres, Transaction};
 use uuid::Uuid;
 
-use crate::append::headers_json;
 use crate::{EnqueueError, NewEvent, OutboxSettings};
 
 /// When the relay may publish a delayed event.
@@ -152,7 +151,7 @@ impl<'a> ScheduledColumns<'a> {
             columns.aggregate_ids.push(&event.aggregate_id);
             columns.topics.push(&event.topic);
             columns.payloads.push(&event.payload);
-            columns.headers.push(headers_json(event));
+            columns.headers.push(event.headers_json());
             columns.ats.push(at);
             columns.delays.push(delay);
         }

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use chrono::{DateTime, Utc};
 use hdrhistogram::Histogram;
 use pipeline_testkit::TestEnv;
-use producer::load::figures::{micros_histogram, quantile_ms};
+use demo_orders::load::figures::{micros_histogram, quantile_ms};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;

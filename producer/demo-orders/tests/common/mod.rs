@@ -1,7 +1,7 @@
 //! Shared set-up of the producer's integration tests.
 //!
 //! The tests run against the PostgreSQL server named by `DATABASE_URL`, e.g.
-//! `DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres cargo test --release -p producer`.
+//! `DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres cargo test --release -p demo-orders`.
 //! `#[sqlx::test]` reads it at run time, creates a fresh database per test and applies the
 //! workspace migrations to it, so tests run in parallel without seeing each other's rows.
 //! Set `TEST_LOG=debug` (or any filter) to see the service's logs.
@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use pipeline_core::telemetry::{self, LogArgs};
-use producer::orders::{GroupCommitMetrics, GroupCommitSettings, OrderService};
+use demo_orders::orders::{GroupCommitMetrics, GroupCommitSettings, OrderService};
 use prometheus::Registry;
 use serde_json::{json, Value};
 use sqlx::PgPool;
@@ -79,18 +79,18 @@ pub fn order_service(
 /// group commit.
 pub async fn spawn_app(pool: PgPool) -> TestApp {
     init_test_log();
-    producer::catalog::seed_catalog(&pool, PRODUCTS)
+    demo_orders::catalog::seed_catalog(&pool, PRODUCTS)
         .await
         .expect("seed catalogue");
     let registry = Registry::new();
     let orders = order_service(&pool, Some(GROUP_COMMIT), &registry);
-    let app = producer::server::app(orders, registry).expect("build app");
+    let app = demo_orders::server::app(orders, registry).expect("build app");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind port 0");
     let addr = listener.local_addr().expect("bound address");
     let shutdown = CancellationToken::new();
-    let _server = tokio::spawn(producer::server::serve(
+    let _server = tokio::spawn(demo_orders::server::serve(
         listener,
         app,
         shutdown.clone(),
