@@ -2,7 +2,7 @@
 //! aggregate, each a [`Handler`] a program registers by name.
 //!
 //! ```no_run
-//! use consumer::config::RunArgs;
+//! use consumer::Settings;
 //! use consumer::{Event, Handler, HandlerTransaction, HandlerError};
 //! use futures::future::BoxFuture;
 //! use sqlx::PgConnection;
@@ -31,7 +31,7 @@
 //!     }
 //! }
 //!
-//! # async fn start(args: RunArgs, shutdown: tokio_util::sync::CancellationToken) -> anyhow::Result<()> {
+//! # async fn start(args: Settings, shutdown: tokio_util::sync::CancellationToken) -> anyhow::Result<()> {
 //! // `args` as parsed from `--group tally --topic …`; the group's database gets the consumer
 //! // library's tables from `consumer::MIGRATOR`.
 //! let groups = consumer::Groups::new().register("tally", |group| Tally { group });
@@ -89,23 +89,20 @@
 
 #![warn(missing_docs)]
 
-mod backoff;
-pub mod config;
+pub mod backoff;
 pub mod handlers;
 pub mod kafka;
 pub mod metrics;
 pub mod operator;
 pub mod partition;
 pub mod runtime;
+pub mod settings;
 pub mod transaction;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::config::RunArgs;
-pub use crate::handlers::{
-    demo_groups, export_group, Event, Groups, Handler, HandlerError, HandlerTransaction,
-    UnknownGroup, SCHEMA,
-};
+pub use crate::handlers::{Event, Groups, Handler, HandlerError, HandlerTransaction, UnknownGroup};
+pub use crate::settings::Settings;
 
 /// The consumer library's migrations: what any group needs besides its own effect tables
 /// (dedupe rows, progress, parked events, dead letters, effect history, partition ownership).
@@ -117,7 +114,7 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate::Migrator {
 /// Runs the groups `args` names, each looked up in `groups`, until `shutdown` (or a fatal
 /// error, which is returned). See [`runtime::Runtime`] for its steps.
 pub async fn run(
-    args: RunArgs,
+    args: Settings,
     groups: &Groups,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {

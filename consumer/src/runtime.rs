@@ -15,11 +15,11 @@ use sqlx::postgres::PgConnectOptions;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::RunArgs;
-use crate::handlers::{Groups, SCHEMA};
+use crate::handlers::Groups;
 use crate::kafka::{probe, run_collector, run_member, LagCollector, Reachability};
 use crate::metrics::ConsumerMetrics;
 use crate::partition::{FatalSignal, TaskContext};
+use crate::settings::Settings;
 use crate::transaction::{DeadLetterSink, SharedTransactionSettings, SharedTransactions};
 
 /// How often the database probe runs (see [`Reachability`]).
@@ -47,7 +47,7 @@ impl Runtime {
     /// Starts every group `args` names (each looked up in `groups`); stops on `shutdown` or on
     /// a fatal error of any part.
     pub async fn start(
-        args: RunArgs,
+        args: Settings,
         groups: &Groups,
         shutdown: CancellationToken,
     ) -> anyhow::Result<Runtime> {
@@ -144,7 +144,7 @@ impl Runtime {
 
     /// The lag collector's thread, reporting every group this process runs and those of
     /// `--lag-group`.
-    fn start_lag_collector(&mut self, args: &RunArgs, parts: &Parts) -> anyhow::Result<()> {
+    fn start_lag_collector(&mut self, args: &Settings, parts: &Parts) -> anyhow::Result<()> {
         if args.lag_interval_ms == 0 {
             return Ok(());
         }
@@ -194,7 +194,7 @@ impl Runtime {
     /// tasks the group registered to run beside it.
     fn start_groups(
         &mut self,
-        args: &RunArgs,
+        args: &Settings,
         groups: &Groups,
         parts: &Parts,
         reachability: &Reachability,
@@ -267,7 +267,7 @@ impl Runtime {
 
 /// Every group named must be registered: an unknown one stops start-up with the list of those
 /// that are.
-fn check_groups(args: &RunArgs, groups: &Groups) -> anyhow::Result<()> {
+fn check_groups(args: &Settings, groups: &Groups) -> anyhow::Result<()> {
     for name in &args.groups {
         let _ = groups.handler(name, name.clone())?;
     }
@@ -276,7 +276,7 @@ fn check_groups(args: &RunArgs, groups: &Groups) -> anyhow::Result<()> {
 
 /// The pool every batch runs on (statement and idle-in-transaction timeouts, key-lookup plans),
 /// with the consumer's migrations applied; and its options, for the probe's own session.
-async fn connect_database(args: &RunArgs) -> anyhow::Result<(PgPool, PgConnectOptions)> {
+async fn connect_database(args: &Settings) -> anyhow::Result<(PgPool, PgConnectOptions)> {
     let options = args
         .db
         .session_options(
@@ -287,13 +287,16 @@ async fn connect_database(args: &RunArgs) -> anyhow::Result<(PgPool, PgConnectOp
             "idle_in_transaction_session_timeout",
             args.idle_in_transaction_timeout_ms.to_string(),
         )]);
-    let pool = args.db.connect_pool(options.clone(), &SCHEMA).await?;
+    let pool = args
+        .db
+        .connect_pool(options.clone(), &[&crate::MIGRATOR])
+        .await?;
     Ok((pool, options))
 }
 
 /// The dead-letter producer and its topics (created when missing); `None` when dead letters are
 /// only recorded in the database.
-async fn dead_letter_sink(args: &RunArgs) -> anyhow::Result<Option<Arc<DeadLetterSink>>> {
+async fn dead_letter_sink(args: &Settings) -> anyhow::Result<Option<Arc<DeadLetterSink>>> {
     if args.dead_letter_topic.is_empty() {
         return Ok(None);
     }

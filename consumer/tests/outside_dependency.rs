@@ -90,7 +90,7 @@ async fn count(pool: &PgPool, sql: &str) -> i64 {
         .expect("count")
 }
 
-#[sqlx::test(migrator = "demo_events::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR")]
 async fn a_dependency_that_is_down_makes_the_partition_wait_and_resume_by_itself(pool: PgPool) {
     let down = Arc::new(AtomicBool::new(true));
     let calls = Arc::new(AtomicUsize::new(0));

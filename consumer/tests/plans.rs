@@ -34,7 +34,7 @@ async fn generic_plan(pool: &PgPool, statement: &str, args: &str) -> String {
     plan.join("\n")
 }
 
-#[sqlx::test(migrator = "demo_events::MIGRATOR")]
+#[sqlx::test(migrator = "consumer::MIGRATOR")]
 async fn order_progress_of_a_batch_is_read_by_key(pool: PgPool) {
     // A few rows, as when the first batches plan their statements.
     sqlx::query(

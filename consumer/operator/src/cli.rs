@@ -1,7 +1,6 @@
 //! The command line of `pipeline`; every shared flag also reads an environment variable.
 
 use clap::{Parser, Subcommand};
-use demo_events::order_events::ORDER_EVENTS_TOPIC;
 use pipeline_core::kafka::KafkaArgs;
 
 use crate::error::BadInput;
@@ -51,7 +50,12 @@ pub struct TargetArgs {
     #[arg(long, global = true, env = "CONSUMER_GROUP_PREFIX", default_value = "")]
     pub group_prefix: String,
     /// Topics the groups consume.
-    #[arg(long = "topic", global = true, env = "CONSUMER_TOPICS", value_delimiter = ',', default_value = ORDER_EVENTS_TOPIC)]
+    #[arg(
+        long = "topic",
+        global = true,
+        env = "CONSUMER_TOPICS",
+        value_delimiter = ','
+    )]
     pub topics: Vec<String>,
     /// The Kafka cluster.
     #[command(flatten)]

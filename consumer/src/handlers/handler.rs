@@ -75,20 +75,3 @@ pub trait HandlerTransaction: Send {
         Box::pin(async { Ok(()) })
     }
 }
-
-/// Parses the order snapshot every order event carries.
-pub fn order_snapshot(
-    event: &Event,
-) -> Result<demo_events::order_events::OrderSnapshot, HandlerError> {
-    let snapshot: demo_events::order_events::OrderSnapshot =
-        serde_json::from_value(event.payload.clone()).map_err(|e| {
-            HandlerError::Rejected(format!("payload is not an order snapshot: {e}"))
-        })?;
-    if snapshot.order_id.to_string() != event.envelope.aggregate_id {
-        return Err(HandlerError::Rejected(format!(
-            "payload order_id {} does not match key {}",
-            snapshot.order_id, event.envelope.aggregate_id
-        )));
-    }
-    Ok(snapshot)
-}

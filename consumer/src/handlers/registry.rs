@@ -1,6 +1,5 @@
 //! The consumer groups a program runs: each a [`Handler`] registered under its name, with the
-//! tasks that run beside it. The built-in groups (inventory, notification) are registered the
-//! same way as a user's own (see [`demo_groups`]).
+//! tasks that run beside it and the metrics they bring.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -12,11 +11,7 @@ use prometheus::Registry;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-use super::export::metrics::ExportMetrics;
-use super::export::{self, ExportSettings, Exports};
 use super::handler::Handler;
-use super::inventory::Inventory;
-use super::notification::{self, DispatchSettings, NotificationSender, Notifications};
 
 type MakeHandler = Arc<dyn Fn(String) -> Arc<dyn Handler> + Send + Sync>;
 type BesideTask = Arc<dyn Fn(PgPool, CancellationToken) -> BoxFuture<'static, ()> + Send + Sync>;
@@ -139,30 +134,4 @@ impl Groups {
             known: self.names().join(", "),
         })
     }
-}
-
-/// The demonstration's groups: `inventory` (stock reservations) and `notification` (records the
-/// notification each order event calls for; a dispatcher beside it sends them with `sender`).
-pub fn demo_groups(sender: Arc<dyn NotificationSender>) -> Groups {
-    Groups::new()
-        .register("inventory", Inventory::new)
-        .register("notification", Notifications::new)
-        .beside("notification", move |pool, stop| {
-            notification::dispatch(pool, sender.clone(), DispatchSettings::default(), stop)
-        })
-}
-
-/// `groups` with the order service's `export` group added: it starts each requested export job,
-/// and a worker beside it writes the job's CSV file into `settings.dir` (see
-/// [`export`](super::export)), counted in the `export_*` metrics. Its database must be the order
-/// service's, and it should run in a consumer process of its own on the export topic.
-pub fn export_group(groups: Groups, settings: ExportSettings) -> prometheus::Result<Groups> {
-    let metrics = ExportMetrics::new()?;
-    let worker_metrics = metrics.clone();
-    Ok(groups
-        .register("export", Exports::new)
-        .beside("export", move |pool, stop| {
-            export::worker::run(pool, settings.clone(), worker_metrics.clone(), stop)
-        })
-        .metrics("export", move |registry| metrics.register(registry)))
 }

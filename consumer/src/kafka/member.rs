@@ -42,11 +42,13 @@ pub struct MemberSettings {
 }
 
 /// The consumer group protocol a member speaks (`group.protocol`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-#[value(rename_all = "lower")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
+#[cfg_attr(feature = "cli", value(rename_all = "lower"))]
 pub enum GroupProtocol {
     /// The classic protocol: the members' leader computes the assignment (here incrementally,
     /// with the `cooperative-sticky` assignor), each member sends its own session timeout.
+    #[default]
     Classic,
     /// KIP-848 (Apache Kafka 4.0 or newer): the broker computes each member's assignment and
     /// changes it incrementally; the session timeout, the heartbeat interval and the assignor

@@ -3,7 +3,7 @@
 //! its own, `shipping` ([`Shipping`]), registered with the consumer runtime:
 //!
 //! ```no_run
-//! # async fn run(args: consumer::config::RunArgs, shutdown: tokio_util::sync::CancellationToken) -> anyhow::Result<()> {
+//! # async fn run(args: consumer::Settings, shutdown: tokio_util::sync::CancellationToken) -> anyhow::Result<()> {
 //! let groups = consumer::Groups::new().register("shipping", payments_example::Shipping::new);
 //! consumer::run(args, &groups, shutdown).await
 //! # }

@@ -6,7 +6,6 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use clap::Parser;
 use payments_example::{Payments, Shipping};
 use pipeline_testkit::db::database_url;
 use pipeline_testkit::kafka::{brokers, committed_lag, kafka_args};
@@ -40,54 +39,43 @@ async fn payments_reach_the_shipping_group_once_and_in_order(pool: PgPool) {
     let url = database_url(&pool);
     let shutdown = CancellationToken::new();
 
-    let relay::config::Command::Run(relay_args) = relay::config::Cli::try_parse_from([
-        "relay",
-        "run",
-        "--database-url",
-        &url,
-        "--kafka-brokers",
-        &brokers(),
-        "--metrics-listen",
-        "127.0.0.1:0",
-        &format!("--lock-key={}", rand_key()),
-    ])
-    .expect("relay arguments")
-    .command
-    else {
-        panic!("relay run expected")
+    let relay_settings = relay::RelaySettings {
+        kafka: kafka_args(&brokers()),
+        lock_key: rand_key(),
+        ..relay::RelaySettings::default()
     };
-    let relay = tokio::spawn(relay::run(*relay_args, shutdown.clone()));
+    let relay_db = pipeline_core::db::DbArgs {
+        database_url: url.clone(),
+        migrate: false,
+        ..pipeline_core::db::DbArgs::default()
+    };
+    let relay_pool = relay::connect(&relay_db, &relay_settings)
+        .await
+        .expect("relay pool");
+    let relay = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move {
+            let registry = prometheus::Registry::new();
+            relay::run(relay_settings, relay_pool, &registry, shutdown).await
+        }
+    });
 
-    let consumer::config::Command::Run(consumer_args) = consumer::config::Cli::try_parse_from([
-        "consumer",
-        "run",
-        "--group",
-        "shipping",
-        "--group-prefix",
-        &format!("{run_id}-"),
-        "--topic",
-        &topic,
-        "--database-url",
-        &url,
-        "--kafka-brokers",
-        &brokers(),
-        "--metrics-listen",
-        "127.0.0.1:0",
-        "--lag-interval-ms",
-        "0",
-        "--dead-letter-topic",
-        "",
-    ])
-    .expect("consumer arguments")
-    .command
-    else {
-        panic!("consumer run expected")
+    let mut consumer_settings = consumer::Settings {
+        groups: vec!["shipping".to_owned()],
+        group_prefix: format!("{run_id}-"),
+        topics: vec![topic.clone()],
+        lag_interval_ms: 0,
+        dead_letter_topic: String::new(),
+        ..consumer::Settings::default()
     };
+    consumer_settings.db.database_url = url.clone();
+    consumer_settings.kafka.kafka_brokers = brokers();
+    consumer_settings.metrics_listen = "127.0.0.1:0".parse().expect("address");
     let consumer = tokio::spawn({
         let shutdown = shutdown.clone();
         async move {
             let groups = consumer::Groups::new().register("shipping", Shipping::new);
-            consumer::run(consumer_args.run, &groups, shutdown).await
+            consumer::run(consumer_settings, &groups, shutdown).await
         }
     });
 

@@ -7,6 +7,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use consumer::backoff::backoff;
 use demo_events::export_events::export_file_name;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
@@ -16,7 +17,6 @@ use super::file::{self, WriteError};
 use super::jobs;
 use super::metrics::ExportMetrics;
 use super::ExportSettings;
-use crate::backoff::backoff;
 
 /// First wait after a failed attempt; doubles with each further one, up to [`RETRY_MAX`].
 pub const RETRY_BASE: Duration = Duration::from_secs(1);

@@ -9,6 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use consumer::backoff::backoff;
+use consumer::{Event, Handler, HandlerError, HandlerTransaction};
 use demo_events::order_events::{
     ORDER_CANCELLED, ORDER_PAID, ORDER_PAYMENT_REMINDER, ORDER_PLACED, ORDER_SHIPPED,
 };
@@ -17,8 +19,7 @@ use sqlx::{PgConnection, PgPool};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use super::handler::{order_snapshot, Event, Handler, HandlerError, HandlerTransaction};
-use crate::backoff::backoff;
+use crate::order::order_snapshot;
 
 /// A notification to deliver.
 #[derive(Debug, Clone, sqlx::FromRow)]

@@ -7,7 +7,7 @@ use pipeline_core::kafka::{group_lag, KafkaArgs};
 use serde::Serialize;
 use sqlx::PgPool;
 
-use crate::config::ReportArgs;
+use crate::cli::ReportArgs;
 
 /// Figures of one consumer group.
 #[derive(Debug, Serialize)]

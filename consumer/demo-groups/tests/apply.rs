@@ -4,8 +4,6 @@
 use chrono::Utc;
 use std::sync::Arc;
 
-use consumer::handlers::inventory::Inventory;
-use consumer::handlers::notification::Notifications;
 use consumer::metrics::ConsumerMetrics;
 use consumer::transaction::{
     claim_partition, process_batch, process_batches, Fence, InboundMessage, Outcome,
@@ -14,6 +12,8 @@ use consumer::transaction::{
 };
 use consumer::{Event, Handler};
 use demo_events::order_events::{OrderLine, OrderSnapshot, OrderStatus};
+use demo_groups::inventory::Inventory;
+use demo_groups::notification::Notifications;
 use pipeline_core::envelope::{Envelope, EnvelopeError};
 use prometheus::Registry;
 use sqlx::PgPool;
@@ -401,10 +401,10 @@ struct FlakySender {
     attempts: std::sync::Mutex<Vec<std::time::Instant>>,
 }
 
-impl consumer::handlers::notification::NotificationSender for FlakySender {
+impl demo_groups::notification::NotificationSender for FlakySender {
     fn send<'a>(
         &'a self,
-        n: &'a consumer::handlers::notification::Notification,
+        n: &'a demo_groups::notification::Notification,
     ) -> futures::future::BoxFuture<'a, Result<(), String>> {
         Box::pin(async move {
             if n.recipient == "down@example.com" {
@@ -420,8 +420,8 @@ impl consumer::handlers::notification::NotificationSender for FlakySender {
     }
 }
 
-fn dispatch_settings() -> consumer::handlers::notification::DispatchSettings {
-    consumer::handlers::notification::DispatchSettings {
+fn dispatch_settings() -> demo_groups::notification::DispatchSettings {
+    demo_groups::notification::DispatchSettings {
         retry_base: std::time::Duration::from_millis(200),
         retry_max: std::time::Duration::from_millis(400),
         ..Default::default()
@@ -442,7 +442,7 @@ async fn dispatch_records_each_outcome_backs_off_and_gives_up_after_ten_attempts
     .expect("notifications");
     let sender = FlakySender::default();
     let settings = dispatch_settings();
-    let dispatch = || consumer::handlers::notification::dispatch_due(&pool, &sender, &settings);
+    let dispatch = || demo_groups::notification::dispatch_due(&pool, &sender, &settings);
     assert_eq!(dispatch().await.expect("dispatch"), 3);
     let rows: Vec<(String, String, i32, Option<String>, bool)> = sqlx::query_as(
         "SELECT order_id, status, attempts, last_error, sent_at IS NOT NULL
@@ -516,10 +516,10 @@ struct SlowSender {
     sending: tokio::sync::Notify,
 }
 
-impl consumer::handlers::notification::NotificationSender for SlowSender {
+impl demo_groups::notification::NotificationSender for SlowSender {
     fn send<'a>(
         &'a self,
-        _: &'a consumer::handlers::notification::Notification,
+        _: &'a demo_groups::notification::Notification,
     ) -> futures::future::BoxFuture<'a, Result<(), String>> {
         Box::pin(async move {
             self.sending.notify_one();
@@ -545,12 +545,8 @@ async fn dispatch_holds_no_lock_while_it_sends(pool: PgPool) {
     let dispatching = {
         let (pool, sender) = (pool.clone(), sender.clone());
         tokio::spawn(async move {
-            consumer::handlers::notification::dispatch_due(
-                &pool,
-                sender.as_ref(),
-                &dispatch_settings(),
-            )
-            .await
+            demo_groups::notification::dispatch_due(&pool, sender.as_ref(), &dispatch_settings())
+                .await
         })
     };
     sender.sending.notified().await;
@@ -562,7 +558,7 @@ async fn dispatch_holds_no_lock_while_it_sends(pool: PgPool) {
         .expect("the row is not locked while it is sent");
     tx.rollback().await.expect("rollback");
     assert_eq!(
-        consumer::handlers::notification::dispatch_due(
+        demo_groups::notification::dispatch_due(
             &pool,
             &FlakySender::default(),
             &dispatch_settings()

@@ -8,9 +8,9 @@ use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 
 use chrono::Utc;
-use consumer::handlers::export::worker::{export_next, Step};
-use consumer::handlers::export::{ExportSettings, Exports};
 use consumer::{Event, Handler, HandlerError};
+use demo_groups::export::worker::{export_next, Step};
+use demo_groups::export::{ExportSettings, Exports};
 use pipeline_core::envelope::Envelope;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
@@ -216,7 +216,7 @@ async fn failures_are_retried_then_failed_and_unreadable_filters_fail_for_good(p
 
 #[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn the_jobs_waiting_are_the_pending_and_processing_ones_with_the_oldest_age(pool: PgPool) {
-    use consumer::handlers::export::jobs::waiting;
+    use demo_groups::export::jobs::waiting;
     assert_eq!(waiting(&pool).await.expect("waiting"), (0, 0.0));
     let old = job(&pool, serde_json::json!({}), "pending").await;
     sqlx::query("UPDATE export_job SET created_at = now() - interval '10 minutes' WHERE id = $1")

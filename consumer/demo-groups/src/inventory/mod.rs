@@ -16,6 +16,7 @@ mod rows;
 use std::collections::{BTreeMap, BTreeSet};
 
 use anyhow::Context;
+use consumer::{Event, Handler, HandlerError, HandlerTransaction};
 use demo_events::order_events::{
     demo_product_id, OrderSnapshot, ORDER_CANCELLED, ORDER_PAID, ORDER_PAYMENT_REMINDER,
     ORDER_PLACED, ORDER_SHIPPED,
@@ -23,7 +24,7 @@ use demo_events::order_events::{
 use futures::future::BoxFuture;
 use sqlx::{PgConnection, PgPool};
 
-use super::handler::{order_snapshot, Event, Handler, HandlerError, HandlerTransaction};
+use crate::order::order_snapshot;
 use decide::quantities;
 
 /// The inventory handler.

@@ -3,10 +3,10 @@
 
 use std::collections::BTreeMap;
 
+use consumer::HandlerError;
 use demo_events::order_events::OrderSnapshot;
 
 use super::{Decision, InventoryTransaction, Reservation};
-use crate::handlers::HandlerError;
 
 impl InventoryTransaction {
     /// Makes `decision` on the transaction's view (everything it needs is read) and remembers it.

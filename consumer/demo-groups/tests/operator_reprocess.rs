@@ -8,9 +8,9 @@ mod common;
 use std::time::Duration;
 
 use common::{order_message, pipeline, stock};
-use consumer::handlers::inventory::Inventory;
 use consumer::transaction::{process_batch, InboundMessage, Outcome};
 use demo_events::order_events::OrderStatus;
+use demo_groups::inventory::Inventory;
 use pipeline_core::kafka::KafkaArgs;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::producer::{FutureProducer, FutureRecord};

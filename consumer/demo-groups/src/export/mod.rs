@@ -35,7 +35,7 @@ use futures::future::BoxFuture;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::handler::{Event, Handler, HandlerError, HandlerTransaction};
+use consumer::{Event, Handler, HandlerError, HandlerTransaction};
 
 /// How the export worker writes, retries and expires exports (`consumer run --export-…`).
 #[derive(clap::Args, Debug, Clone)]

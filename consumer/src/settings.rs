@@ -1,206 +1,274 @@
-//! Command line of the `consumer` binary; every flag also reads an environment variable.
+//! What [`run`](crate::run) takes: the groups to run, the topics, the Kafka cluster, and how
+//! batches, transactions, retries and the group membership behave. A program fills in a
+//! [`Settings`] (every field has a default but the topics); with the `cli` feature the struct is
+//! also a set of command-line flags, each reading an environment variable.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use clap::{Parser, Subcommand};
-use demo_events::order_events::ORDER_EVENTS_TOPIC;
 use pipeline_core::db::DbArgs;
 use pipeline_core::kafka::KafkaArgs;
-use pipeline_core::telemetry::LogArgs;
 
-use crate::handlers::export::ExportSettings;
 use crate::kafka::{GroupProtocol, MemberSettings};
 use crate::transaction::CUSTOM_PLANS_UP_TO;
 
-/// Applies order events exactly once, in order per order, for one or more consumer groups.
-#[derive(Debug, Parser)]
-#[command(name = "consumer", version, about)]
-pub struct Cli {
-    /// Log format and filter.
-    #[command(flatten)]
-    pub log: LogArgs,
-    /// What to do.
-    #[command(subcommand)]
-    pub command: Command,
-}
-
-/// The subcommands of the `consumer` binary.
-#[derive(Debug, Subcommand)]
-pub enum Command {
-    /// Run consumer groups until SIGTERM or SIGINT.
-    Run(Box<RunCommand>),
-    /// Set the inventory's stock of the demonstration catalogue.
-    SeedStock {
-        /// The database holding the inventory's stock.
-        #[command(flatten)]
-        db: DbArgs,
-        /// Products sku-00001… to stock.
-        #[arg(long, env = "CATALOG_PRODUCTS", default_value_t = 100)]
-        products: u32,
-        /// Available quantity of each.
-        #[arg(long, env = "STOCK_QUANTITY", default_value_t = 1_000_000)]
-        quantity: i32,
-    },
-    /// Print what the pipeline did: orders, outbox, processed per group, lag.
-    Report(Box<ReportArgs>),
-}
-
-/// Arguments of `consumer run`: the runtime's, and the settings of the built-in `export` group
-/// (used when it is one of the groups run).
-#[derive(Debug, clap::Args)]
-pub struct RunCommand {
-    /// What `consumer::run` takes.
-    #[command(flatten)]
-    pub run: RunArgs,
-    /// The `export` group's directory, lease, retries and expiry.
-    #[command(flatten)]
-    pub export: ExportSettings,
-}
-
-/// Arguments of `consumer run`, also what `consumer::run` takes.
-#[derive(Debug, clap::Args)]
-pub struct RunArgs {
+/// How the runtime runs its groups.
+#[derive(Debug, Clone)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
+pub struct Settings {
     /// The groups' database.
-    #[command(flatten)]
+    #[cfg_attr(feature = "cli", command(flatten))]
     pub db: DbArgs,
     /// The Kafka cluster the groups consume from.
-    #[command(flatten)]
+    #[cfg_attr(feature = "cli", command(flatten))]
     pub kafka: KafkaArgs,
-    /// Consumer group to run, repeatable: a name the program registered (`consumer run`:
-    /// inventory, notification, export).
-    #[arg(
-        long = "group",
-        env = "CONSUMER_GROUPS",
-        value_delimiter = ',',
-        required = true
+    /// Consumer group to run, repeatable: a name the program registered. Empty: every group
+    /// the program registered.
+    #[cfg_attr(
+        feature = "cli",
+        arg(
+            long = "group",
+            env = "CONSUMER_GROUPS",
+            value_delimiter = ',',
+            required = true
+        )
     )]
     pub groups: Vec<String>,
     /// Prefix of the Kafka group ids (group id = prefix + group name), to run isolated copies.
-    #[arg(long, env = "CONSUMER_GROUP_PREFIX", default_value = "")]
+    #[cfg_attr(
+        feature = "cli",
+        arg(long, env = "CONSUMER_GROUP_PREFIX", default_value = "")
+    )]
     pub group_prefix: String,
-    /// Topic to consume, repeatable.
-    #[arg(long = "topic", env = "CONSUMER_TOPICS", value_delimiter = ',', default_value = ORDER_EVENTS_TOPIC)]
+    /// Topic to consume, repeatable; at least one.
+    #[cfg_attr(
+        feature = "cli",
+        arg(
+            long = "topic",
+            env = "CONSUMER_TOPICS",
+            value_delimiter = ',',
+            required = true
+        )
+    )]
     pub topics: Vec<String>,
     /// Address of the /metrics, /healthz and /readyz endpoint (port 0 picks one).
-    #[arg(long, env = "METRICS_LISTEN", default_value = "127.0.0.1:9102")]
+    #[cfg_attr(
+        feature = "cli",
+        arg(long, env = "METRICS_LISTEN", default_value = "127.0.0.1:9102")
+    )]
     pub metrics_listen: SocketAddr,
     /// Most messages applied in one database transaction (1: one transaction per message).
-    #[arg(long, env = "CONSUMER_MAX_BATCH", default_value_t = 500)]
+    #[cfg_attr(
+        feature = "cli",
+        arg(long, env = "CONSUMER_MAX_BATCH", default_value_t = 500)
+    )]
     pub max_batch: usize,
     /// Most database transactions a group runs at once, each taking the batches of every
     /// partition waiting for one (up to --max-batch messages). 0: each partition batch has a
     /// transaction of its own.
-    #[arg(long, env = "CONSUMER_GROUP_TRANSACTIONS", default_value_t = 2)]
+    #[cfg_attr(
+        feature = "cli",
+        arg(long, env = "CONSUMER_GROUP_TRANSACTIONS", default_value_t = 2)
+    )]
     pub group_transactions: usize,
     /// How long, in milliseconds, partition batches wait for the group's transaction being
     /// written to finish before another starts beside it; batches arriving meanwhile share the
     /// next one. 0: a free runner starts a transaction at once.
-    #[arg(
-        long,
-        env = "CONSUMER_GROUP_TRANSACTION_PATIENCE_MS",
-        default_value_t = 1
+    #[cfg_attr(
+        feature = "cli",
+        arg(
+            long,
+            env = "CONSUMER_GROUP_TRANSACTION_PATIENCE_MS",
+            default_value_t = 1
+        )
     )]
     pub group_transaction_patience_ms: u64,
     /// Transactions of at most this many messages plan their statements with their parameter
     /// values (`plan_cache_mode=force_custom_plan`); larger ones use PostgreSQL's cached generic
     /// plans. 0: always generic.
-    #[arg(long, env = "CONSUMER_CUSTOM_PLANS_UP_TO", default_value_t = CUSTOM_PLANS_UP_TO)]
+    #[cfg_attr(feature = "cli", arg(long, env = "CONSUMER_CUSTOM_PLANS_UP_TO", default_value_t = CUSTOM_PLANS_UP_TO))]
     pub custom_plans_up_to: usize,
     /// Messages queued for one partition's task before the partition is paused; it resumes once
     /// half of them are done. Bounds memory at about partitions × this × message size; with too
     /// little room a task runs dry while the partition is resumed and fetched again.
-    #[arg(long, env = "CONSUMER_MAX_QUEUED", default_value_t = 5000)]
+    #[cfg_attr(
+        feature = "cli",
+        arg(long, env = "CONSUMER_MAX_QUEUED", default_value_t = 5000)
+    )]
     pub max_queued: usize,
     /// The consumer group protocol (`group.protocol`): `classic`, where the members agree on an
     /// assignment among themselves, or `consumer` (KIP-848, Apache Kafka 4.0 or newer), where the
     /// broker assigns partitions to each member incrementally and the session timeout and the
     /// assignor are the broker's settings (`group.consumer.session.timeout.ms`,
     /// `group.consumer.assignors`).
-    #[arg(
+    #[cfg_attr(feature = "cli", arg(
         long,
         env = "CONSUMER_GROUP_PROTOCOL",
         value_enum,
         default_value_t = GroupProtocol::Classic
-    )]
+    ))]
     pub group_protocol: GroupProtocol,
     /// partition.assignment.strategy (classic protocol only).
-    #[arg(
-        long,
-        env = "CONSUMER_ASSIGNMENT_STRATEGY",
-        default_value = "cooperative-sticky"
+    #[cfg_attr(
+        feature = "cli",
+        arg(
+            long,
+            env = "CONSUMER_ASSIGNMENT_STRATEGY",
+            default_value = "cooperative-sticky"
+        )
     )]
     pub assignment_strategy: String,
     /// The group session timeout: how long a member may go unheard before the group gives its
     /// partitions to others. The classic protocol sends it (`session.timeout.ms`); with
     /// `--group-protocol consumer` the broker's `group.consumer.session.timeout.ms` applies and
     /// this value should match it (it is the default of `--leave-after-database-unreachable-ms`).
-    #[arg(long, env = "CONSUMER_SESSION_TIMEOUT_MS", default_value_t = 10_000)]
+    #[cfg_attr(
+        feature = "cli",
+        arg(long, env = "CONSUMER_SESSION_TIMEOUT_MS", default_value_t = 10_000)
+    )]
     pub session_timeout_ms: u64,
     /// max.poll.interval.ms. Polling runs on its own thread, so slow batches do not count.
-    #[arg(long, env = "CONSUMER_MAX_POLL_INTERVAL_MS", default_value_t = 60_000)]
+    #[cfg_attr(
+        feature = "cli",
+        arg(long, env = "CONSUMER_MAX_POLL_INTERVAL_MS", default_value_t = 60_000)
+    )]
     pub max_poll_interval_ms: u64,
     /// fetch.wait.max.ms.
-    #[arg(long, env = "CONSUMER_FETCH_WAIT_MAX_MS", default_value_t = 20)]
+    #[cfg_attr(
+        feature = "cli",
+        arg(long, env = "CONSUMER_FETCH_WAIT_MAX_MS", default_value_t = 20)
+    )]
     pub fetch_wait_max_ms: u64,
     /// Offsets of finished batches are committed together at most this often, in milliseconds
     /// (0: after every poll). Always after the batches' database commits; a revoke or shutdown
     /// commits at once.
-    #[arg(long, env = "CONSUMER_COMMIT_INTERVAL_MS", default_value_t = 20)]
+    #[cfg_attr(
+        feature = "cli",
+        arg(long, env = "CONSUMER_COMMIT_INTERVAL_MS", default_value_t = 20)
+    )]
     pub commit_interval_ms: u64,
     /// How long a revoke waits for in-flight batches, in milliseconds.
-    #[arg(long, env = "CONSUMER_REVOKE_TIMEOUT_MS", default_value_t = 10_000)]
+    #[cfg_attr(
+        feature = "cli",
+        arg(long, env = "CONSUMER_REVOKE_TIMEOUT_MS", default_value_t = 10_000)
+    )]
     pub revoke_timeout_ms: u64,
     /// Interval of the lag collector, in milliseconds; 0 turns it off.
-    #[arg(long, env = "LAG_INTERVAL_MS", default_value_t = 5_000)]
+    #[cfg_attr(
+        feature = "cli",
+        arg(long, env = "LAG_INTERVAL_MS", default_value_t = 5_000)
+    )]
     pub lag_interval_ms: u64,
     /// Further consumer group ids whose lag to export besides the groups run here (expected
     /// groups keep reporting lag while none of their members runs).
-    #[arg(long = "lag-group", env = "LAG_GROUPS", value_delimiter = ',')]
+    #[cfg_attr(
+        feature = "cli",
+        arg(long = "lag-group", env = "LAG_GROUPS", value_delimiter = ',')
+    )]
     pub lag_groups: Vec<String>,
     /// Dead-letter topic; `{topic}` stands for the original topic. Empty: dead letters are only
     /// recorded in the database.
-    #[arg(long, env = "DEAD_LETTER_TOPIC", default_value = "{topic}.dlq")]
+    #[cfg_attr(
+        feature = "cli",
+        arg(long, env = "DEAD_LETTER_TOPIC", default_value = "{topic}.dlq")
+    )]
     pub dead_letter_topic: String,
     /// Partitions of dead-letter topics created at start-up when missing.
-    #[arg(long, env = "DEAD_LETTER_PARTITIONS", default_value_t = 3)]
+    #[cfg_attr(
+        feature = "cli",
+        arg(long, env = "DEAD_LETTER_PARTITIONS", default_value_t = 3)
+    )]
     pub dead_letter_partitions: i32,
     /// How long a batch may keep failing while the database answers before its messages are
     /// retried one by one and the one that still fails is dead-lettered, in milliseconds.
-    #[arg(long, env = "CONSUMER_RETRY_BUDGET_MS", default_value_t = 30_000)]
+    #[cfg_attr(
+        feature = "cli",
+        arg(long, env = "CONSUMER_RETRY_BUDGET_MS", default_value_t = 30_000)
+    )]
     pub retry_budget_ms: u64,
     /// PostgreSQL statement_timeout of the consumer's connections, in milliseconds: bounds one
     /// statement of a batch, so a revoke never waits on a stuck statement.
-    #[arg(long, env = "CONSUMER_STATEMENT_TIMEOUT_MS", default_value_t = 5_000)]
+    #[cfg_attr(
+        feature = "cli",
+        arg(long, env = "CONSUMER_STATEMENT_TIMEOUT_MS", default_value_t = 5_000)
+    )]
     pub statement_timeout_ms: u64,
     /// PostgreSQL idle_in_transaction_session_timeout of the consumer's connections, in
     /// milliseconds: a batch transaction whose process froze or lost its path to the database
     /// is ended by the server after this, releasing its locks (the partition's ownership row
     /// among them) for the partition's next owner.
-    #[arg(
-        long,
-        env = "CONSUMER_IDLE_IN_TRANSACTION_TIMEOUT_MS",
-        default_value_t = 5_000
+    #[cfg_attr(
+        feature = "cli",
+        arg(
+            long,
+            env = "CONSUMER_IDLE_IN_TRANSACTION_TIMEOUT_MS",
+            default_value_t = 5_000
+        )
     )]
     pub idle_in_transaction_timeout_ms: u64,
     /// How long the database may be out of reach before this member leaves its groups so that
     /// members that reach it take its partitions, in milliseconds; it joins again once the
     /// database answers. 0: the session timeout.
-    #[arg(
-        long,
-        env = "CONSUMER_LEAVE_AFTER_DATABASE_UNREACHABLE_MS",
-        default_value_t = 0
+    #[cfg_attr(
+        feature = "cli",
+        arg(
+            long,
+            env = "CONSUMER_LEAVE_AFTER_DATABASE_UNREACHABLE_MS",
+            default_value_t = 0
+        )
     )]
     pub leave_after_database_unreachable_ms: u64,
     /// First retry delay of a batch after a transient failure, in milliseconds.
-    #[arg(long, env = "CONSUMER_RETRY_BASE_MS", default_value_t = 100)]
+    #[cfg_attr(
+        feature = "cli",
+        arg(long, env = "CONSUMER_RETRY_BASE_MS", default_value_t = 100)
+    )]
     pub retry_base_ms: u64,
     /// Longest retry delay, in milliseconds.
-    #[arg(long, env = "CONSUMER_RETRY_MAX_MS", default_value_t = 10_000)]
+    #[cfg_attr(
+        feature = "cli",
+        arg(long, env = "CONSUMER_RETRY_MAX_MS", default_value_t = 10_000)
+    )]
     pub retry_max_ms: u64,
 }
 
-impl RunArgs {
+impl Default for Settings {
+    /// The defaults of every setting; `topics` is empty and must be filled in.
+    fn default() -> Self {
+        Settings {
+            db: DbArgs::default(),
+            kafka: KafkaArgs::default(),
+            groups: Vec::new(),
+            group_prefix: String::new(),
+            topics: Vec::new(),
+            metrics_listen: SocketAddr::from(([127, 0, 0, 1], 9102)),
+            max_batch: 500,
+            group_transactions: 2,
+            group_transaction_patience_ms: 1,
+            custom_plans_up_to: CUSTOM_PLANS_UP_TO,
+            max_queued: 5000,
+            group_protocol: GroupProtocol::Classic,
+            assignment_strategy: "cooperative-sticky".to_owned(),
+            session_timeout_ms: 10_000,
+            max_poll_interval_ms: 60_000,
+            fetch_wait_max_ms: 20,
+            commit_interval_ms: 20,
+            revoke_timeout_ms: 10_000,
+            lag_interval_ms: 5_000,
+            lag_groups: Vec::new(),
+            dead_letter_topic: "{topic}.dlq".to_owned(),
+            dead_letter_partitions: 3,
+            retry_budget_ms: 30_000,
+            statement_timeout_ms: 5_000,
+            idle_in_transaction_timeout_ms: 5_000,
+            leave_after_database_unreachable_ms: 0,
+            retry_base_ms: 100,
+            retry_max_ms: 10_000,
+        }
+    }
+}
+
+impl Settings {
     /// The Kafka consumer settings every group runs with, the durations converted from
     /// milliseconds (`--leave-after-database-unreachable-ms` 0: the session timeout).
     pub fn member_settings(&self) -> MemberSettings {
@@ -225,6 +293,10 @@ impl RunArgs {
 
     /// Refuses timeouts that cannot work together.
     pub fn validate(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            !self.topics.is_empty() && self.topics.iter().all(|t| !t.trim().is_empty()),
+            "name the topics to consume (--topic)"
+        );
         anyhow::ensure!(self.max_batch > 0, "--max-batch must be positive");
         anyhow::ensure!(
             self.max_queued >= self.max_batch,
@@ -269,32 +341,4 @@ impl RunArgs {
         );
         Ok(())
     }
-}
-
-/// Arguments of `consumer report`.
-#[derive(Debug, clap::Args)]
-pub struct ReportArgs {
-    /// The pipeline's database.
-    #[command(flatten)]
-    pub db: DbArgs,
-    /// Kafka, for the groups' lag.
-    #[command(flatten)]
-    pub kafka: KafkaArgs,
-    /// Group to report, repeatable: any group name.
-    #[arg(
-        long = "group",
-        env = "CONSUMER_GROUPS",
-        value_delimiter = ',',
-        required = true
-    )]
-    pub groups: Vec<String>,
-    /// Prefix of the Kafka group ids, as given to `run`.
-    #[arg(long, env = "CONSUMER_GROUP_PREFIX", default_value = "")]
-    pub group_prefix: String,
-    /// Topics whose lag to report.
-    #[arg(long = "topic", env = "CONSUMER_TOPICS", value_delimiter = ',', default_value = ORDER_EVENTS_TOPIC)]
-    pub topics: Vec<String>,
-    /// Print JSON instead of a table.
-    #[arg(long)]
-    pub json: bool,
 }

@@ -2,13 +2,13 @@
 //! replayed or skipped; other orders flow. Real PostgreSQL (`#[sqlx::test]`, `DATABASE_URL`).
 
 use chrono::Utc;
-use consumer::handlers::inventory::Inventory;
 use consumer::operator::dead_letters::{list, resolve, Request, Resolution, ResolveError};
 use consumer::transaction::{
     claim_partition, process_batch, process_batch_with, Fence, InboundMessage, Outcome,
     ProcessError, TransactionContext, CUSTOM_PLANS_UP_TO,
 };
 use demo_events::order_events::{OrderLine, OrderSnapshot, OrderStatus};
+use demo_groups::inventory::Inventory;
 use pipeline_core::envelope::Envelope;
 use sqlx::PgPool;
 use uuid::Uuid;

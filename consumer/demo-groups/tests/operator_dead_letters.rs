@@ -6,9 +6,9 @@
 mod common;
 
 use common::{order_message, pipeline, stock};
-use consumer::handlers::inventory::Inventory;
 use consumer::transaction::{process_batch, InboundMessage, Outcome};
 use demo_events::order_events::OrderStatus;
+use demo_groups::inventory::Inventory;
 use sqlx::PgPool;
 use uuid::Uuid;
 

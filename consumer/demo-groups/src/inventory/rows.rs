@@ -4,10 +4,10 @@
 
 use std::collections::BTreeMap;
 
+use consumer::HandlerError;
 use sqlx::PgConnection;
 
 use super::{InventoryTransaction, Reservation, Stock};
-use crate::handlers::HandlerError;
 
 impl InventoryTransaction {
     /// Reads the stock rows of `products` not read yet.

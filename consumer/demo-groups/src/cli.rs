@@ -1,0 +1,84 @@
+//! Command line of the demonstration's `consumer` binary; every flag also reads an environment
+//! variable.
+
+use clap::{Parser, Subcommand};
+use consumer::Settings;
+use demo_events::order_events::ORDER_EVENTS_TOPIC;
+use pipeline_core::db::DbArgs;
+use pipeline_core::kafka::KafkaArgs;
+use pipeline_core::telemetry::LogArgs;
+
+use crate::export::ExportSettings;
+
+/// Applies order events exactly once, in order per order, for one or more consumer groups.
+#[derive(Debug, Parser)]
+#[command(name = "consumer", version, about)]
+pub struct Cli {
+    /// Log format and filter.
+    #[command(flatten)]
+    pub log: LogArgs,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands of the `consumer` binary.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run consumer groups until SIGTERM or SIGINT.
+    Run(Box<RunCommand>),
+    /// Set the inventory's stock of the demonstration catalogue.
+    SeedStock {
+        /// The database holding the inventory's stock.
+        #[command(flatten)]
+        db: DbArgs,
+        /// Products sku-00001… to stock.
+        #[arg(long, env = "CATALOG_PRODUCTS", default_value_t = 100)]
+        products: u32,
+        /// Available quantity of each.
+        #[arg(long, env = "STOCK_QUANTITY", default_value_t = 1_000_000)]
+        quantity: i32,
+    },
+    /// Print what the pipeline did: orders, outbox, processed per group, lag.
+    Report(Box<ReportArgs>),
+}
+
+/// Arguments of `consumer run`: the runtime's, and the settings of the `export` group (used when
+/// it is one of the groups run).
+#[derive(Debug, clap::Args)]
+pub struct RunCommand {
+    /// What `consumer::run` takes.
+    #[command(flatten)]
+    pub run: Settings,
+    /// The `export` group's directory, lease, retries and expiry.
+    #[command(flatten)]
+    pub export: ExportSettings,
+}
+
+/// Arguments of `consumer report`.
+#[derive(Debug, clap::Args)]
+pub struct ReportArgs {
+    /// The pipeline's database.
+    #[command(flatten)]
+    pub db: DbArgs,
+    /// Kafka, for the groups' lag.
+    #[command(flatten)]
+    pub kafka: KafkaArgs,
+    /// Group to report, repeatable: any group name.
+    #[arg(
+        long = "group",
+        env = "CONSUMER_GROUPS",
+        value_delimiter = ',',
+        required = true
+    )]
+    pub groups: Vec<String>,
+    /// Prefix of the Kafka group ids, as given to `run`.
+    #[arg(long, env = "CONSUMER_GROUP_PREFIX", default_value = "")]
+    pub group_prefix: String,
+    /// Topics whose lag to report.
+    #[arg(long = "topic", env = "CONSUMER_TOPICS", value_delimiter = ',', default_value = ORDER_EVENTS_TOPIC)]
+    pub topics: Vec<String>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
