@@ -1,4 +1,4 @@
-//! Retry schedule for failed publish attempts: exponential with jitter, then slower retries after
+//! Retry timing for failed publish attempts: exponential with jitter, then slower retries after
 //! a threshold, and a bounded number of attempts for errors that cannot heal by themselves.
 
 use std::time::Duration;

@@ -62,8 +62,8 @@ pub async fn claim_batch_excluding(
     busy: &[&str],
 ) -> Result<Vec<OutboxEvent>, sqlx::Error> {
     // Planned on every execution: a cached generic plan, made while the table was small, turns
-    // the anti-join into a scan per row once the table has grown (seen: 3 s instead of 9 ms).
-    // With the values known to the planner, `<> ALL` of a long list is a hash lookup.
+    // the anti-join into a scan per row once the table has grown. With the values known to the
+    // planner, `<> ALL` of a long list is a hash lookup.
     sqlx::query_as::<_, OutboxEvent>(CLAIM_SQL)
         .persistent(false)
         .bind(limit)
@@ -72,9 +72,9 @@ pub async fn claim_batch_excluding(
         .await
 }
 
-/// The claim query; `$1` is the batch size, `$2` the aggregates to leave out. The queue is read first and limited, then the events
-/// are fetched by id through the outbox's primary key (`= ANY` of the claimed ids, so the planner
-/// cannot choose to read the large outbox whole).
+/// The claim query; `$1` is the batch size, `$2` the aggregates to leave out. The queue is read
+/// first and limited, then the events are fetched by id through the outbox's primary key (`= ANY`
+/// of the claimed ids, so the planner cannot choose to read the large outbox whole).
 pub const CLAIM_SQL: &str = "WITH q AS MATERIALIZED (
      SELECT u.id, u.attempts
      FROM outbox_unpublished u

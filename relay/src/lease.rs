@@ -26,8 +26,6 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::metrics::RelayMetrics;
-
 /// How the lease is held and taken over.
 #[derive(Debug, Clone)]
 pub struct LeaseSettings {
@@ -121,7 +119,7 @@ impl Lease {
 /// How a lease was obtained.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TakeoverReason {
-    /// Nobody held it before (a new database, or the last holder released it on shutdown).
+    /// Nobody held it before (a new database, or the last holder handed it back on shutdown).
     Vacant,
     /// The holder's presence session had ended: it died.
     HolderGone,
@@ -143,6 +141,33 @@ impl TakeoverReason {
         TakeoverReason::HolderGone,
         TakeoverReason::Expired,
     ];
+}
+
+/// How holding a lease ended ([`Elector::keep`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseEnd {
+    /// Handed back on shutdown: a standby takes it at once.
+    HandedBack,
+    /// Given up by the relay itself ([`Lease::give_up`]): a batch's outcome was refused.
+    GivenUp,
+    /// Not renewed before it ran out by this relay's clock.
+    Expired,
+    /// A renewal was refused: another relay had taken the lease over.
+    Fenced,
+}
+
+impl LeaseEnd {
+    /// Label of a lease this relay lost while active; `None` when it did not lose it here.
+    pub fn lost_label(self) -> Option<&'static str> {
+        match self {
+            LeaseEnd::Expired => Some("expired"),
+            LeaseEnd::Fenced => Some("fenced"),
+            LeaseEnd::HandedBack | LeaseEnd::GivenUp => None,
+        }
+    }
+
+    /// Every label of [`LeaseEnd::lost_label`].
+    pub const LOST_LABELS: [&'static str; 2] = ["expired", "fenced"];
 }
 
 /// What a successful acquisition learned.
@@ -251,23 +276,19 @@ impl Elector {
         }))
     }
 
-    /// Renews `lease` until it is lost or `shutdown`; on shutdown the lease is released so a
-    /// standby takes over at once. Cancels [`Lease::lost`] when it ends for any other reason.
-    pub async fn keep(
-        &mut self,
-        lease: &Lease,
-        metrics: &RelayMetrics,
-        shutdown: &CancellationToken,
-    ) {
+    /// Renews `lease` until it is lost or `shutdown`; on shutdown the lease is handed back so a
+    /// standby takes over at once. Cancels [`Lease::lost`] when it ends for any other reason, and
+    /// says how it ended.
+    pub async fn keep(&mut self, lease: &Lease, shutdown: &CancellationToken) -> LeaseEnd {
         let renew_every = self.settings.renew_every();
         loop {
             let next = (Instant::now() + renew_every).min(lease.deadline());
             tokio::select! {
                 _ = shutdown.cancelled() => {
-                    self.release(lease).await;
-                    return;
+                    self.hand_back(lease).await;
+                    return LeaseEnd::HandedBack;
                 }
-                _ = lease.lost().cancelled() => return,
+                _ = lease.lost().cancelled() => return LeaseEnd::GivenUp,
                 _ = tokio::time::sleep_until(next) => {}
             }
             if !lease.is_live() {
@@ -275,9 +296,8 @@ impl Elector {
                     epoch = lease.fence().epoch,
                     "relay lease expired before it could be renewed; standing by"
                 );
-                metrics.lease_lost.with_label_values(&["expired"]).inc();
                 lease.give_up();
-                return;
+                return LeaseEnd::Expired;
             }
             let sent = Instant::now();
             match self.renew(lease.fence()).await {
@@ -287,10 +307,8 @@ impl Elector {
                         epoch = lease.fence().epoch,
                         "relay lease was taken over; this relay is fenced and stands by"
                     );
-                    metrics.fenced.inc();
-                    metrics.lease_lost.with_label_values(&["fenced"]).inc();
                     lease.give_up();
-                    return;
+                    return LeaseEnd::Fenced;
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "renewing the relay lease failed; retrying");
@@ -320,9 +338,9 @@ impl Elector {
     }
 
     /// Ends the lease now (on shutdown), so a standby need not wait for it to expire.
-    async fn release(&mut self, lease: &Lease) {
+    async fn hand_back(&mut self, lease: &Lease) {
         let fence = lease.fence();
-        let released = self
+        let handed_back = self
             .with_conn(move |conn| {
                 Box::pin(async move {
                     sqlx::query(
@@ -337,8 +355,8 @@ impl Elector {
             })
             .await;
         lease.give_up();
-        if let Err(e) = released {
-            tracing::warn!(error = %e, "could not release the relay lease; a standby takes over once it expires");
+        if let Err(e) = handed_back {
+            tracing::warn!(error = %e, "could not hand the relay lease back; a standby takes over once it expires");
         }
     }
 

@@ -1,70 +1,65 @@
 //! The outbox relay: tails the outbox table and publishes its events to Kafka with `acks=all`,
-//! the idempotent producer and the aggregate id as key.
+//! the idempotent producer and the aggregate id as key. One relay among those sharing a lease
+//! key is active; the others stand by and take over when it dies, freezes or is cut off.
+//!
+//! A program embeds it with its own pool, Prometheus registry and shutdown token; the `relay`
+//! binary (package `relay-cli`) is such a program, adding the command line, logging and the ops
+//! endpoint:
+//!
+//! ```no_run
+//! # async fn embed() -> anyhow::Result<()> {
+//! use pipeline_core::db::DbArgs;
+//! use relay::RelaySettings;
+//!
+//! let settings = RelaySettings {
+//!     batch_size: 1000,
+//!     ..RelaySettings::default()
+//! };
+//! let db = DbArgs {
+//!     database_url: "postgres://app@db.internal/shop".to_owned(),
+//!     ..DbArgs::default()
+//! };
+//! let pool = relay::connect(&db, &settings).await?;
+//! relay::MIGRATOR.run(&pool).await?; // only if this program sets up the outbox's tables
+//! let registry = prometheus::Registry::new();
+//! let shutdown = tokio_util::sync::CancellationToken::new();
+//! relay::run(settings, pool, &registry, shutdown).await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! The modules, along an event's way:
+//! - [`settings`]: [`RelaySettings`] and the database sessions they call for ([`connect`]).
+//! - [`runtime`]: [`Relay`], the whole: standing by, taking turns with other relays, and what
+//!   runs beside.
+//! - [`lease`]: the election of the one active relay, and the fence its writes carry.
+//! - [`active`]: the loop while the lease is held, up to `pipeline_depth` batches at once.
+//! - [`batch`]: one batch's two steps, claim and publish.
+//! - [`claim`]: reading the next due events from the queue.
+//! - [`publish`]: the Kafka producer and one batch's delivery.
+//! - [`mark`]: recording what Kafka did, fenced by the lease.
+//! - [`backoff`]: when a failed event is tried again, and when it is given up.
+//! - [`release`]: moving delayed events that fell due into the outbox.
+//! - [`backlog`]: the queue, lease and delayed-event gauges.
+//! - [`vacuum`]: keeping the queue table small.
+//! - [`metrics`]: the relay's Prometheus metrics.
 
+pub mod active;
+pub mod backlog;
 pub mod backoff;
+pub mod batch;
 pub mod claim;
-pub mod config;
 pub mod lease;
 pub mod mark;
 pub mod metrics;
 pub mod publish;
-pub mod relay;
-pub mod schedule;
+pub mod release;
+pub mod runtime;
+pub mod settings;
 pub mod vacuum;
 
-use std::time::Duration;
-
-use anyhow::Context;
-use outbox::MIGRATOR as OUTBOX_MIGRATOR;
-use pipeline_core::ops_http;
-use prometheus::Registry;
-use tokio_util::sync::CancellationToken;
-
-use crate::config::RunArgs;
-use crate::metrics::RelayMetrics;
-
-/// Connects, serves the ops endpoint and runs the relay until `shutdown`.
-pub async fn run(args: RunArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
-    args.validate()?;
-    // A relay frozen inside a transaction (one holding its lease row FOR SHARE) must not keep a
-    // standby from taking the lease over: the server ends such a transaction, as it ends the
-    // lease sessions' own, after one lease operation's timeout.
-    let idle = args.lease_settings().op_timeout().as_millis().to_string();
-    let options = args
-        .db
-        .connect_options()?
-        .options([("idle_in_transaction_session_timeout", idle.as_str())]);
-    let pool = args.db.connect_pool(options, &[&OUTBOX_MIGRATOR]).await?;
-    let registry = Registry::new();
-    let metrics = RelayMetrics::register(&registry).context("registering metrics")?;
-    ops_http::serve_worker(
-        "relay",
-        args.metrics_listen,
-        registry,
-        &pool,
-        &args.kafka,
-        shutdown.clone(),
-    )
-    .await?;
-    let backlog = tokio::spawn(relay::watch_backlog(
-        pool.clone(),
-        args.lock_key,
-        metrics.clone(),
-        Duration::from_secs(1),
-        shutdown.clone(),
-    ));
-    let vacuum = (args.queue_vacuum_interval_ms > 0).then(|| {
-        tokio::spawn(vacuum::vacuum_queue(
-            pool.clone(),
-            Duration::from_millis(args.queue_vacuum_interval_ms),
-            shutdown.clone(),
-        ))
-    });
-    let result = relay::run(&args, pool, metrics, shutdown.clone()).await;
-    shutdown.cancel();
-    let _ = backlog.await;
-    if let Some(vacuum) = vacuum {
-        let _ = vacuum.await;
-    }
-    result
-}
+/// The tables the relay reads and writes: the outbox's. Apply them only where the program is
+/// meant to set up the database.
+pub use outbox::MIGRATOR;
+pub use runtime::{run, Relay};
+pub use settings::{connect, session_options, InvalidSettings, RelaySettings};

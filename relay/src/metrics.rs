@@ -6,7 +6,7 @@ use prometheus::{
 };
 use rdkafka::statistics::Statistics;
 
-use crate::lease::{Acquired, TakeoverReason};
+use crate::lease::{Acquired, LeaseEnd, TakeoverReason};
 
 /// Metrics of the relay and of the outbox it drains.
 #[derive(Clone)]
@@ -88,7 +88,7 @@ impl RelayMetrics {
             )?,
             active: IntGauge::new(
                 "relay_active",
-                "1 while this relay holds the lock and publishes",
+                "1 while this relay holds the lease and publishes",
             )?,
             unpublished: IntGauge::new(
                 "outbox_unpublished_events",
@@ -161,8 +161,8 @@ impl RelayMetrics {
             )?,
             lease_vacant: Gauge::new(
                 "relay_lease_vacant_seconds",
-                "How long the relay lease has had no live holder (expired or released, not yet \
-                 taken), by the database clock; 0 while a relay holds it",
+                "How long the relay lease has had no live holder (expired or handed back, not \
+                 yet taken), by the database clock; 0 while a relay holds it",
             )?,
             fenced: IntCounter::new(
                 "relay_fenced_total",
@@ -171,12 +171,12 @@ impl RelayMetrics {
             )?,
             scheduled_released: IntCounter::new(
                 "outbox_scheduled_released_total",
-                "Delayed events this relay moved into the outbox once due",
+                "Delayed events this relay released into the outbox once due",
             )?,
             scheduled_due: IntGauge::new(
                 "outbox_scheduled_due",
-                "Delayed events that are due and not yet moved into the outbox (0 while a relay \
-                 is active and keeping up)",
+                "Delayed events that are due and not yet released into the outbox (0 while a \
+                 relay is active and keeping up)",
             )?,
             scheduled_overdue: Gauge::new(
                 "outbox_scheduled_overdue_seconds",
@@ -197,7 +197,7 @@ impl RelayMetrics {
         for reason in TakeoverReason::ALL {
             let _ = m.takeovers.with_label_values(&[reason.label()]);
         }
-        for reason in ["expired", "fenced"] {
+        for reason in LeaseEnd::LOST_LABELS {
             let _ = m.lease_lost.with_label_values(&[reason]);
         }
         registry.register(Box::new(m.publish_errors.clone()))?;
@@ -249,6 +249,17 @@ impl RelayMetrics {
             .inc();
         if let Some(gap) = acquired.since_previous_renewal {
             self.takeover_gap.observe(gap.max(0.0));
+        }
+    }
+
+    /// Records how holding a lease ended: lost (expired, or fenced by another relay's takeover)
+    /// or not.
+    pub fn record_lease_end(&self, end: LeaseEnd) {
+        if end == LeaseEnd::Fenced {
+            self.fenced.inc();
+        }
+        if let Some(reason) = end.lost_label() {
+            self.lease_lost.with_label_values(&[reason]).inc();
         }
     }
 

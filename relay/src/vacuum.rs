@@ -3,7 +3,7 @@
 //! `outbox_unpublished` is a queue: every event is inserted into it and deleted again when
 //! published, and each claim reads the table whole (it is meant to be small). Rows deleted since
 //! the last vacuum stay in its pages until one runs, and autovacuum visits a database once a
-//! minute by default: at a few thousand events a second the claim read a hundred thousand dead
+//! minute by default, so under a steady load every claim would read a minute's worth of dead
 //! rows. A plain `VACUUM` of the table every second keeps it a few pages long; it takes no lock
 //! that blocks inserts, deletes or claims, and on a table that small costs little.
 

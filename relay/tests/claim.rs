@@ -21,7 +21,7 @@ async fn append_in(
     order: &str,
     event_type: &str,
 ) -> i64 {
-    let event = producer::outbox::NewEvent {
+    let event = outbox::NewEvent {
         business_key: order.to_owned(),
         event_type: event_type.to_owned(),
         aggregate_id: order.to_owned(),
@@ -29,9 +29,7 @@ async fn append_in(
         payload: serde_json::json!({"order": order}),
         headers: vec![],
     };
-    let enqueued = producer::outbox::enqueue(tx, &event)
-        .await
-        .expect("enqueue");
+    let enqueued = outbox::enqueue(tx, &event).await.expect("enqueue");
     sqlx::query_scalar("SELECT id FROM outbox WHERE event_id = $1")
         .bind(enqueued.event_id())
         .fetch_one(&mut **tx)
@@ -43,7 +41,7 @@ fn ids(events: &[relay::claim::OutboxEvent]) -> Vec<i64> {
     events.iter().map(|e| e.id).collect()
 }
 
-#[sqlx::test(migrator = "demo_events::MIGRATOR")]
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
 async fn an_event_committed_late_is_claimed_not_skipped(pool: PgPool) {
     let (_elector, lease) = common::hold_lease(&pool).await;
     // Transaction A takes an id first but commits after B.
@@ -75,7 +73,7 @@ async fn an_event_committed_late_is_claimed_not_skipped(pool: PgPool) {
     );
 }
 
-#[sqlx::test(migrator = "demo_events::MIGRATOR")]
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
 async fn an_order_waits_behind_its_failed_or_retrying_event_while_others_flow(pool: PgPool) {
     let (_elector, lease) = common::hold_lease(&pool).await;
     let a1 = append(&pool, "order-a", "order.placed").await;
@@ -140,7 +138,7 @@ async fn an_order_waits_behind_its_failed_or_retrying_event_while_others_flow(po
     assert_eq!(ids(&claimed), vec![b1]);
 }
 
-#[sqlx::test(migrator = "demo_events::MIGRATOR")]
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
 async fn marking_records_partition_and_offset_once(pool: PgPool) {
     let (_elector, lease) = common::hold_lease(&pool).await;
     let a = append(&pool, "order-a", "order.placed").await;
@@ -178,12 +176,12 @@ async fn marking_records_partition_and_offset_once(pool: PgPool) {
     assert!(claim_batch(&pool, 10).await.expect("claim").is_empty());
 }
 
-#[sqlx::test(migrator = "demo_events::MIGRATOR")]
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
 async fn claim_stays_an_index_scan_with_a_million_published_rows(pool: PgPool) {
     claim_plan_and_time(&pool, 1_000_000, 50).await;
 }
 
-#[sqlx::test(migrator = "demo_events::MIGRATOR")]
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
 async fn claim_stays_cheap_with_a_large_pending_backlog(pool: PgPool) {
     claim_plan_and_time(&pool, 0, 100_000).await;
 }
@@ -247,7 +245,7 @@ async fn claim_plan_and_time(pool: &PgPool, published: i64, pending: i64) {
     );
 }
 
-#[sqlx::test(migrator = "demo_events::MIGRATOR")]
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
 async fn any_writer_s_insert_joins_the_queue_in_its_own_transaction(pool: PgPool) {
     // A writer that inserts outbox rows itself (not through the library), several per statement,
     // with ON CONFLICT DO NOTHING skipping a duplicate business fact.
@@ -293,7 +291,7 @@ async fn any_writer_s_insert_joins_the_queue_in_its_own_transaction(pool: PgPool
     assert_eq!(status, vec!["pending"; 4]);
 }
 
-#[sqlx::test(migrator = "demo_events::MIGRATOR")]
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
 async fn an_aggregate_with_a_batch_in_flight_is_left_out_until_it_settles(pool: PgPool) {
     let (_elector, lease) = common::hold_lease(&pool).await;
     // order-a's first event is on its way to Kafka in an earlier batch; its second event, and

@@ -8,9 +8,8 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use clap::Parser;
 use pipeline_core::envelope::Envelope;
-use pipeline_testkit::db::database_url;
+use pipeline_core::kafka::KafkaArgs;
 use prometheus::Registry;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -18,8 +17,7 @@ use rdkafka::message::Message;
 use rdkafka::mocking::MockCluster;
 use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 use rdkafka::{Offset, TopicPartitionList};
-use relay::config::{Cli, Command};
-use relay::metrics::RelayMetrics;
+use relay::{Relay, RelaySettings};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
@@ -27,7 +25,7 @@ const TOPIC: &str = "orders";
 
 async fn enqueue(pool: &PgPool, order: &str, n: i64) {
     let mut tx = pool.begin().await.expect("begin");
-    let event = producer::outbox::NewEvent {
+    let event = outbox::NewEvent {
         business_key: format!("{order}-{n}"),
         event_type: "order.changed".to_owned(),
         aggregate_id: order.to_owned(),
@@ -35,9 +33,7 @@ async fn enqueue(pool: &PgPool, order: &str, n: i64) {
         payload: serde_json::json!({ "n": n }),
         headers: Vec::new(),
     };
-    let _ = producer::outbox::enqueue(&mut tx, &event)
-        .await
-        .expect("enqueue");
+    let _ = outbox::enqueue(&mut tx, &event).await.expect("enqueue");
     tx.commit().await.expect("commit");
 }
 
@@ -71,7 +67,7 @@ fn read_all(bootstrap: &str, expected: usize) -> Vec<(String, i64)> {
     seen
 }
 
-#[sqlx::test(migrator = "demo_events::MIGRATOR")]
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
 async fn after_a_fatal_producer_error_the_relay_renews_its_producer_and_publishes_everything_in_order(
     pool: PgPool,
 ) {
@@ -91,34 +87,21 @@ async fn after_a_fatal_producer_error_the_relay_renews_its_producer_and_publishe
     }
     let total = (orders.len() * 4) as i64;
 
-    // `--lock-key=N`: a negative key given as a separate argument would read as a flag.
-    let lock_key = format!("--lock-key={}", rand::random::<i32>());
-    let cli = Cli::try_parse_from([
-        "relay",
-        "run",
-        "--database-url",
-        &database_url(&pool),
-        "--kafka-brokers",
-        &mock.bootstrap_servers(),
-        "--metrics-listen",
-        "127.0.0.1:0",
-        "--retry-base-ms",
-        "50",
-        "--retry-max-ms",
-        "200",
-        &lock_key,
-    ])
-    .expect("arguments");
-    let Command::Run(args) = cli.command else {
-        panic!("run command expected");
+    let settings = RelaySettings {
+        kafka: KafkaArgs {
+            kafka_brokers: mock.bootstrap_servers(),
+            ..KafkaArgs::default()
+        },
+        retry_base_ms: 50,
+        retry_max_ms: 200,
+        lock_key: i64::from(rand::random::<i32>()),
+        ..RelaySettings::default()
     };
     let registry = Registry::new();
-    let metrics = RelayMetrics::register(&registry).expect("metrics");
+    let relay = Relay::new(settings, pool.clone(), &registry).expect("relay");
+    let metrics = relay.metrics().clone();
     let shutdown = CancellationToken::new();
-    let relay = tokio::spawn({
-        let (pool, metrics, shutdown) = (pool.clone(), metrics.clone(), shutdown.clone());
-        async move { relay::relay::run(&args, pool, metrics, shutdown).await }
-    });
+    let relay = tokio::spawn(relay.run(shutdown.clone()));
 
     let deadline = Instant::now() + Duration::from_secs(30);
     while published(&pool).await < total {

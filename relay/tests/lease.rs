@@ -1,5 +1,5 @@
 //! The relay lease against a real PostgreSQL (`#[sqlx::test]`, `DATABASE_URL`): a frozen holder
-//! is replaced once its lease expires and not before, a dead one at once, a released one at
+//! is replaced once its lease expires and not before, a dead one at once, one handed back at
 //! once, and whatever the old holder writes after a takeover is refused.
 
 mod common;
@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use prometheus::Registry;
-use relay::lease::TakeoverReason;
+use relay::lease::{LeaseEnd, TakeoverReason};
 use relay::mark::{mark_published, record_failures, FailedAttempt, MarkError, Published};
 use relay::metrics::RelayMetrics;
 use sqlx::PgPool;
@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 async fn enqueue(pool: &PgPool, order: &str) -> i64 {
-    let event = producer::outbox::NewEvent {
+    let event = outbox::NewEvent {
         business_key: order.to_owned(),
         event_type: "order.placed".to_owned(),
         aggregate_id: order.to_owned(),
@@ -24,9 +24,7 @@ async fn enqueue(pool: &PgPool, order: &str) -> i64 {
         headers: vec![],
     };
     let mut tx = pool.begin().await.expect("begin");
-    let enqueued = producer::outbox::enqueue(&mut tx, &event)
-        .await
-        .expect("enqueue");
+    let enqueued = outbox::enqueue(&mut tx, &event).await.expect("enqueue");
     tx.commit().await.expect("commit");
     sqlx::query_scalar("SELECT id FROM outbox WHERE event_id = $1")
         .bind(enqueued.event_id())
@@ -52,7 +50,7 @@ fn published(id: i64) -> Published {
     }
 }
 
-#[sqlx::test(migrator = "demo_events::MIGRATOR")]
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
 async fn a_frozen_holder_is_replaced_once_its_lease_expires_and_is_fenced(pool: PgPool) {
     let ttl = Duration::from_millis(2_000);
     let settings = common::lease_settings(ttl);
@@ -115,15 +113,24 @@ async fn a_frozen_holder_is_replaced_once_its_lease_expires_and_is_fenced(pool: 
         "the event is still queued, untouched"
     );
 
-    // Its renewal is refused too: it counts itself fenced and stands by.
+    // Its renewal is refused too: it finds itself fenced, which is counted, and stands by.
     let metrics = RelayMetrics::register(&Registry::new()).expect("metrics");
-    tokio::time::timeout(
+    let end = tokio::time::timeout(
         Duration::from_secs(10),
-        old.keep(&old_lease, &metrics, &CancellationToken::new()),
+        old.keep(&old_lease, &CancellationToken::new()),
     )
     .await
     .expect("the old holder gives up at once");
+    assert_eq!(end, LeaseEnd::Fenced);
     assert!(old_lease.lost().is_cancelled());
+    metrics.record_lease_end(end);
+    assert_eq!(
+        (
+            metrics.fenced.get(),
+            metrics.lease_lost.with_label_values(&["fenced"]).get()
+        ),
+        (1, 1)
+    );
 
     // The new holder's writes go through.
     assert_eq!(
@@ -135,7 +142,7 @@ async fn a_frozen_holder_is_replaced_once_its_lease_expires_and_is_fenced(pool: 
     assert_eq!(queue_row(&pool, event).await, None);
 }
 
-#[sqlx::test(migrator = "demo_events::MIGRATOR")]
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
 async fn a_holder_whose_session_ends_is_replaced_at_once(pool: PgPool) {
     let settings = common::lease_settings(Duration::from_secs(120));
     let mut old = common::elector(&pool, settings.clone());
@@ -156,8 +163,8 @@ async fn a_holder_whose_session_ends_is_replaced_at_once(pool: PgPool) {
     assert_eq!(new_lease.fence().epoch, old_lease.fence().epoch + 1);
 }
 
-#[sqlx::test(migrator = "demo_events::MIGRATOR")]
-async fn a_lease_released_on_shutdown_is_taken_at_once_and_renewals_keep_it(pool: PgPool) {
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn a_lease_handed_back_on_shutdown_is_taken_at_once_and_renewals_keep_it(pool: PgPool) {
     let settings = common::lease_settings(Duration::from_millis(1_500));
     let mut holder = common::elector(&pool, settings.clone());
     let (lease, _) = holder
@@ -165,13 +172,10 @@ async fn a_lease_released_on_shutdown_is_taken_at_once_and_renewals_keep_it(pool
         .await
         .expect("acquire")
         .expect("vacant");
-    let metrics = RelayMetrics::register(&Registry::new()).expect("metrics");
     let stop = CancellationToken::new();
     let keeper = {
-        let (lease, metrics, stop) = (lease.clone(), metrics.clone(), stop.clone());
-        tokio::spawn(async move {
-            holder.keep(&lease, &metrics, &stop).await;
-        })
+        let (lease, stop) = (lease.clone(), stop.clone());
+        tokio::spawn(async move { holder.keep(&lease, &stop).await })
     };
     // Renewed, it outlives its time to live several times over: until the database holds a
     // renewal made more than twice the time to live after the lease was taken, a standby finds
@@ -204,11 +208,11 @@ async fn a_lease_released_on_shutdown_is_taken_at_once_and_renewals_keep_it(pool
     }
 
     stop.cancel();
-    keeper.await.expect("keeper");
+    assert_eq!(keeper.await.expect("keeper"), LeaseEnd::HandedBack);
     let (_, acquired) = standby
         .try_acquire()
         .await
         .expect("try")
-        .expect("released lease taken at once");
+        .expect("handed-back lease taken at once");
     assert_eq!(acquired.reason, TakeoverReason::Vacant);
 }

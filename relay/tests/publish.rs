@@ -6,6 +6,7 @@ mod common;
 use std::ops::AsyncFnMut;
 use std::time::{Duration, Instant};
 
+use common::relay_batch;
 use outbox::{EnqueueError, NewEvent, Outbox, OutboxSettings};
 use pipeline_core::envelope::Envelope;
 use pipeline_testkit::kafka::{brokers, kafka_args};
@@ -13,11 +14,11 @@ use prometheus::Registry;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
+use relay::backlog::refresh_backlog;
 use relay::backoff::RetryPolicy;
 use relay::lease::Lease;
 use relay::metrics::RelayMetrics;
 use relay::publish::{create_producer, ProducerSettings, RelayProducer};
-use relay::relay::{refresh_backlog, relay_batch};
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -123,7 +124,7 @@ async fn relay_until(
     }
 }
 
-#[sqlx::test(migrator = "demo_events::MIGRATOR")]
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
 async fn a_message_too_large_fails_with_its_reason_and_holds_its_order_only(pool: PgPool) {
     let (_elector, lease) = common::hold_lease(&pool).await;
     let topic = topic().await;
@@ -312,7 +313,7 @@ async fn a_message_too_large_fails_with_its_reason_and_holds_its_order_only(pool
     assert_eq!(payload["text"], "Robert'); DROP TABLE outbox;-- 顧客 ✓");
 }
 
-#[sqlx::test(migrator = "demo_events::MIGRATOR")]
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
 async fn an_event_the_outbox_takes_at_its_limit_is_published_by_a_producer_with_that_limit(
     pool: PgPool,
 ) {
@@ -388,7 +389,7 @@ async fn an_event_the_outbox_takes_at_its_limit_is_published_by_a_producer_with_
     );
 }
 
-#[sqlx::test(migrator = "demo_events::MIGRATOR")]
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
 async fn broker_down_records_backoff_and_the_event_goes_out_once_a_broker_answers(pool: PgPool) {
     let (_elector, lease) = common::hold_lease(&pool).await;
     let topic = topic().await;
@@ -458,7 +459,7 @@ async fn broker_down_records_backoff_and_the_event_goes_out_once_a_broker_answer
     assert_eq!((attempts, error), (2, None));
 }
 
-#[sqlx::test(migrator = "demo_events::MIGRATOR")]
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
 async fn an_event_for_a_topic_kafka_refuses_fails_and_holds_its_order(pool: PgPool) {
     let (_elector, lease) = common::hold_lease(&pool).await;
     let metrics = RelayMetrics::register(&Registry::new()).expect("metrics");

@@ -10,8 +10,8 @@ use relay::vacuum::vacuum_once;
 use sqlx::PgPool;
 
 async fn enqueue_orders(pool: &PgPool, prefix: &str, orders: usize) {
-    let events: Vec<producer::outbox::NewEvent> = (0..orders)
-        .map(|i| producer::outbox::NewEvent {
+    let events: Vec<outbox::NewEvent> = (0..orders)
+        .map(|i| outbox::NewEvent {
             business_key: format!("{prefix}-{i}"),
             event_type: "order.placed".to_owned(),
             aggregate_id: format!("{prefix}-{i}"),
@@ -21,7 +21,7 @@ async fn enqueue_orders(pool: &PgPool, prefix: &str, orders: usize) {
         })
         .collect();
     let mut tx = pool.begin().await.expect("begin");
-    producer::outbox::enqueue_all(&mut tx, &events)
+    outbox::enqueue_all(&mut tx, &events)
         .await
         .expect("enqueue_all");
     tx.commit().await.expect("commit");
@@ -37,7 +37,7 @@ async fn queue_pages(pool: &PgPool) -> i64 {
     .expect("relation size")
 }
 
-#[sqlx::test(migrator = "demo_events::MIGRATOR")]
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
 async fn vacuum_gives_back_the_pages_of_published_events(pool: PgPool) {
     let (_elector, lease) = common::hold_lease(&pool).await;
     enqueue_orders(&pool, "first", 3000).await;

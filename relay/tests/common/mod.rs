@@ -1,9 +1,14 @@
-//! What the relay's tests share: holding the relay lease of a test database.
+//! What the relay's tests share: holding the relay lease of a test database, and one relay step.
 #![allow(dead_code)] // each test binary uses part of it
 
 use std::time::Duration;
 
+use relay::backoff::RetryPolicy;
+use relay::batch::{Batch, BatchOutcome};
 use relay::lease::{Elector, Lease, LeaseSettings};
+use relay::mark::MarkError;
+use relay::metrics::RelayMetrics;
+use relay::publish::RelayProducer;
 use sqlx::PgPool;
 
 /// Lease settings for tests: a random key (tests run side by side) and a long time to live.
@@ -30,4 +35,20 @@ pub(crate) async fn hold_lease(pool: &PgPool) -> (Elector, Lease) {
         .expect("lease statement")
         .expect("a vacant lease");
     (elector, lease)
+}
+
+/// One relay step under `lease`, the two steps the relay loop takes for each batch, with no
+/// other batch out: claim up to `batch_size` events, publish them and record the results.
+pub(crate) async fn relay_batch(
+    pool: &PgPool,
+    producer: &RelayProducer,
+    lease: &Lease,
+    batch_size: i64,
+    retry: &RetryPolicy,
+    metrics: &RelayMetrics,
+) -> Result<BatchOutcome, MarkError> {
+    Batch::claim(pool, batch_size, &[])
+        .await?
+        .publish(pool, producer, lease, retry, metrics)
+        .await
 }

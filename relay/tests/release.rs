@@ -1,5 +1,5 @@
-//! Delayed events against a real PostgreSQL and a real Kafka-protocol broker: released into the
-//! outbox when due and not before, in their aggregate's sequence at that moment (never holding
+//! The release step against a real PostgreSQL and a real Kafka-protocol broker: delayed events
+//! are released into the outbox when due and not before, in their aggregate's sequence at that moment (never holding
 //! the aggregate's other events), once per business fact, withdrawn when cancelled, and only by
 //! the lease's holder.
 
@@ -8,6 +8,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
+use common::relay_batch;
 use outbox::{NewEvent, PublishAt, Scheduled};
 use pipeline_core::envelope::Envelope;
 use pipeline_testkit::kafka::{brokers, kafka_args};
@@ -19,8 +20,7 @@ use relay::backoff::RetryPolicy;
 use relay::mark::MarkError;
 use relay::metrics::RelayMetrics;
 use relay::publish::{create_producer, ProducerSettings};
-use relay::relay::relay_batch;
-use relay::schedule::release_due;
+use relay::release::release_due;
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -74,7 +74,7 @@ async fn in_outbox(pool: &PgPool, order: &str) -> Vec<(Uuid, i64)> {
     .expect("outbox")
 }
 
-#[sqlx::test(migrator = "demo_events::MIGRATOR")]
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
 async fn a_delayed_event_goes_out_when_due_after_what_its_order_committed_before(pool: PgPool) {
     let (_elector, lease) = common::hold_lease(&pool).await;
     let topic = topic().await;
@@ -206,7 +206,7 @@ async fn a_delayed_event_goes_out_when_due_after_what_its_order_committed_before
     assert_eq!(header_at, publish_at);
 }
 
-#[sqlx::test(migrator = "demo_events::MIGRATOR")]
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
 async fn a_delayed_fact_is_recorded_once_and_a_cancelled_one_never_published(pool: PgPool) {
     let (_elector, lease) = common::hold_lease(&pool).await;
     let soon = PublishAt::After(Duration::from_millis(200));
@@ -261,7 +261,7 @@ async fn a_delayed_fact_is_recorded_once_and_a_cancelled_one_never_published(poo
     assert_eq!(waiting, 0);
 }
 
-#[sqlx::test(migrator = "demo_events::MIGRATOR")]
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
 async fn only_the_lease_holder_releases(pool: PgPool) {
     let (_elector, lease) = common::hold_lease(&pool).await;
     let _ = enqueue_later(

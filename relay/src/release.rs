@@ -1,22 +1,22 @@
-//! Releasing delayed events: the active relay moves scheduled events that are due from
+//! The release step: the active relay releases delayed events that are due, moving them from
 //! `outbox_scheduled` into the outbox, where the claim finds them like any other event.
 //!
-//! The claim itself never reads the scheduled events, so events waiting far ahead cost it
+//! The claim itself never reads the delayed events, so events waiting far ahead cost it
 //! nothing; the release reads the head of the due-time index and stops at the first event not
 //! due yet.
 
 use std::time::Duration;
 
+use outbox::OUTBOX_CHANNEL;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 use crate::lease::{Fence, Lease};
 use crate::mark::MarkError;
 use crate::metrics::RelayMetrics;
-use outbox::OUTBOX_CHANNEL;
 
-/// Moves up to `limit` due scheduled events into the outbox in one statement, oldest due first,
-/// and returns how many it moved.
+/// Releases up to `limit` due delayed events into the outbox in one statement, oldest due first,
+/// and returns how many it released.
 ///
 /// Each event takes the next sequence number of its aggregate at this moment (the same row lock
 /// as `outbox::enqueue`, taken in aggregate order so that concurrent writers cannot deadlock),
@@ -27,10 +27,10 @@ use outbox::OUTBOX_CHANNEL;
 /// ([`MarkError::LeaseLost`]). A listening relay is woken when something moved.
 pub async fn release_due(pool: &PgPool, fence: Fence, limit: i64) -> Result<u64, MarkError> {
     // The planner takes the due rows for a handful (the statistics see them in the future) and
-    // joins the statement's steps by nested loops, whose cost grows with the square of the batch
-    // (seen: 5 s instead of 0.15 s for 5,000 events). Every index lookup the statement needs is
-    // written so that it is not a join, so nested loops can be ruled out for this transaction;
-    // planned on every execution, like the claim.
+    // would join the statement's steps by nested loops, whose cost grows with the square of the
+    // batch. Every index lookup the statement needs is written so that it is not a join, so
+    // nested loops can be ruled out for this transaction; planned on every execution, like the
+    // claim.
     let mut tx = pool.begin().await?;
     let _ = sqlx::query("SET LOCAL enable_nestloop = off")
         .execute(&mut *tx)
@@ -57,7 +57,7 @@ pub async fn release_due(pool: &PgPool, fence: Fence, limit: i64) -> Result<u64,
     Ok(released as u64)
 }
 
-/// `$1` the most events to move, `$2`/`$3` the lease key and epoch.
+/// `$1` the most events to release, `$2`/`$3` the lease key and epoch.
 const RELEASE_SQL: &str = "WITH lease AS (
          SELECT epoch FROM relay_lease WHERE lease_key = $2 AND epoch = $3 FOR SHARE),
      due AS (
@@ -100,7 +100,7 @@ const RELEASE_SQL: &str = "WITH lease AS (
          RETURNING 1)
  SELECT EXISTS (SELECT 1 FROM lease), (SELECT count(*) FROM moved)";
 
-/// While `lease` is held and until `stop`: releases due scheduled events every `every`, at once
+/// While `lease` is held and until `stop`: releases due delayed events every `every`, at once
 /// again while a release finds a full batch (`limit`).
 pub async fn release_while_active(
     pool: PgPool,
@@ -125,11 +125,11 @@ pub async fn release_while_active(
                 }
             }
             Err(MarkError::LeaseLost(epoch)) => {
-                tracing::warn!(epoch, "releasing scheduled events refused: lease lost");
+                tracing::warn!(epoch, "releasing delayed events refused: lease lost");
                 return;
             }
             Err(e) => {
-                tracing::warn!(error = %e, "releasing scheduled events failed; retrying");
+                tracing::warn!(error = %e, "releasing delayed events failed; retrying");
                 every.max(Duration::from_secs(1))
             }
         };

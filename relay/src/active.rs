@@ -1,0 +1,211 @@
+//! What the relay does while it holds the lease: claim a batch, publish it, record the outcome;
+//! wait for work when idle. Up to `pipeline_depth` batches are out at once, each aggregate in one
+//! of them, so its events keep their order. Each batch takes the two steps of [`Batch`].
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::time::Duration;
+
+use anyhow::Context;
+use chrono::Utc;
+use futures::stream::{FuturesUnordered, StreamExt};
+use outbox::OUTBOX_CHANNEL;
+use sqlx::postgres::PgListener;
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+use crate::batch::{Batch, BatchOutcome};
+use crate::lease::Lease;
+use crate::mark::MarkError;
+use crate::metrics::RelayMetrics;
+use crate::publish::ProducerHandle;
+use crate::settings::RelaySettings;
+
+/// Publishes under `lease` until it is lost (`Ok`), `shutdown` (`Ok`), or the producer cannot be
+/// replaced after a fatal error (`Err`). The batches still out when it stops record their
+/// outcome first, unless the lease was lost.
+pub async fn run_active(
+    settings: &RelaySettings,
+    pool: &PgPool,
+    producer: &mut ProducerHandle,
+    metrics: &RelayMetrics,
+    lease: &Lease,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<()> {
+    let retry = settings.retry_policy();
+    let mut listener = if settings.listen {
+        let mut l = PgListener::connect_with(pool)
+            .await
+            .context("LISTEN connection")?;
+        l.listen(OUTBOX_CHANNEL).await.context("LISTEN")?;
+        Some(l)
+    } else {
+        None
+    };
+    let poll = Duration::from_millis(settings.poll_interval_ms);
+    let depth = usize::try_from(settings.pipeline_depth).unwrap_or(1).max(1);
+    let mut error_streak: u32 = 0;
+    // Batches on their way to Kafka, and the aggregates they hold: the next claim leaves those
+    // out, so an aggregate is in one batch at a time and its events keep their order.
+    let mut in_flight = FuturesUnordered::new();
+    let mut busy: HashSet<String> = HashSet::new();
+    let lost = lease.lost();
+    let result = loop {
+        if shutdown.is_cancelled() {
+            break Ok(());
+        }
+        if !lease.is_live() {
+            // Batches still out are left to finish on their own: whatever they try to record is
+            // refused, and their events stay queued for the lease's next holder. Waiting for
+            // them could take as long as the path to PostgreSQL stays cut.
+            tracing::warn!(
+                epoch = lease.fence().epoch,
+                abandoned_batches = in_flight.len(),
+                "relay lease lost; standing by"
+            );
+            lease.give_up();
+            return Ok(());
+        }
+        if producer.fatal_error().is_some() {
+            // The batches out with the broken producer fail and record their backoff first.
+            settle(&mut in_flight, &mut busy).await;
+            producer.renew_if_fatal()?;
+        }
+        let mut failed: Option<MarkError> = None;
+        if in_flight.len() < depth {
+            let exclude: Vec<&str> = busy.iter().map(String::as_str).collect();
+            let claimed = tokio::select! {
+                claimed = Batch::claim(pool, settings.batch_size, &exclude) => claimed,
+                _ = lost.cancelled() => continue,
+            };
+            match claimed {
+                Ok(batch) if !batch.is_empty() => {
+                    let aggregates = batch.aggregates();
+                    busy.extend(aggregates.iter().cloned());
+                    // Its own task: it is produced and marked while this loop claims the next.
+                    let (p, k, l, r, m) = (
+                        pool.clone(),
+                        producer.producer().clone(),
+                        lease.clone(),
+                        retry.clone(),
+                        metrics.clone(),
+                    );
+                    let task = tokio::spawn(async move { batch.publish(&p, &k, &l, &r, &m).await });
+                    in_flight.push(async move {
+                        let outcome = task.await.unwrap_or_else(|e| {
+                            Err(MarkError::Database(sqlx::Error::Protocol(format!(
+                                "relay batch task failed: {e}"
+                            ))))
+                        });
+                        (aggregates, outcome)
+                    });
+                    // Events that committed while earlier batches were out may be due: claim
+                    // again at once, and pause only when a claim finds nothing.
+                    continue;
+                }
+                Ok(_) if in_flight.is_empty() => {
+                    error_streak = 0;
+                    record_success(metrics);
+                    tokio::select! {
+                        () = wait_for_work(listener.as_mut(), poll, shutdown) => {}
+                        _ = lost.cancelled() => {}
+                    }
+                    continue;
+                }
+                Ok(_) => {}
+                Err(e) => failed = Some(e.into()),
+            }
+        }
+        if failed.is_none() {
+            let next = tokio::select! {
+                next = in_flight.next() => next,
+                _ = lost.cancelled() => continue,
+            };
+            if let Some((aggregates, outcome)) = next {
+                free(&mut busy, &aggregates);
+                match outcome {
+                    Ok(_) => {
+                        error_streak = 0;
+                        record_success(metrics);
+                    }
+                    Err(MarkError::LeaseLost(_)) => lease.give_up(),
+                    Err(e) => failed = Some(e),
+                }
+            }
+        }
+        if let Some(e) = failed {
+            // Let the batches already out record their outcome before pausing.
+            settle(&mut in_flight, &mut busy).await;
+            error_streak = error_streak.saturating_add(1);
+            let pause = retry.delay(error_streak.min(10) as i32);
+            tracing::error!(error = %e, pause_ms = pause.as_millis() as u64, "relay step failed; retrying");
+            metrics
+                .publish_errors
+                .with_label_values(&["database"])
+                .inc();
+            tokio::select! {
+                _ = shutdown.cancelled() => {}
+                _ = lost.cancelled() => {}
+                _ = tokio::time::sleep(pause) => {}
+            }
+        }
+    };
+    // Stopping: the batches already out still record what Kafka did.
+    settle(&mut in_flight, &mut busy).await;
+    result
+}
+
+type InFlight = (HashSet<String>, Result<BatchOutcome, MarkError>);
+
+/// Waits for every batch in flight and records each outcome.
+async fn settle<F: Future<Output = InFlight>>(
+    in_flight: &mut FuturesUnordered<F>,
+    busy: &mut HashSet<String>,
+) {
+    while let Some((aggregates, outcome)) = in_flight.next().await {
+        free(busy, &aggregates);
+        if let Err(e) = outcome {
+            tracing::error!(error = %e, "recording a batch's outcome failed; its events stay queued");
+        }
+    }
+}
+
+/// The aggregates of a batch whose outcome is recorded may be claimed again.
+fn free(busy: &mut HashSet<String>, aggregates: &HashSet<String>) {
+    for a in aggregates {
+        let _ = busy.remove(a);
+    }
+}
+
+fn record_success(metrics: &RelayMetrics) {
+    metrics
+        .last_success
+        .set(Utc::now().timestamp_millis() as f64 / 1000.0);
+}
+
+async fn wait_for_work(
+    listener: Option<&mut PgListener>,
+    poll: Duration,
+    shutdown: &CancellationToken,
+) {
+    match listener {
+        Some(l) => {
+            tokio::select! {
+                _ = shutdown.cancelled() => {}
+                _ = tokio::time::sleep(poll) => {}
+                n = l.recv() => {
+                    if let Err(e) = n {
+                        tracing::warn!(error = %e, "LISTEN connection failed; polling");
+                        tokio::time::sleep(poll).await;
+                    }
+                }
+            }
+        }
+        None => {
+            tokio::select! {
+                _ = shutdown.cancelled() => {}
+                _ = tokio::time::sleep(poll) => {}
+            }
+        }
+    }
+}

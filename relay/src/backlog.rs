@@ -1,0 +1,72 @@
+//! The backlog gauges every relay reports, active or standing by: the relay's queue, the
+//! lease's vacancy and the delayed events that are due, read from the database.
+
+use std::time::Duration;
+
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics::RelayMetrics;
+
+/// Refreshes the backlog gauges from the database clock every `every`, until `shutdown`.
+/// Also reads how long the relay lease `lease_key` has had no holder.
+pub async fn watch_backlog(
+    pool: PgPool,
+    lease_key: i64,
+    metrics: RelayMetrics,
+    every: Duration,
+    shutdown: CancellationToken,
+) {
+    loop {
+        if let Err(e) = refresh_backlog(&pool, lease_key, &metrics).await {
+            tracing::warn!(error = %e, "cannot read outbox backlog");
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(every) => {}
+        }
+    }
+}
+
+/// One reading of [`watch_backlog`]: the relay's queue (events waiting, failed, and held behind
+/// a failed event of their aggregate; the oldest's age), the lease's vacancy and the delayed
+/// events that are due.
+pub async fn refresh_backlog(
+    pool: &PgPool,
+    lease_key: i64,
+    metrics: &RelayMetrics,
+) -> Result<(), sqlx::Error> {
+    // Delayed events: only the due head of the due-time index is read, however many wait
+    // further ahead. Held events: from each failed event (a handful), its aggregate's later
+    // events through the outbox's (aggregate, sequence) index.
+    let (count, age, vacant, due, overdue, failed, held): (i64, f64, f64, i64, f64, i64, i64) =
+        sqlx::query_as(
+            "SELECT count(*),
+                    COALESCE(EXTRACT(EPOCH FROM clock_timestamp() - min(created_at)), 0)::float8,
+                    (SELECT COALESCE(max(EXTRACT(EPOCH FROM clock_timestamp() - expires_at)), 0)::float8
+                     FROM relay_lease
+                     WHERE lease_key = $1 AND expires_at < clock_timestamp()
+                       AND expires_at > '-infinity'),
+                    (SELECT count(*) FROM outbox_scheduled WHERE publish_at <= clock_timestamp()),
+                    (SELECT COALESCE(EXTRACT(EPOCH FROM clock_timestamp() - min(publish_at)), 0)::float8
+                     FROM outbox_scheduled WHERE publish_at <= clock_timestamp()),
+                    count(*) FILTER (WHERE state = 'failed'),
+                    (SELECT count(DISTINCT h.id)
+                     FROM outbox_unpublished f
+                     JOIN outbox o ON o.aggregate_id = f.aggregate_id AND o.sequence > f.sequence
+                     JOIN outbox_unpublished h ON h.id = o.id AND h.state = 'pending'
+                     WHERE f.state = 'failed' AND f.attempts > 0)
+             FROM outbox_unpublished",
+        )
+        .bind(lease_key)
+        .fetch_one(pool)
+        .await?;
+    metrics.unpublished.set(count);
+    metrics.oldest_unpublished_age.set(age.max(0.0));
+    metrics.lease_vacant.set(vacant.max(0.0));
+    metrics.scheduled_due.set(due);
+    metrics.scheduled_overdue.set(overdue.max(0.0));
+    metrics.failed.set(failed);
+    metrics.held.set(held);
+    Ok(())
+}

@@ -1,0 +1,159 @@
+//! The relay as a whole, for a program to embed: it stands by until it holds the lease, then
+//! publishes ([`crate::active`]) and releases due delayed events ([`crate::release`]) while it
+//! keeps it; beside that, whether active or not, it reports the backlog ([`crate::backlog`]) and
+//! vacuums its queue table ([`crate::vacuum`]).
+
+use std::time::Duration;
+
+use anyhow::Context;
+use prometheus::Registry;
+use rdkafka::producer::Producer;
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+use crate::active::run_active;
+use crate::backlog::watch_backlog;
+use crate::lease::Elector;
+use crate::metrics::RelayMetrics;
+use crate::publish::ProducerHandle;
+use crate::release::release_while_active;
+use crate::settings::RelaySettings;
+use crate::vacuum::vacuum_queue;
+
+/// How often the backlog gauges are refreshed.
+const BACKLOG_EVERY: Duration = Duration::from_secs(1);
+
+/// A relay ready to run: settings checked, metrics registered, Kafka producer made.
+pub struct Relay {
+    settings: RelaySettings,
+    pool: PgPool,
+    metrics: RelayMetrics,
+    producer: ProducerHandle,
+}
+
+impl Relay {
+    /// A relay on `pool` (see [`crate::connect`] for the sessions it should have; the tables of
+    /// [`crate::MIGRATOR`] must exist), with its metrics registered on `registry`.
+    ///
+    /// The producer is made here and kept across activations, so a standby that takes over is
+    /// warm. The lease's presence session is a connection of its own, made with `pool`'s
+    /// connect options.
+    pub fn new(settings: RelaySettings, pool: PgPool, registry: &Registry) -> anyhow::Result<Self> {
+        settings.validate()?;
+        let metrics =
+            RelayMetrics::register(registry).context("registering the relay's metrics")?;
+        let producer = ProducerHandle::create(
+            &settings.kafka,
+            &settings.producer_settings(),
+            metrics.clone(),
+        )?;
+        Ok(Relay {
+            settings,
+            pool,
+            metrics,
+            producer,
+        })
+    }
+
+    /// The relay's metrics, as registered.
+    pub fn metrics(&self) -> &RelayMetrics {
+        &self.metrics
+    }
+
+    /// Runs until `shutdown`, or until the relay cannot go on (its Kafka producer failed for
+    /// good and cannot be replaced, or it cannot listen for new events): then the error.
+    pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        let Relay {
+            settings,
+            pool,
+            metrics,
+            mut producer,
+        } = self;
+        let beside = shutdown.child_token();
+        let backlog = tokio::spawn(watch_backlog(
+            pool.clone(),
+            settings.lock_key,
+            metrics.clone(),
+            BACKLOG_EVERY,
+            beside.clone(),
+        ));
+        let vacuum = (settings.queue_vacuum_interval_ms > 0).then(|| {
+            tokio::spawn(vacuum_queue(
+                pool.clone(),
+                Duration::from_millis(settings.queue_vacuum_interval_ms),
+                beside.clone(),
+            ))
+        });
+        let result = take_turns(&settings, &pool, &mut producer, &metrics, &shutdown).await;
+        beside.cancel();
+        let _ = backlog.await;
+        if let Some(vacuum) = vacuum {
+            let _ = vacuum.await;
+        }
+        // Whatever is still queued was already waited for by its batch; flush anyway.
+        let _ = producer.producer().flush(Duration::from_secs(5));
+        tracing::info!("relay stopped");
+        result
+    }
+}
+
+/// Runs a relay with `settings` on `pool` until `shutdown`: [`Relay::new`], then [`Relay::run`].
+pub async fn run(
+    settings: RelaySettings,
+    pool: PgPool,
+    registry: &Registry,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    Relay::new(settings, pool, registry)?.run(shutdown).await
+}
+
+/// Stands by until this relay holds the lease, then publishes while it keeps it; again after
+/// each loss, until `shutdown` or an error.
+async fn take_turns(
+    settings: &RelaySettings,
+    pool: &PgPool,
+    producer: &mut ProducerHandle,
+    metrics: &RelayMetrics,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<()> {
+    let mut elector = Elector::new(settings.lease_settings(), (*pool.connect_options()).clone());
+    while !shutdown.is_cancelled() {
+        let Some((lease, acquired)) = elector.acquire(shutdown).await else {
+            break;
+        };
+        tracing::info!(
+            epoch = lease.fence().epoch,
+            how = acquired.reason.label(),
+            since_previous_renewal_s = acquired.since_previous_renewal,
+            "relay is active"
+        );
+        metrics.record_takeover(lease.fence().epoch, &acquired);
+        metrics.active.set(1);
+        // The lease is renewed beside the loop, and handed back only once the loop has recorded
+        // what its batches did (handing it back first would refuse those writes).
+        let stop_renewing = CancellationToken::new();
+        let releasing = tokio::spawn(release_while_active(
+            pool.clone(),
+            lease.clone(),
+            settings.release_batch_size,
+            Duration::from_millis(settings.release_interval_ms),
+            metrics.clone(),
+            stop_renewing.clone(),
+        ));
+        let (outcome, ()) = tokio::join!(
+            async {
+                let outcome = run_active(settings, pool, producer, metrics, &lease, shutdown).await;
+                stop_renewing.cancel();
+                outcome
+            },
+            async {
+                let end = elector.keep(&lease, &stop_renewing).await;
+                metrics.record_lease_end(end);
+            },
+        );
+        let _ = releasing.await;
+        metrics.active.set(0);
+        outcome?;
+    }
+    Ok(())
+}
