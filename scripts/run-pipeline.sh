@@ -226,7 +226,7 @@ ensure_broker # fetches Kafka's jars first (kafka_fetch) unless a broker already
 section "[4/9] cargo build --release --workspace --bins"
 ensure_build_deps
 cargo build --release --workspace --bins
-for b in producer relay consumer pipeline; do
+for b in producer load relay consumer pipeline; do
     [[ -x $BIN/$b ]] || die "$BIN/$b was not built"
 done
 
@@ -308,13 +308,13 @@ log "relay active, $assigned partitions assigned after $(human_duration $((SECON
 section "[7/9] Load: $ORDERS orders at $RATE/s"
 load_started=$SECONDS
 load_status=0
-"$BIN/producer" load --url "http://$ORDER_SERVICE_ADDR" --orders "$ORDERS" --rate "$RATE" \
+"$BIN/load" --url "http://$ORDER_SERVICE_ADDR" --orders "$ORDERS" --rate "$RATE" \
     --summary-json "$RUN_DIR/load.json" || load_status=$?
 if ((load_status == 0)); then
     log "load finished in $(human_duration $((SECONDS - load_started))) (summary: $RUN_DIR/load.json)"
 else
     # Go on: what was accepted still has to drain, and the report shows where things stand.
-    warn "producer load exited with status $load_status (some orders failed); waiting for the rest to drain"
+    warn "load exited with status $load_status (some orders failed); waiting for the rest to drain"
 fi
 
 section "[8/9] Waiting for outbox and consumer groups to drain (up to ${DRAIN_TIMEOUT}s)"
@@ -403,6 +403,6 @@ if ((!drained)); then
     die "the pipeline did not drain within ${DRAIN_TIMEOUT}s"
 fi
 if ((load_status != 0)); then
-    die "producer load reported failed orders (status $load_status); see its summary above"
+    die "load reported failed orders (status $load_status); see its summary above"
 fi
 log "done in $(human_duration "$SECONDS")"

@@ -1,16 +1,13 @@
-//! The `producer` command line: one binary, three subcommands.
-
-use std::process::ExitCode;
+//! The `producer` command line: one binary, two subcommands.
 
 use clap::{Parser, Subcommand};
 use pipeline_core::telemetry::LogArgs;
 use tokio_util::sync::CancellationToken;
 
 use crate::catalog::{self, SeedCatalogArgs};
-use crate::load::{self, LoadArgs};
 use crate::server::{self, ServeArgs};
 
-/// The order service of the event pipeline, its catalogue seed and its load driver.
+/// The order service of the event pipeline, and its catalogue seed.
 ///
 /// Every flag can also be set through the environment variable shown in its help.
 #[derive(Parser, Debug)]
@@ -28,8 +25,6 @@ pub enum Command {
     Serve(ServeArgs),
     /// Create or update the demonstration products sku-00001 … sku-N (idempotent).
     SeedCatalog(SeedCatalogArgs),
-    /// Drive the order service over HTTP and print a summary; exits non-zero if any order failed.
-    Load(LoadArgs),
 }
 
 impl Cli {
@@ -38,24 +33,16 @@ impl Cli {
         match &self.command {
             Command::Serve(args) => &args.log,
             Command::SeedCatalog(args) => &args.log,
-            Command::Load(args) => &args.log,
         }
     }
 }
 
 /// Runs the chosen subcommand until it is done or `shutdown` is cancelled.
-pub async fn run(cli: Cli, shutdown: CancellationToken) -> anyhow::Result<ExitCode> {
+pub async fn run(cli: Cli, shutdown: CancellationToken) -> anyhow::Result<()> {
     match cli.command {
-        Command::Serve(args) => server::run(args, shutdown).await?,
-        Command::SeedCatalog(args) => catalog::run(args).await?,
-        Command::Load(args) => {
-            let summary = load::run(args, shutdown).await?;
-            if !summary.succeeded() {
-                return Ok(ExitCode::FAILURE);
-            }
-        }
+        Command::Serve(args) => server::run(args, shutdown).await,
+        Command::SeedCatalog(args) => catalog::run(args).await,
     }
-    Ok(ExitCode::SUCCESS)
 }
 
 #[cfg(test)]
@@ -79,9 +66,9 @@ mod tests {
 
         let cli = Cli::parse_from(["producer", "seed-catalog", "--products", "7"]);
         assert!(matches!(cli.command, Command::SeedCatalog(a) if a.products == 7));
-
-        let cli = Cli::parse_from(["producer", "load", "--orders", "5", "--rate", "0"]);
-        assert!(matches!(cli.command, Command::Load(a) if a.orders == 5 && a.rate == 0.0));
-        assert!(Cli::try_parse_from(["producer", "load", "--concurrency", "0"]).is_err());
+        assert!(
+            Cli::try_parse_from(["producer", "load"]).is_err(),
+            "load is its own binary"
+        );
     }
 }

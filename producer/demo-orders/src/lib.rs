@@ -7,14 +7,12 @@
 //! - [`exports`]: asynchronous order exports (jobs submitted, polled, downloaded).
 //! - [`api`]: the HTTP handlers; [`server`] serves them with the operations endpoints.
 //! - [`catalog`]: the demonstration product catalogue.
-//! - [`load`]: the load driver.
 //! - [`cli`]: the command line.
 
 pub mod api;
 pub mod catalog;
 pub mod cli;
 pub mod exports;
-pub mod load;
 pub mod orders;
 pub mod outbox;
 pub mod server;

@@ -1,10 +1,10 @@
-//! `producer`: the order service, its catalogue seed and its load driver.
+//! `producer`: the order service and its catalogue seed.
 
 use std::process::ExitCode;
 
 use clap::Parser;
-use pipeline_core::telemetry;
 use demo_orders::cli::{self, Cli};
+use pipeline_core::telemetry;
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -12,7 +12,7 @@ async fn main() -> ExitCode {
     telemetry::init(cli.log_args());
     let shutdown = telemetry::shutdown_on_signals();
     match cli::run(cli, shutdown).await {
-        Ok(code) => code,
+        Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = format!("{e:#}"), "producer failed");
             ExitCode::FAILURE

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use chrono::Utc;
 use pipeline_core::kafka::KafkaArgs;
-use demo_orders::load::figures::{micros_histogram, quantile_ms};
+use pipeline_load::figures::{micros_histogram, quantile_ms};
 use rdkafka::message::{Header, Headers, Message};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde::Serialize;

@@ -1,4 +1,4 @@
-//! The benchmark's load: the order generator of `producer load` ([`demo_orders::load`]) with request
+//! The benchmark's load: the order generator of the `load` command ([`pipeline_load`]) with request
 //! pacing. Request `i` is due at `t0 + i / rate`, whatever the service's speed, and every figure
 //! is taken from that intended time, so a stall shows as latency instead of hiding in a slower
 //! send rate (no coordinated omission). Every request is one event; an order's events are about
@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use hdrhistogram::Histogram;
-use demo_orders::load::figures::{max_ms, micros_histogram, quantile_ms};
-use demo_orders::load::{
+use pipeline_load::figures::{max_ms, micros_histogram, quantile_ms};
+use pipeline_load::{
     drive as drive_orders, ClientSettings, DriveSettings, OnStop, OrderClient, Pacing, Recorder,
     RetryPolicy, Schedule, StepRecord,
 };

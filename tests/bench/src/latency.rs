@@ -5,8 +5,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
 use hdrhistogram::Histogram;
+use pipeline_load::figures::{micros_histogram, quantile_ms};
 use pipeline_testkit::TestEnv;
-use demo_orders::load::figures::{micros_histogram, quantile_ms};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;

@@ -10,8 +10,8 @@ use std::io;
 use chrono::Utc;
 use demo_events::order_events::{demo_product_id, OrderLine, OrderSnapshot, OrderStatus};
 use pipeline_core::envelope::Envelope;
-use demo_orders::load::{Fate, OrderPlan};
-use demo_orders::validation::ValidOrder;
+use pipeline_load::api::OrderRequest;
+use pipeline_load::{Fate, OrderPlan};
 use rdkafka::message::{Headers, OwnedHeaders};
 use serde::Serialize;
 use sqlx::PgConnection;
@@ -71,11 +71,10 @@ pub fn order_plan(g: u64, products: u32) -> OrderPlan {
     let (customer_id, email) = customer(g);
     OrderPlan {
         index: g,
-        request: ValidOrder {
+        request: OrderRequest {
             customer_id,
             email,
             lines: lines(g, products),
-            payment_reminder_at: None,
         },
         fate: if g % 10 == 9 {
             Fate::PayCancel

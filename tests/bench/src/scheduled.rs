@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use relay::claim::claim_batch;
 use relay::lease::{Elector, LeaseSettings};
-use relay::schedule::release_due;
+use relay::release::release_due;
 use serde::Serialize;
 use sqlx::PgPool;
 

@@ -1,7 +1,8 @@
-//! The test kit: runs the real `producer`, `relay` and `consumer` binaries against PostgreSQL and
-//! a Kafka-protocol broker, each test in its own database, topic and consumer groups. The
-//! end-to-end tests (`tests/kit/tests/`), the benchmark (`tests/bench`) and the verification run
-//! (`tests/verify`) use it, and the other crates' tests take their database URLs from it.
+//! The test kit: runs the real `producer`, `load`, `relay` and `consumer` binaries against
+//! PostgreSQL and a Kafka-protocol broker, each test in its own database, topic and consumer
+//! groups. The end-to-end tests (`tests/kit/tests/`), the benchmark (`tests/bench`) and the
+//! verification run (`tests/verify`) use it, and the other crates' tests take their database URLs
+//! from it.
 //!
 //! - [`TestEnv`] (`env`): one isolated environment and the binaries started in it;
 //! - [`Service`] (`service`): a running binary, its log and its signals;

@@ -18,7 +18,6 @@ fn prepare(env: &TestEnv) -> anyhow::Result<()> {
 
 fn load_args<'a>(url: &'a str, orders: &'a str, rate: &'a str, seed: &'a str) -> Vec<&'a str> {
     vec![
-        "load",
         "--url",
         url,
         "--orders",
@@ -141,7 +140,7 @@ async fn thousand_orders_are_applied_exactly_once_in_order() -> anyhow::Result<(
     let summary_path = summary.to_string_lossy().into_owned();
     let mut args = load_args(&url, "1000", "0", "7");
     args.extend(["--summary-json", &summary_path]);
-    env.run_to_end("producer", &args, Duration::from_secs(300))?;
+    env.run_to_end("load", &args, Duration::from_secs(300))?;
     let load: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&summary)?)?;
     let expected_events = load["events"].as_i64().expect("events in load summary");
     assert_eq!(load["orders"].as_i64(), Some(1000));
@@ -204,8 +203,8 @@ async fn killing_relay_and_consumer_loses_nothing_and_applies_nothing_twice() ->
     let summary_path = summary.to_string_lossy().into_owned();
     let mut args = load_args(&url, "1000", "150", "11");
     args.extend(["--summary-json", &summary_path]);
-    let producer_bin = pipeline_testkit::bin_dir().join("producer");
-    let load = tokio::process::Command::new(producer_bin)
+    let load_bin = pipeline_testkit::bin_dir().join("load");
+    let load = tokio::process::Command::new(load_bin)
         .args(&args)
         .env("RUST_LOG", "warn")
         .stdout(std::process::Stdio::null())
@@ -300,7 +299,7 @@ async fn members_come_and_go(protocol: &str) -> anyhow::Result<()> {
     let summary_path = summary.to_string_lossy().into_owned();
     let mut load_args = load_args(&url, "900", "100", "17");
     load_args.extend(["--summary-json", &summary_path]);
-    let load = tokio::process::Command::new(pipeline_testkit::bin_dir().join("producer"))
+    let load = tokio::process::Command::new(pipeline_testkit::bin_dir().join("load"))
         .args(&load_args)
         .env("RUST_LOG", "warn")
         .stdout(std::process::Stdio::null())

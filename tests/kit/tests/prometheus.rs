@@ -379,9 +379,8 @@ async fn prometheus_scrapes_the_pipeline_and_evaluates_dashboard_and_alerts() ->
     let summary = env.log_dir.join("load.json");
     let summary_path = summary.to_string_lossy().into_owned();
     env.run_to_end(
-        "producer",
+        "load",
         &[
-            "load",
             "--url",
             &url,
             "--orders",

@@ -1,5 +1,5 @@
 //! The load and its history: orders placed and moved through pay → ship or cancel by the order
-//! generator of `producer load` ([`demo_orders::load`]) at a set rate (open loop, bounded by a
+//! generator of the `load` command ([`pipeline_load`]) at a set rate (open loop, bounded by a
 //! number of orders in flight), every acknowledged state change recorded as (order id,
 //! sequence) with create = 1 and each later acknowledged change + 1.
 //!
@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use demo_orders::load::{
+use pipeline_load::{
     drive as drive_orders, ClientSettings, DriveSettings, OnStop, OrderClient, OrderPlan, Pacing,
     Recorder, RetryPolicy, StepFailure, StepRecord, MEAN_EVENTS_PER_ORDER,
 };

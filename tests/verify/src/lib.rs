@@ -11,7 +11,7 @@
 //! - [`config`]: command line and profiles; [`schedule`]: the seeded fault schedule;
 //! - [`environment`], [`topology`], [`kafka_cluster`], [`processes`], [`postgres`]: the world
 //!   and its processes;
-//! - [`driver`]: the load (`producer load`'s order generator) and its history;
+//! - [`driver`]: the load (the `load` command's order generator) and its history;
 //! - [`faults`] ([`broker_faults`]), [`recovery`], [`publishing`]: injecting faults and
 //!   measuring recovery;
 //! - [`drain`], [`checks`] ([`topic_scan`], [`examples`]) and [`report`].

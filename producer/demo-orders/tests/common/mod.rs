@@ -12,8 +12,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use pipeline_core::telemetry::{self, LogArgs};
 use demo_orders::orders::{GroupCommitMetrics, GroupCommitSettings, OrderService};
+use pipeline_core::telemetry::{self, LogArgs};
 use prometheus::Registry;
 use serde_json::{json, Value};
 use sqlx::PgPool;

@@ -1,4 +1,4 @@
-//! `producer load`: the generator over the command line, with the seeded order mix, a progress
+//! The `load` command: the generator over the command line, with the seeded order mix, a progress
 //! bar and the summary.
 
 use std::path::PathBuf;
@@ -11,16 +11,19 @@ use reqwest::Url;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::client::{ClientSettings, OrderClient, RetryPolicy};
-use super::drive::{drive, DriveSettings, OnStop, Pacing, Recorder, StepRecord};
-use super::plan::OrderPlan;
-use super::summary::{Summary, Tally};
+use crate::client::{ClientSettings, OrderClient, RetryPolicy};
+use crate::drive::{drive, DriveSettings, OnStop, Pacing, Recorder, StepRecord};
+use crate::plan::OrderPlan;
+use crate::summary::{Summary, Tally};
 
 /// Longest wait for a connection to the service, within each attempt's timeout.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// `producer load`: place and move orders through the order service.
-#[derive(clap::Args, Debug, Clone)]
+/// Drive the order service over HTTP and print a summary; exits non-zero if any order failed.
+///
+/// Every flag can also be set through the environment variable shown in its help.
+#[derive(clap::Parser, Debug, Clone)]
+#[command(name = "load", version, about, long_about = None)]
 pub struct LoadArgs {
     /// Base URL of the order service.
     #[arg(
@@ -148,7 +151,20 @@ fn progress_bar(orders: u64) -> ProgressBar {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_rate;
+    use super::{parse_rate, LoadArgs};
+    use clap::{CommandFactory, Parser};
+
+    #[test]
+    fn cli_is_well_formed() {
+        LoadArgs::command().debug_assert();
+    }
+
+    #[test]
+    fn parses_the_flags() {
+        let args = LoadArgs::parse_from(["load", "--orders", "5", "--rate", "0"]);
+        assert!(args.orders == 5 && args.rate == 0.0);
+        assert!(LoadArgs::try_parse_from(["load", "--concurrency", "0"]).is_err());
+    }
 
     #[test]
     fn rate_must_be_non_negative() {

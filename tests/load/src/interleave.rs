@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
-use super::plan::OrderPlan;
-use super::steps::{Handover, Job};
-use crate::orders::Action;
+use crate::api::Action;
+use crate::plan::OrderPlan;
+use crate::steps::{Handover, Job};
 
 /// Slots of one cycle: placing, and the longest fate's two actions.
 const STEPS: u64 = 3;
@@ -106,17 +106,16 @@ impl Interleave {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::load::plan::Fate;
-    use crate::validation::ValidOrder;
+    use crate::api::OrderRequest;
+    use crate::plan::Fate;
 
     fn plan(index: u64) -> OrderPlan {
         OrderPlan {
             index,
-            request: ValidOrder {
+            request: OrderRequest {
                 customer_id: "c".into(),
                 email: None,
                 lines: Vec::new(),
-                payment_reminder_at: None,
             },
             fate: if index % 10 == 9 {
                 Fate::PayCancel

@@ -1,6 +1,6 @@
-//! The load generator against an in-process order service: `producer load` directly and through
-//! a proxy that loses the first answer to every request, and the request pacing the benchmark
-//! drives it with.
+//! The load generator against an in-process order service: the `load` command directly and
+//! through a proxy that loses the first answer to every request, and the request pacing the
+//! benchmark drives it with.
 //! Needs `DATABASE_URL` (see `common/mod.rs`).
 
 mod common;
@@ -15,9 +15,9 @@ use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use common::{spawn_app, TestApp, PRODUCTS};
 use pipeline_core::telemetry::LogArgs;
-use demo_orders::load::{
-    self, drive, ClientSettings, DriveSettings, LoadArgs, OnStop, OrderClient, OrderPlan, Pacing,
-    Recorder, RetryPolicy, StepRecord, Summary,
+use pipeline_load::{
+    self as load, drive, ClientSettings, DriveSettings, LoadArgs, OnStop, OrderClient, OrderPlan,
+    Pacing, Recorder, RetryPolicy, StepRecord, Summary,
 };
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
@@ -59,7 +59,7 @@ async fn assert_matches_database(app: &TestApp, summary: &Summary) {
 #[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn load_run_matches_the_outbox(pool: PgPool) {
     let app = spawn_app(pool).await;
-    let dir = std::env::temp_dir().join(format!("producer-load-{}", uuid::Uuid::new_v4()));
+    let dir = std::env::temp_dir().join(format!("pipeline-load-{}", uuid::Uuid::new_v4()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let json_path = dir.join("summary.json");
     let summary = load::run(

@@ -1,21 +1,25 @@
-//! The order load generator: `producer load`, the benchmark (`tests/bench`) and the
-//! verification run (`tests/verify`) all drive the order service through it.
+//! The order load generator: the `load` binary, the benchmark (`tests/bench`) and the
+//! verification run (`tests/verify`) all drive the demonstration's order service through it. It
+//! knows the service only by its HTTP API ([`api`]) and the demonstration's event contract
+//! (`demo-events`).
 //!
 //! Open loop: the slots of a [`Schedule`] are due at `start + i / rate` whatever the service's
 //! speed, unless `concurrency` jobs are already in flight. A slot starts an order (placed with
 //! an idempotency key, then cancelled unpaid, or paid then shipped or cancelled), or, with
 //! [`Pacing::Requests`], sends one step of an order. Each step's [`StepRecord`] goes to the
-//! caller's [`Recorder`], which keeps what its run needs: `producer load` a [`Tally`] and its
+//! caller's [`Recorder`], which keeps what its run needs: `load` a [`Tally`] and its
 //! [`Summary`], the benchmark each event's intended time and latency, the verification run each
 //! acknowledged event.
 //!
+//! - [`api`]: the order API's bodies and actions, as the generator sends and reads them;
 //! - `plan`: the orders ([`OrderPlan`], [`Fate`]) and the seeded mix;
 //! - `client`: the HTTP client ([`OrderClient`]) and its retries;
 //! - `schedule`, `drive`, `interleave`, `steps`: the schedule, the generator's loop
 //!   ([`drive()`]), request pacing, and what one slot sends;
-//! - [`figures`]: latency histograms; `summary`, `command`: `producer load`'s tally, summary and
-//!   command line.
+//! - [`figures`]: latency histograms; `summary`, `command`: the `load` command's tally, summary
+//!   and command line.
 
+pub mod api;
 mod client;
 mod command;
 mod drive;

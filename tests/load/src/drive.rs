@@ -14,12 +14,12 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use super::client::{OrderClient, RequestFailure, RequestStats};
-use super::interleave::Interleave;
-use super::plan::OrderPlan;
-use super::schedule::Schedule;
-use super::steps::Job;
-use crate::orders::Action;
+use crate::api::Action;
+use crate::client::{OrderClient, RequestFailure, RequestStats};
+use crate::interleave::Interleave;
+use crate::plan::OrderPlan;
+use crate::schedule::Schedule;
+use crate::steps::Job;
 
 /// With request pacing, how long after the run is set up its first slot is due, so the first
 /// slots are not late before the run has begun (every figure is taken from the due times).

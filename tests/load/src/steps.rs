@@ -5,10 +5,10 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use super::client::{OrderClient, RequestStats};
-use super::drive::{StepFailure, StepRecord};
-use super::plan::OrderPlan;
-use crate::orders::Action;
+use crate::api::Action;
+use crate::client::{OrderClient, RequestStats};
+use crate::drive::{StepFailure, StepRecord};
+use crate::plan::OrderPlan;
 
 /// The id of a placed order (`None`: the step did not go through), for the order's next step.
 pub(crate) type Handover = Option<Uuid>;

@@ -6,8 +6,8 @@ use demo_events::order_events::{demo_product_id, OrderLine};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::orders::Action;
-use crate::validation::ValidOrder;
+use crate::api::Action;
+use crate::api::OrderRequest;
 
 /// Share of orders cancelled right after being placed, without paying.
 const CANCEL_UNPAID: f64 = 0.10;
@@ -49,7 +49,7 @@ impl Fate {
 pub struct OrderPlan {
     /// Its number in the run.
     pub index: u64,
-    pub request: ValidOrder,
+    pub request: OrderRequest,
     pub fate: Fate,
 }
 
@@ -82,11 +82,10 @@ impl OrderPlan {
         };
         OrderPlan {
             index,
-            request: ValidOrder {
+            request: OrderRequest {
                 customer_id: format!("customer-{customer}"),
                 email,
                 lines,
-                payment_reminder_at: None,
             },
             fate,
         }

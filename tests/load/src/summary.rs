@@ -1,4 +1,4 @@
-//! `producer load`'s figures: the tally of a run, and its summary on stdout and optionally as
+//! The `load` command's figures: the tally of a run, and its summary on stdout and optionally as
 //! JSON.
 
 use std::collections::BTreeMap;
@@ -10,8 +10,8 @@ use anyhow::Context;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use super::drive::{Recorder, StepRecord};
-use super::figures::{max_ms, micros_histogram, per_second, quantile_ms};
+use crate::drive::{Recorder, StepRecord};
+use crate::figures::{max_ms, micros_histogram, per_second, quantile_ms};
 
 /// Running totals of a load run.
 #[derive(Debug)]
@@ -180,8 +180,8 @@ impl fmt::Display for Summary {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::load::client::{RequestFailure, RequestStats};
-    use crate::load::drive::StepFailure;
+    use crate::client::{RequestFailure, RequestStats};
+    use crate::drive::StepFailure;
     use tokio::time::Instant;
 
     fn step(sequence: i64, stats: RequestStats, failure: Option<u16>) -> StepRecord {

@@ -14,8 +14,8 @@ use reqwest::{StatusCode, Url};
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use crate::orders::{Action, Order};
-use crate::validation::ValidOrder;
+use crate::api::OrderRequest;
+use crate::api::{Action, OrderAnswer};
 
 /// First retry delay; doubled per attempt, with jitter.
 const BACKOFF_BASE: Duration = Duration::from_millis(50);
@@ -167,10 +167,10 @@ impl OrderClient {
     /// Places an order under `idempotency_key`.
     pub async fn place(
         &self,
-        order: &ValidOrder,
+        order: &OrderRequest,
         idempotency_key: &str,
         stats: &mut RequestStats,
-    ) -> Result<Order, RequestFailure> {
+    ) -> Result<OrderAnswer, RequestFailure> {
         let url = self.url("/orders");
         let budget = self.budget();
         let mut retry = 0;
@@ -195,7 +195,7 @@ impl OrderClient {
         order_id: Uuid,
         action: Action,
         stats: &mut RequestStats,
-    ) -> Result<Order, RequestFailure> {
+    ) -> Result<OrderAnswer, RequestFailure> {
         let url = self.url(&format!("/orders/{order_id}/{}", action.verb()));
         let budget = self.budget();
         let mut retry = 0;
@@ -232,7 +232,7 @@ impl OrderClient {
         &self,
         order_id: Uuid,
         stats: &mut RequestStats,
-    ) -> Result<Order, RequestFailure> {
+    ) -> Result<OrderAnswer, RequestFailure> {
         self.read(order_id, self.budget(), stats).await
     }
 
@@ -241,7 +241,7 @@ impl OrderClient {
         order_id: Uuid,
         budget: Budget,
         stats: &mut RequestStats,
-    ) -> Result<Order, RequestFailure> {
+    ) -> Result<OrderAnswer, RequestFailure> {
         let url = self.url(&format!("/orders/{order_id}"));
         let mut retry = 0;
         loop {
@@ -260,7 +260,7 @@ impl OrderClient {
         &self,
         request: reqwest::RequestBuilder,
         stats: &mut RequestStats,
-    ) -> Result<Order, RequestFailure> {
+    ) -> Result<OrderAnswer, RequestFailure> {
         let started = Instant::now();
         let result = match request.send().await {
             Ok(response) => read_order(response).await,
@@ -293,7 +293,7 @@ fn backoff(attempt: u32) -> Duration {
     half + half.mul_f64(rand::rng().random::<f64>())
 }
 
-async fn read_order(response: reqwest::Response) -> Result<Order, RequestFailure> {
+async fn read_order(response: reqwest::Response) -> Result<OrderAnswer, RequestFailure> {
     let status = response.status();
     if status.is_success() {
         return Ok(response.json().await?);
