@@ -1,10 +1,11 @@
 //! The consumer runtime: consumer groups that apply events exactly once and in order per
-//! aggregate, each a [`Handler`] a program registers by name.
+//! aggregate, each a [`Handler`] a program registers by name and runs with its own pool,
+//! Prometheus registry and shutdown token.
 //!
 //! ```no_run
-//! use consumer::Settings;
-//! use consumer::{Event, Handler, HandlerTransaction, HandlerError};
+//! use consumer::{ConsumerSettings, Event, Groups, Handler, HandlerError, HandlerTransaction};
 //! use futures::future::BoxFuture;
+//! use pipeline_core::db::DbArgs;
 //! use sqlx::PgConnection;
 //!
 //! /// Counts events per aggregate: its effects commit in the transaction that records each
@@ -31,11 +32,23 @@
 //!     }
 //! }
 //!
-//! # async fn start(args: Settings, shutdown: tokio_util::sync::CancellationToken) -> anyhow::Result<()> {
-//! // `args` as parsed from `--group tally --topic …`; the group's database gets the consumer
-//! // library's tables from `consumer::MIGRATOR`.
-//! let groups = consumer::Groups::new().register("tally", |group| Tally { group });
-//! consumer::run(args, &groups, shutdown).await
+//! # async fn embed() -> anyhow::Result<()> {
+//! let settings = ConsumerSettings {
+//!     topics: vec!["tally-events".to_owned()],
+//!     ..ConsumerSettings::default()
+//! };
+//! let db = DbArgs {
+//!     database_url: "postgres://app@db.internal/shop".to_owned(),
+//!     ..DbArgs::default()
+//! };
+//! // The sessions the runtime needs: statement and idle-in-transaction timeouts, key lookups.
+//! let pool = consumer::connect(&db, &settings).await?;
+//! consumer::MIGRATOR.run(&pool).await?; // only if this program sets up the library's tables
+//! let registry = prometheus::Registry::new(); // serve it where the program serves its metrics
+//! let groups = Groups::new().register("tally", |group| Tally { group });
+//! let shutdown = tokio_util::sync::CancellationToken::new();
+//! consumer::run(settings, pool, &registry, &groups, shutdown).await?;
+//! # Ok(())
 //! # }
 //! ```
 //!
@@ -49,6 +62,10 @@
 //! (frozen, or cut off from its database) applies nothing; rebalance-safe commits; shared
 //! transactions; metrics and lag.
 //!
+//! The runtime serves no HTTP endpoint and applies no migration: the program serves the registry
+//! it passed (`pipeline_core::ops_http` offers `/metrics`, `/healthz` and `/readyz`) and applies
+//! [`MIGRATOR`] where it sets up the database.
+//!
 //! # Layout
 //!
 //! The modules follow the data's path, and each uses only the stages below it:
@@ -59,33 +76,32 @@
 //!   collector.
 //! - [`partition`]: one task per assigned partition: takes its messages in order, hands them as
 //!   batches to a transaction, retries, isolates a failing message, reports the offset to commit.
-//! - [`transaction`]: the batch transaction: the message types, dedupe rows, per-order sequence
-//!   with parking, dead letters, shared transactions of several partitions' batches.
-//! - [`handlers`]: what a group does with an event ([`Handler`]), the registry of the groups a
-//!   program runs ([`Groups`]), the demonstration's inventory and notification groups, and the
-//!   order service's export group (a worker beside it writes the export files).
+//! - [`transaction`]: the batch transaction: the message types, dedupe rows, per-aggregate
+//!   sequence with parking, dead letters, shared transactions of several partitions' batches.
+//! - [`handlers`]: what a group does with an event ([`Handler`]) and the registry of the groups
+//!   a program runs ([`Groups`]).
 //!
-//! Beside the path: [`operator`], what the operator command `pipeline` (consumer/operator)
-//! needs from the library, dead-letter resolution with a group's handler, and the run's
-//! `report` (they use the transaction and the handlers); [`config`], the command line; [`metrics`]; and [`runtime`],
-//! the composition root that [`run`] starts.
+//! Beside the path: [`settings`], what [`run`] takes ([`ConsumerSettings`]) and the database
+//! sessions it needs ([`connect`]); [`runtime`], the composition root that [`run`] starts;
+//! [`operator`], what the operator command (consumer/operator) needs: dead-letter resolution with
+//! a group's handler; [`metrics`]; and [`backoff`], the retry delays.
 //!
 //! # Words
 //!
 //! - *group*: a consumer group: a [`Handler`] registered in [`Groups`] under a name and run as
-//!   the Kafka consumer group whose id is `--group-prefix` + name; the id is also its dedupe
+//!   the Kafka consumer group whose id is `group_prefix` + name; the id is also its dedupe
 //!   scope (the tables' `group_name`).
 //! - *member*: this process's part in a group: a poll thread, its rebalance callbacks, its
 //!   partition tasks and offset commits.
 //! - *batch*: messages of one partition, in offset order, that the partition's task hands over
-//!   together (up to `--max-batch`); its offset is committed only after the transaction that
+//!   together (up to `max_batch`); its offset is committed only after the transaction that
 //!   applied it.
 //! - *transaction*: one database transaction applying one or more batches of a group (the batch
 //!   transaction); the handler's part of it is a [`HandlerTransaction`].
 //! - *shared transaction*: a transaction applying the batches of several partitions of a group
-//!   ([`transaction::SharedTransactions`], `--group-transactions`).
+//!   ([`transaction::SharedTransactions`], `group_transactions`).
 //! - *finished offset*: the offset after a batch whose transaction committed, for the member to
-//!   commit to Kafka; an order's *progress* is its last applied sequence (`order_progress`).
+//!   commit to Kafka; an aggregate's *progress* is its last applied sequence (`order_progress`).
 
 #![warn(missing_docs)]
 
@@ -99,26 +115,33 @@ pub mod runtime;
 pub mod settings;
 pub mod transaction;
 
+use prometheus::Registry;
+use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 pub use crate::handlers::{Event, Groups, Handler, HandlerError, HandlerTransaction, UnknownGroup};
-pub use crate::settings::Settings;
+pub use crate::runtime::Runtime;
+pub use crate::settings::{connect, session_options, ConsumerSettings, InvalidSettings};
 
 /// The consumer library's migrations: what any group needs besides its own effect tables
 /// (dedupe rows, progress, parked events, dead letters, effect history, partition ownership).
+/// Apply them only where the program is meant to set up the database.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate::Migrator {
     ignore_missing: true,
     ..sqlx::migrate!("../migrations/consumer")
 };
 
-/// Runs the groups `args` names, each looked up in `groups`, until `shutdown` (or a fatal
-/// error, which is returned). See [`runtime::Runtime`] for its steps.
+/// Runs the groups `settings` names (each looked up in `groups`; every registered group when it
+/// names none) on `pool`, with their metrics on `registry`, until `shutdown` (or a fatal error,
+/// which is returned). See [`Runtime::start`] for its steps.
 pub async fn run(
-    args: Settings,
+    settings: ConsumerSettings,
+    pool: PgPool,
+    registry: &Registry,
     groups: &Groups,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    runtime::Runtime::start(args, groups, shutdown)
+    Runtime::start(settings, pool, registry, groups, shutdown)
         .await?
         .wait()
         .await

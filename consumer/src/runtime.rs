@@ -1,15 +1,14 @@
-//! The composition root of `consumer run`: one type whose start-up is a sequence of named steps,
-//! in the order of the data's path (database, dead-letter topics, metrics and ops endpoint, the
-//! database probe and lag collector beside the groups, then each group's poll thread), and whose
-//! [`Runtime::wait`] joins everything it started.
+//! The composition root: one type whose start-up is a sequence of named steps, in the order of
+//! the data's path (dead-letter topics, metrics on the caller's registry, the database probe and
+//! lag collector beside the groups, then each group's poll thread), and whose [`Runtime::wait`]
+//! joins everything it started. It serves no HTTP endpoint: the program serves the registry
+//! (e.g. with `pipeline_core::ops_http`).
 
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use anyhow::Context;
-use pipeline_core::db::Planner;
-use pipeline_core::ops_http;
 use prometheus::Registry;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::PgPool;
@@ -19,7 +18,7 @@ use crate::handlers::Groups;
 use crate::kafka::{probe, run_collector, run_member, LagCollector, Reachability};
 use crate::metrics::ConsumerMetrics;
 use crate::partition::{FatalSignal, TaskContext};
-use crate::settings::Settings;
+use crate::settings::ConsumerSettings;
 use crate::transaction::{DeadLetterSink, SharedTransactionSettings, SharedTransactions};
 
 /// How often the database probe runs (see [`Reachability`]).
@@ -44,35 +43,35 @@ struct Parts {
 }
 
 impl Runtime {
-    /// Starts every group `args` names (each looked up in `groups`); stops on `shutdown` or on
-    /// a fatal error of any part.
+    /// Starts the groups `settings.groups` names (each looked up in `groups`; every registered
+    /// group when it names none) on `pool`, with their metrics registered on `registry`; stops
+    /// on `shutdown` or on a fatal error of any part. `pool` should have the sessions
+    /// [`crate::session_options`] describes (see [`crate::connect`]); its database needs the
+    /// library's tables ([`crate::MIGRATOR`]) and the groups' own.
     pub async fn start(
-        args: Settings,
+        mut settings: ConsumerSettings,
+        pool: PgPool,
+        registry: &Registry,
         groups: &Groups,
         shutdown: CancellationToken,
     ) -> anyhow::Result<Runtime> {
-        args.validate()?;
-        check_groups(&args, groups)?;
-        let (pool, options) = connect_database(&args).await?;
-        let dead_letters = dead_letter_sink(&args).await?;
-        let registry = Registry::new();
-        let metrics = ConsumerMetrics::register(&registry).context("registering metrics")?;
+        settings.validate()?;
+        if settings.groups.is_empty() {
+            settings.groups = groups.names().into_iter().map(str::to_owned).collect();
+        }
+        let args = &settings;
+        check_groups(args, groups)?;
+        check_sessions(&pool).await?;
+        let options = (*pool.connect_options()).clone();
+        let dead_letters = dead_letter_sink(args).await?;
+        let metrics = ConsumerMetrics::register(registry).context("registering metrics")?;
         for group in &args.groups {
-            groups.register_metrics(group, &registry)?;
+            groups.register_metrics(group, registry)?;
         }
         let lag_collector = LagCollector::new().context("lag metrics")?;
         registry
             .register(Box::new(lag_collector.clone()))
             .context("registering lag metrics")?;
-        ops_http::serve_worker(
-            "consumer",
-            args.metrics_listen,
-            registry,
-            &pool,
-            &args.kafka,
-            shutdown.clone(),
-        )
-        .await?;
         let mut runtime = Runtime {
             stop: CancellationToken::new(),
             fatal: FatalSignal::default(),
@@ -88,9 +87,9 @@ impl Runtime {
             metrics,
             lag_collector,
         };
-        runtime.start_lag_collector(&args, &parts)?;
+        runtime.start_lag_collector(args, &parts)?;
         let reachability = runtime.probe_database(&parts);
-        runtime.start_groups(&args, groups, &parts, &reachability)?;
+        runtime.start_groups(args, groups, &parts, &reachability)?;
         Ok(runtime)
     }
 
@@ -144,7 +143,11 @@ impl Runtime {
 
     /// The lag collector's thread, reporting every group this process runs and those of
     /// `--lag-group`.
-    fn start_lag_collector(&mut self, args: &Settings, parts: &Parts) -> anyhow::Result<()> {
+    fn start_lag_collector(
+        &mut self,
+        args: &ConsumerSettings,
+        parts: &Parts,
+    ) -> anyhow::Result<()> {
         if args.lag_interval_ms == 0 {
             return Ok(());
         }
@@ -194,7 +197,7 @@ impl Runtime {
     /// tasks the group registered to run beside it.
     fn start_groups(
         &mut self,
-        args: &Settings,
+        args: &ConsumerSettings,
         groups: &Groups,
         parts: &Parts,
         reachability: &Reachability,
@@ -265,38 +268,38 @@ impl Runtime {
     }
 }
 
-/// Every group named must be registered: an unknown one stops start-up with the list of those
-/// that are.
-fn check_groups(args: &Settings, groups: &Groups) -> anyhow::Result<()> {
+/// Every group named must be registered, and at least one must be: an unknown one stops
+/// start-up with the list of those that are.
+fn check_groups(args: &ConsumerSettings, groups: &Groups) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        !args.groups.is_empty(),
+        "no consumer group to run: the program registers none"
+    );
     for name in &args.groups {
         let _ = groups.handler(name, name.clone())?;
     }
     Ok(())
 }
 
-/// The pool every batch runs on (statement and idle-in-transaction timeouts, key-lookup plans),
-/// with the consumer's migrations applied; and its options, for the probe's own session.
-async fn connect_database(args: &Settings) -> anyhow::Result<(PgPool, PgConnectOptions)> {
-    let options = args
-        .db
-        .session_options(
-            Some(Duration::from_millis(args.statement_timeout_ms)),
-            Planner::KeyLookups,
-        )?
-        .options([(
-            "idle_in_transaction_session_timeout",
-            args.idle_in_transaction_timeout_ms.to_string(),
-        )]);
-    let pool = args
-        .db
-        .connect_pool(options.clone(), &[&crate::MIGRATOR])
-        .await?;
-    Ok((pool, options))
+/// Warns when `pool`'s sessions have no `statement_timeout`: a revoke then waits for a stuck
+/// statement however long it takes (see [`crate::session_options`]).
+async fn check_sessions(pool: &PgPool) -> anyhow::Result<()> {
+    let timeout: String = sqlx::query_scalar("SELECT current_setting('statement_timeout')")
+        .fetch_one(pool)
+        .await
+        .context("reading the pool's statement_timeout")?;
+    if timeout == "0" {
+        tracing::warn!(
+            "the consumer's pool has no statement_timeout: make it with consumer::connect or \
+             consumer::session_options"
+        );
+    }
+    Ok(())
 }
 
 /// The dead-letter producer and its topics (created when missing); `None` when dead letters are
 /// only recorded in the database.
-async fn dead_letter_sink(args: &Settings) -> anyhow::Result<Option<Arc<DeadLetterSink>>> {
+async fn dead_letter_sink(args: &ConsumerSettings) -> anyhow::Result<Option<Arc<DeadLetterSink>>> {
     if args.dead_letter_topic.is_empty() {
         return Ok(None);
     }

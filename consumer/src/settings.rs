@@ -1,13 +1,19 @@
 //! What [`run`](crate::run) takes: the groups to run, the topics, the Kafka cluster, and how
-//! batches, transactions, retries and the group membership behave. A program fills in a
-//! [`Settings`] (every field has a default but the topics); with the `cli` feature the struct is
-//! also a set of command-line flags, each reading an environment variable.
+//! batches, transactions, retries and the group membership behave; and the database sessions
+//! they call for ([`session_options`], [`connect`]).
+//!
+//! A program fills in a [`ConsumerSettings`] (its `Default` is the recommended configuration;
+//! only the topics must be named). With the non-default `cli` feature the struct is also a set of
+//! `clap` arguments, each flag reading an environment variable as well; a binary maps its command
+//! line onto it.
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
-use pipeline_core::db::DbArgs;
+use anyhow::Context;
+use pipeline_core::db::{DbArgs, KEY_LOOKUP_PLANNER};
 use pipeline_core::kafka::KafkaArgs;
+use sqlx::postgres::PgConnectOptions;
+use sqlx::PgPool;
 
 use crate::kafka::{GroupProtocol, MemberSettings};
 use crate::transaction::CUSTOM_PLANS_UP_TO;
@@ -15,10 +21,7 @@ use crate::transaction::CUSTOM_PLANS_UP_TO;
 /// How the runtime runs its groups.
 #[derive(Debug, Clone)]
 #[cfg_attr(feature = "cli", derive(clap::Args))]
-pub struct Settings {
-    /// The groups' database.
-    #[cfg_attr(feature = "cli", command(flatten))]
-    pub db: DbArgs,
+pub struct ConsumerSettings {
     /// The Kafka cluster the groups consume from.
     #[cfg_attr(feature = "cli", command(flatten))]
     pub kafka: KafkaArgs,
@@ -51,12 +54,6 @@ pub struct Settings {
         )
     )]
     pub topics: Vec<String>,
-    /// Address of the /metrics, /healthz and /readyz endpoint (port 0 picks one).
-    #[cfg_attr(
-        feature = "cli",
-        arg(long, env = "METRICS_LISTEN", default_value = "127.0.0.1:9102")
-    )]
-    pub metrics_listen: SocketAddr,
     /// Most messages applied in one database transaction (1: one transaction per message).
     #[cfg_attr(
         feature = "cli",
@@ -232,16 +229,14 @@ pub struct Settings {
     pub retry_max_ms: u64,
 }
 
-impl Default for Settings {
+impl Default for ConsumerSettings {
     /// The defaults of every setting; `topics` is empty and must be filled in.
     fn default() -> Self {
-        Settings {
-            db: DbArgs::default(),
+        ConsumerSettings {
             kafka: KafkaArgs::default(),
             groups: Vec::new(),
             group_prefix: String::new(),
             topics: Vec::new(),
-            metrics_listen: SocketAddr::from(([127, 0, 0, 1], 9102)),
             max_batch: 500,
             group_transactions: 2,
             group_transaction_patience_ms: 1,
@@ -268,7 +263,12 @@ impl Default for Settings {
     }
 }
 
-impl Settings {
+/// Settings that cannot work together, with the reason.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid consumer settings: {0}")]
+pub struct InvalidSettings(pub String);
+
+impl ConsumerSettings {
     /// The Kafka consumer settings every group runs with, the durations converted from
     /// milliseconds (`--leave-after-database-unreachable-ms` 0: the session timeout).
     pub fn member_settings(&self) -> MemberSettings {
@@ -291,54 +291,164 @@ impl Settings {
         }
     }
 
-    /// Refuses timeouts that cannot work together.
-    pub fn validate(&self) -> anyhow::Result<()> {
-        anyhow::ensure!(
+    /// Refuses settings that cannot work: no topic, or timeouts that cannot work together.
+    pub fn validate(&self) -> Result<(), InvalidSettings> {
+        fn ensure(ok: bool, message: impl FnOnce() -> String) -> Result<(), InvalidSettings> {
+            if ok {
+                Ok(())
+            } else {
+                Err(InvalidSettings(message()))
+            }
+        }
+        ensure(
             !self.topics.is_empty() && self.topics.iter().all(|t| !t.trim().is_empty()),
-            "name the topics to consume (--topic)"
-        );
-        anyhow::ensure!(self.max_batch > 0, "--max-batch must be positive");
-        anyhow::ensure!(
-            self.max_queued >= self.max_batch,
-            "--max-queued must be at least --max-batch"
-        );
-        anyhow::ensure!(
-            self.max_poll_interval_ms >= self.session_timeout_ms,
-            "--max-poll-interval-ms ({}) must be at least --session-timeout-ms ({})",
-            self.max_poll_interval_ms,
-            self.session_timeout_ms
-        );
-        anyhow::ensure!(
-            self.revoke_timeout_ms < self.max_poll_interval_ms,
-            "--revoke-timeout-ms ({}) must be below --max-poll-interval-ms ({}): a revoke blocks polling",
-            self.revoke_timeout_ms,
-            self.max_poll_interval_ms
-        );
-        anyhow::ensure!(
+            || "topics (--topic): name at least one topic to consume".to_owned(),
+        )?;
+        ensure(self.max_batch > 0, || {
+            "max_batch (--max-batch) must be positive".to_owned()
+        })?;
+        ensure(self.max_queued >= self.max_batch, || {
+            "max_queued (--max-queued) must be at least max_batch (--max-batch)".to_owned()
+        })?;
+        ensure(self.max_poll_interval_ms >= self.session_timeout_ms, || {
+            format!(
+                "max_poll_interval_ms (--max-poll-interval-ms, {}) must be at least \
+                 session_timeout_ms (--session-timeout-ms, {})",
+                self.max_poll_interval_ms, self.session_timeout_ms
+            )
+        })?;
+        ensure(self.revoke_timeout_ms < self.max_poll_interval_ms, || {
+            format!(
+                "revoke_timeout_ms (--revoke-timeout-ms, {}) must be below max_poll_interval_ms \
+                 (--max-poll-interval-ms, {}): a revoke blocks polling",
+                self.revoke_timeout_ms, self.max_poll_interval_ms
+            )
+        })?;
+        ensure(
             self.retry_base_ms > 0 && self.retry_base_ms <= self.retry_max_ms,
-            "--retry-base-ms must be positive and at most --retry-max-ms"
-        );
-        anyhow::ensure!(
+            || {
+                "retry_base_ms (--retry-base-ms) must be positive and at most retry_max_ms \
+                 (--retry-max-ms)"
+                    .to_owned()
+            },
+        )?;
+        ensure(
             self.statement_timeout_ms > 0 && self.statement_timeout_ms < self.revoke_timeout_ms,
-            "--statement-timeout-ms ({}) must be positive and below --revoke-timeout-ms ({}): \
-             a revoke waits for the statement in flight",
-            self.statement_timeout_ms,
-            self.revoke_timeout_ms
-        );
-        anyhow::ensure!(
-            self.retry_budget_ms >= self.retry_base_ms,
-            "--retry-budget-ms must allow at least one retry (>= --retry-base-ms)"
-        );
-        anyhow::ensure!(
-            self.session_timeout_ms >= 3_000,
-            "--session-timeout-ms below 3000 leaves no room for the 1 s heartbeat"
-        );
-        anyhow::ensure!(
+            || {
+                format!(
+                    "statement_timeout_ms (--statement-timeout-ms, {}) must be positive and below \
+                     revoke_timeout_ms (--revoke-timeout-ms, {}): a revoke waits for the \
+                     statement in flight",
+                    self.statement_timeout_ms, self.revoke_timeout_ms
+                )
+            },
+        )?;
+        ensure(self.retry_budget_ms >= self.retry_base_ms, || {
+            "retry_budget_ms (--retry-budget-ms) must allow at least one retry (at least \
+             retry_base_ms, --retry-base-ms)"
+                .to_owned()
+        })?;
+        ensure(self.session_timeout_ms >= 3_000, || {
+            "session_timeout_ms (--session-timeout-ms) below 3000 leaves no room for the 1 s \
+             heartbeat"
+                .to_owned()
+        })?;
+        ensure(
             self.dead_letter_topic.is_empty()
                 || self.dead_letter_topic.contains("{topic}")
                 || self.topics.len() == 1,
-            "--dead-letter-topic without {{topic}} would mix several topics' dead letters"
-        );
+            || {
+                "dead_letter_topic (--dead-letter-topic) without {topic} would mix several \
+                 topics' dead letters"
+                    .to_owned()
+            },
+        )?;
         Ok(())
+    }
+}
+
+/// `options` with the session settings the runtime's pool needs: `statement_timeout`
+/// (`statement_timeout_ms`), so a revoke never waits on a stuck statement;
+/// `idle_in_transaction_session_timeout` (`idle_in_transaction_timeout_ms`), so the server ends
+/// the transaction of a process that froze and releases its partition's ownership row; and the
+/// key-lookup planner ([`pipeline_core::db::Planner::KeyLookups`]), so a batch's statements stay
+/// index lookups however small the tables were when they were planned.
+pub fn session_options(options: PgConnectOptions, settings: &ConsumerSettings) -> PgConnectOptions {
+    let statement_timeout = settings.statement_timeout_ms.to_string();
+    let idle_in_transaction = settings.idle_in_transaction_timeout_ms.to_string();
+    options
+        .options([
+            ("statement_timeout", statement_timeout.as_str()),
+            (
+                "idle_in_transaction_session_timeout",
+                idle_in_transaction.as_str(),
+            ),
+        ])
+        .options(KEY_LOOKUP_PLANNER)
+}
+
+/// A pool for the runtime: `db`'s URL and size, with [`session_options`]. Applies no migrations
+/// (see [`crate::MIGRATOR`]).
+pub async fn connect(db: &DbArgs, settings: &ConsumerSettings) -> anyhow::Result<PgPool> {
+    let options = session_options(db.connect_options()?, settings);
+    db.connect_pool(options, &[])
+        .await
+        .context("connecting the consumer's pool")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_defaults_work_once_the_topics_are_named() {
+        let settings = ConsumerSettings::default();
+        assert!(settings
+            .validate()
+            .is_err_and(|e| e.to_string().contains("topic")));
+        let settings = ConsumerSettings {
+            topics: vec!["events".to_owned()],
+            ..ConsumerSettings::default()
+        };
+        settings.validate().expect("the defaults are valid");
+    }
+
+    #[test]
+    fn settings_that_cannot_work_are_refused() {
+        let valid = ConsumerSettings {
+            topics: vec!["a".to_owned(), "b".to_owned()],
+            ..ConsumerSettings::default()
+        };
+        let refused = |change: fn(&mut ConsumerSettings), field: &str| {
+            let mut settings = valid.clone();
+            change(&mut settings);
+            let error = settings.validate().expect_err(field).to_string();
+            assert!(error.contains(field), "{error}");
+        };
+        refused(|s| s.max_batch = 0, "max_batch");
+        refused(|s| s.max_queued = s.max_batch - 1, "max_queued");
+        refused(
+            |s| s.revoke_timeout_ms = s.max_poll_interval_ms,
+            "revoke_timeout_ms",
+        );
+        refused(|s| s.statement_timeout_ms = 0, "statement_timeout_ms");
+        refused(|s| s.session_timeout_ms = 2_000, "session_timeout_ms");
+        refused(
+            |s| s.dead_letter_topic = "dlq".to_owned(),
+            "dead_letter_topic",
+        );
+    }
+
+    #[test]
+    fn sessions_get_both_timeouts_and_the_key_lookup_planner() {
+        let settings = ConsumerSettings::default();
+        let options = session_options(PgConnectOptions::new(), &settings);
+        let options = options.get_options().expect("options set");
+        assert!(options.contains("statement_timeout=5000"), "{options}");
+        assert!(
+            options.contains("idle_in_transaction_session_timeout=5000"),
+            "{options}"
+        );
+        assert!(options.contains("enable_seqscan=off"), "{options}");
     }
 }

@@ -1,8 +1,10 @@
 //! Command line of the demonstration's `consumer` binary; every flag also reads an environment
 //! variable.
 
+use std::net::SocketAddr;
+
 use clap::{Parser, Subcommand};
-use consumer::Settings;
+use consumer::ConsumerSettings;
 use demo_events::order_events::ORDER_EVENTS_TOPIC;
 use pipeline_core::db::DbArgs;
 use pipeline_core::kafka::KafkaArgs;
@@ -43,13 +45,20 @@ pub enum Command {
     Report(Box<ReportArgs>),
 }
 
-/// Arguments of `consumer run`: the runtime's, and the settings of the `export` group (used when
-/// it is one of the groups run).
+/// Arguments of `consumer run`: the groups' database and ops endpoint, the runtime's settings,
+/// and the settings of the `export` group (used when it is one of the groups run).
 #[derive(Debug, clap::Args)]
 pub struct RunCommand {
+    /// The groups' database (with `--migrate`, the consumer library's tables and the groups'
+    /// are applied at start-up).
+    #[command(flatten)]
+    pub db: DbArgs,
+    /// Address of the /metrics, /healthz and /readyz endpoint (port 0 picks one).
+    #[arg(long, env = "METRICS_LISTEN", default_value = "127.0.0.1:9102")]
+    pub metrics_listen: SocketAddr,
     /// What `consumer::run` takes.
     #[command(flatten)]
-    pub run: Settings,
+    pub run: ConsumerSettings,
     /// The `export` group's directory, lease, retries and expiry.
     #[command(flatten)]
     pub export: ExportSettings,

@@ -7,24 +7,15 @@ use demo_groups::cli::{Cli, Command, RunCommand};
 use demo_groups::export::check_runs_alone;
 use demo_groups::inventory::seed_stock;
 use demo_groups::notification::LoggingSender;
-use pipeline_core::telemetry;
+use pipeline_core::{db, ops_http, telemetry};
+use prometheus::Registry;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = <Cli as clap::Parser>::parse();
     telemetry::init(&cli.log);
     match cli.command {
-        Command::Run(command) => {
-            let RunCommand { run: args, export } = *command;
-            check_runs_alone(&args.groups, &args.topics)?;
-            tracing::info!(?args, ?export, "starting consumer");
-            let groups = demo_groups::groups(Arc::new(LoggingSender), export)?;
-            if args.db.migrate {
-                let pool = args.db.connect(&demo_groups::SCHEMA).await?;
-                pool.close().await;
-            }
-            consumer::run(args, &groups, telemetry::shutdown_on_signals()).await
-        }
+        Command::Run(command) => run(*command).await,
         Command::SeedStock {
             db,
             products,
@@ -37,4 +28,39 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Report(args) => demo_groups::report::run(*args).await,
     }
+}
+
+/// `consumer run`: the groups on a pool of the runtime's sessions, their metrics served on the
+/// ops endpoint once they have started.
+async fn run(command: RunCommand) -> anyhow::Result<()> {
+    let RunCommand {
+        db,
+        metrics_listen,
+        run: settings,
+        export,
+    } = command;
+    settings.validate()?;
+    check_runs_alone(&settings.groups, &settings.topics)?;
+    tracing::info!(?db, ?settings, ?export, "starting consumer");
+    let groups = demo_groups::groups(Arc::new(LoggingSender), export)?;
+    let pool = consumer::connect(&db, &settings).await?;
+    if db.migrate {
+        db::migrate(&pool, &demo_groups::SCHEMA).await?;
+    }
+    let registry = Registry::new();
+    let shutdown = telemetry::shutdown_on_signals();
+    let kafka = settings.kafka.clone();
+    let runtime =
+        consumer::Runtime::start(settings, pool.clone(), &registry, &groups, shutdown.clone())
+            .await?;
+    ops_http::serve_worker(
+        "consumer",
+        metrics_listen,
+        registry,
+        &pool,
+        &kafka,
+        shutdown,
+    )
+    .await?;
+    runtime.wait().await
 }

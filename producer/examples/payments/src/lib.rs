@@ -3,9 +3,10 @@
 //! its own, `shipping` ([`Shipping`]), registered with the consumer runtime:
 //!
 //! ```no_run
-//! # async fn run(args: consumer::Settings, shutdown: tokio_util::sync::CancellationToken) -> anyhow::Result<()> {
+//! # async fn run(settings: consumer::ConsumerSettings, pool: sqlx::PgPool, shutdown: tokio_util::sync::CancellationToken) -> anyhow::Result<()> {
 //! let groups = consumer::Groups::new().register("shipping", payments_example::Shipping::new);
-//! consumer::run(args, &groups, shutdown).await
+//! let registry = prometheus::Registry::new();
+//! consumer::run(settings, pool, &registry, &groups, shutdown).await
 //! # }
 //! ```
 //!

@@ -60,22 +60,31 @@ async fn payments_reach_the_shipping_group_once_and_in_order(pool: PgPool) {
         }
     });
 
-    let mut consumer_settings = consumer::Settings {
+    let mut consumer_settings = consumer::ConsumerSettings {
         groups: vec!["shipping".to_owned()],
         group_prefix: format!("{run_id}-"),
         topics: vec![topic.clone()],
         lag_interval_ms: 0,
         dead_letter_topic: String::new(),
-        ..consumer::Settings::default()
+        ..consumer::ConsumerSettings::default()
     };
-    consumer_settings.db.database_url = url.clone();
     consumer_settings.kafka.kafka_brokers = brokers();
-    consumer_settings.metrics_listen = "127.0.0.1:0".parse().expect("address");
+    let consumer_pool = consumer::connect(&relay_db, &consumer_settings)
+        .await
+        .expect("consumer pool");
     let consumer = tokio::spawn({
         let shutdown = shutdown.clone();
         async move {
             let groups = consumer::Groups::new().register("shipping", Shipping::new);
-            consumer::run(consumer_settings, &groups, shutdown).await
+            let registry = prometheus::Registry::new();
+            consumer::run(
+                consumer_settings,
+                consumer_pool,
+                &registry,
+                &groups,
+                shutdown,
+            )
+            .await
         }
     });
 
