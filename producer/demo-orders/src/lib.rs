@@ -1,7 +1,6 @@
 //! The order service: an HTTP API whose every change to an order is committed together with the
 //! event describing it in the transactional outbox, which the relay publishes to Kafka.
 //!
-//! - [`outbox`]: appending events inside the caller's transaction.
 //! - [`orders`]: the order lifecycle and its transactions.
 //! - [`validation`]: checks on client input.
 //! - [`exports`]: asynchronous order exports (jobs submitted, polled, downloaded).
@@ -14,7 +13,6 @@ pub mod catalog;
 pub mod cli;
 pub mod exports;
 pub mod orders;
-pub mod outbox;
 pub mod server;
 pub mod validation;
 

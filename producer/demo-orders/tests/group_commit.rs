@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use common::{order_service, outbox_rows, PRODUCTS};
 use demo_orders::orders::{Action, GroupCommitSettings, Order, OrderError, OrderService};
-use demo_orders::outbox::{enqueue, NewEvent};
 use demo_orders::validation::{validate_order, CreateOrderRequest, RequestedLine, ValidOrder};
+use outbox::{enqueue, NewEvent};
 use prometheus::Registry;
 use sqlx::{PgPool, Postgres, Transaction};
 use tokio::task::JoinHandle;

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use demo_orders::outbox::{
+use outbox::{
     enqueue, enqueue_all, enqueue_all_and_schedule, enqueue_all_at, enqueue_at, EnqueueError,
     Enqueued, NewEvent, Outbox, OutboxSettings, PublishAt, DEFAULT_MAX_MESSAGE_BYTES,
     MAX_AGGREGATE_ID_BYTES, MAX_BUSINESS_KEY_BYTES, MAX_EVENT_TYPE_BYTES,
@@ -444,10 +444,9 @@ async fn every_entry_point_refuses_what_postgresql_or_kafka_would_and_writes_not
         }
     }
     // A NUL in a fact to withdraw matches no recorded event: nothing to withdraw, no error.
-    let withdrawn =
-        demo_orders::outbox::cancel_scheduled(&mut tx, &[("o\0", "order.payment_reminder")])
-            .await
-            .expect("cancel");
+    let withdrawn = outbox::cancel_scheduled(&mut tx, &[("o\0", "order.payment_reminder")])
+        .await
+        .expect("cancel");
     assert_eq!(withdrawn, 0);
     let written = enqueue_all_and_schedule(
         &mut tx,

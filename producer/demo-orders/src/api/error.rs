@@ -7,11 +7,11 @@ use axum::extract::rejection::{BytesRejection, JsonRejection, PathRejection};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use outbox::EnqueueError;
 use serde_json::json;
 
 use crate::exports::{ExportError, FilterError};
 use crate::orders::OrderError;
-use crate::outbox::EnqueueError;
 use crate::validation::ValidationError;
 
 /// A refused request: status code and the message the client sees.

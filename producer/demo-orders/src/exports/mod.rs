@@ -97,5 +97,5 @@ pub enum ExportError {
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
     #[error("outbox: {0}")]
-    Enqueue(#[from] crate::outbox::EnqueueError),
+    Enqueue(#[from] outbox::EnqueueError),
 }

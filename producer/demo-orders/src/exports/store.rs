@@ -7,12 +7,12 @@ use std::sync::Arc;
 use demo_events::export_events::{
     export_file_name, ExportFilters, ExportRequested, EXPORT_REQUESTED,
 };
+use outbox::NewEvent;
 use pipeline_core::envelope::TRACEPARENT;
 use sqlx::PgPool;
 use uuid::Uuid;
 
 use super::{ExportError, ExportJob, ExportSettings};
-use crate::outbox::{self, NewEvent};
 
 /// The columns of [`ExportJob`]; a finished job whose `expires_at` has passed reads `expired`.
 const JOB_COLUMNS: &str = "id,

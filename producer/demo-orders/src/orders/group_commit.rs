@@ -6,7 +6,7 @@
 //! transaction: places together (one statement for each round of distinct idempotency keys, see
 //! [`OrderService::place_all_in`]), transitions together (two statements for each round of
 //! distinct orders, see [`OrderService::transition_all_in`]), and all their events in one
-//! statement ([`crate::outbox::enqueue_all`]), so the `BEGIN`, the statements, the `COMMIT` and
+//! statement ([`outbox::enqueue_all`]), so the `BEGIN`, the statements, the `COMMIT` and
 //! the flush are shared. At most `runners` transactions run at once; when the service is idle a
 //! change waits for nobody.
 //!

@@ -1,7 +1,7 @@
 //! The order domain: the lifecycle rules and the transactions that change an order together with
 //! the event recording the change.
 //!
-//! Every write here happens in one PostgreSQL transaction with its [`crate::outbox::enqueue_all`]
+//! Every write here happens in one PostgreSQL transaction with its [`outbox::enqueue_all`]
 //! call, so an order change and its event are committed together or not at all.
 
 mod group_commit;
@@ -16,11 +16,11 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use demo_events::order_events::{OrderLine, OrderSnapshot, OrderStatus};
+use outbox::EnqueueError;
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::outbox::EnqueueError;
 use crate::validation::ValidOrder;
 use group_commit::{Answer, GroupCommit, Job, Place, Transition};
 use tokio::sync::oneshot;

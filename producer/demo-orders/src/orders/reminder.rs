@@ -2,15 +2,15 @@
 //! when the order is paid or cancelled before it is due.
 //!
 //! Both happen in the transaction of the change, in the statement that appends the change's
-//! event ([`crate::outbox::enqueue_all_and_schedule`]): a reminder exists if
+//! event ([`outbox::enqueue_all_and_schedule`]): a reminder exists if
 //! and only if its order was placed, and a pay or cancel that commits before the reminder is due
 //! leaves none. The relay publishes a reminder that is still there when it falls due, after every
 //! event the order committed before it.
 
 use demo_events::order_events::{OrderStatus, ORDER_PAYMENT_REMINDER};
+use outbox::{NewEvent, PublishAt};
 
 use super::{Order, OrderError, OrderService};
-use crate::outbox::{NewEvent, PublishAt};
 
 /// What a transaction's changes do to payment reminders.
 #[derive(Debug, Default)]

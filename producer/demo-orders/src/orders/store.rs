@@ -2,12 +2,12 @@
 
 use chrono::{DateTime, Utc};
 use demo_events::order_events::{OrderLine, OrderStatus};
+use outbox::{EnqueueError, NewEvent};
 use pipeline_core::envelope::TRACEPARENT;
 use sqlx::{PgConnection, Postgres, Transaction};
 use uuid::Uuid;
 
 use super::{Order, OrderError, OrderService};
-use crate::outbox::{self, EnqueueError, NewEvent};
 
 /// An order row with its lines' products and quantities, in line order.
 pub(super) type OrderRow = (
