@@ -99,7 +99,7 @@
 //! - *transaction*: one database transaction applying one or more batches of a group (the batch
 //!   transaction); the handler's part of it is a [`HandlerTransaction`].
 //! - *shared transaction*: a transaction applying the batches of several partitions of a group
-//!   ([`transaction::SharedTransactions`], `group_transactions`).
+//!   ([`transaction::SharedTransactions`], `shared_transactions`).
 //! - *finished offset*: the offset after a batch whose transaction committed, for the member to
 //!   commit to Kafka; an aggregate's *progress* is its last applied sequence (`order_progress`).
 

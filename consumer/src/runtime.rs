@@ -209,15 +209,15 @@ impl Runtime {
             parts.metrics.init_group(&name);
             let (finished_tx, finished_rx) = mpsc::channel();
             let shared_transactions =
-                (args.group_transactions > 0 && args.max_batch > 1).then(|| {
+                (args.shared_transactions > 0 && args.max_batch > 1).then(|| {
                     Arc::new(SharedTransactions::start(
                         SharedTransactionSettings {
                             pool: parts.pool.clone(),
                             handler: handler.clone(),
                             dead_letters: parts.dead_letters.clone(),
                             metrics: parts.metrics.clone(),
-                            transactions: args.group_transactions,
-                            patience: Duration::from_millis(args.group_transaction_patience_ms),
+                            transactions: args.shared_transactions,
+                            patience: Duration::from_millis(args.shared_transaction_patience_ms),
                             max_messages: args.max_batch,
                             custom_plans_up_to: args.custom_plans_up_to,
                         },

@@ -60,26 +60,26 @@ pub struct ConsumerSettings {
         arg(long, env = "CONSUMER_MAX_BATCH", default_value_t = 500)
     )]
     pub max_batch: usize,
-    /// Most database transactions a group runs at once, each taking the batches of every
-    /// partition waiting for one (up to --max-batch messages). 0: each partition batch has a
-    /// transaction of its own.
+    /// Most shared transactions a group runs at once, each taking the batches of every
+    /// partition waiting for one (up to --max-batch messages). 0: no shared transactions, each
+    /// partition batch has a transaction of its own.
     #[cfg_attr(
         feature = "cli",
-        arg(long, env = "CONSUMER_GROUP_TRANSACTIONS", default_value_t = 2)
+        arg(long, env = "CONSUMER_SHARED_TRANSACTIONS", default_value_t = 2)
     )]
-    pub group_transactions: usize,
-    /// How long, in milliseconds, partition batches wait for the group's transaction being
-    /// written to finish before another starts beside it; batches arriving meanwhile share the
-    /// next one. 0: a free runner starts a transaction at once.
+    pub shared_transactions: usize,
+    /// How long, in milliseconds, partition batches wait for the group's shared transaction
+    /// being written to finish before another starts beside it; batches arriving meanwhile share
+    /// the next one. 0: a free runner starts a shared transaction at once.
     #[cfg_attr(
         feature = "cli",
         arg(
             long,
-            env = "CONSUMER_GROUP_TRANSACTION_PATIENCE_MS",
+            env = "CONSUMER_SHARED_TRANSACTION_PATIENCE_MS",
             default_value_t = 1
         )
     )]
-    pub group_transaction_patience_ms: u64,
+    pub shared_transaction_patience_ms: u64,
     /// Transactions of at most this many messages plan their statements with their parameter
     /// values (`plan_cache_mode=force_custom_plan`); larger ones use PostgreSQL's cached generic
     /// plans. 0: always generic.
@@ -238,8 +238,8 @@ impl Default for ConsumerSettings {
             group_prefix: String::new(),
             topics: Vec::new(),
             max_batch: 500,
-            group_transactions: 2,
-            group_transaction_patience_ms: 1,
+            shared_transactions: 2,
+            shared_transaction_patience_ms: 1,
             custom_plans_up_to: CUSTOM_PLANS_UP_TO,
             max_queued: 5000,
             group_protocol: GroupProtocol::Classic,

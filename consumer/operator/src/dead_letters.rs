@@ -218,7 +218,7 @@ async fn show(pool: &PgPool, group: &str, id: i64) -> anyhow::Result<ShownLetter
                 )
             })
             .collect(),
-        // Letters recorded before the exact headers were kept: their readable form.
+        // A letter without its exact headers: their readable form.
         _ => match &stored.headers {
             serde_json::Value::Object(map) => map
                 .iter()

@@ -118,8 +118,8 @@ impl Offsets {
     /// Commits again, asynchronously, the latest offset asked for on every partition this member
     /// still owns. Repeating a commit is harmless, and it heals commits that failed without a
     /// callback reporting it: librdkafka drops a manual commit made while the group is between
-    /// generations ("generation id not valid"), and a partition that then stays quiet kept its
-    /// lag until the next rebalance (seen in the verification run).
+    /// generations ("generation id not valid"), and a partition that then stays quiet would keep
+    /// its lag until the next rebalance.
     pub(crate) fn recommit_owned<C: ConsumerContext>(
         &self,
         consumer: &BaseConsumer<C>,

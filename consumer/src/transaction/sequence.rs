@@ -182,7 +182,7 @@ pub(crate) async fn release_parked(
                 tracing::info!(group, event_id = %row.event_id, order_id = order, sequence = last, "parked event released and applied");
             }
             Err(reason) => {
-                // The record as it arrived (rows parked before its bytes were kept: rebuilt).
+                // The record as it arrived (rebuilt from the columns for a row without its bytes).
                 let headers = match (&row.header_names, &row.header_values) {
                     (Some(names), Some(values)) => RecordHeaders::from_columns(names, values),
                     _ => RecordHeaders::default(),

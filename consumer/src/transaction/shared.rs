@@ -2,7 +2,7 @@
 //! are applied in one database transaction.
 //!
 //! At low rates every partition batch holds an event or two, and the cost of an event is the
-//! cost of a commit. A group runs at most `--group-transactions` transactions at once; batches
+//! cost of a commit. A group runs at most `--shared-transactions` transactions at once; batches
 //! that arrive while those run wait and go together into the next one, up to `--max-batch`
 //! messages. Nothing else changes: each partition's task still hands over one batch at a time
 //! and learns its outcome only after the commit, so its offset is committed after the database

@@ -64,15 +64,13 @@ type TransactionStartRow = (bool, Vec<Uuid>, Vec<String>, Vec<i64>, Vec<String>)
 /// Transactions of at most this many messages plan their statements with their parameter values,
 /// by default (`--custom-plans-up-to`): none.
 ///
-/// PostgreSQL settles on a generic plan for a prepared statement after five executions, and one
-/// made while the tables were small (or not yet analysed) kept scanning them whole as they grew:
-/// seen, order_progress read by its group prefix and filtered, the reservation tables scanned in
-/// full. Planning small transactions with their values avoided that at a price (a quarter of the
-/// database's statement time at 1,000 requests/s). The consumer's sessions now plan as
-/// [`pipeline_core::db::Planner::KeyLookups`], whose generic plans are index lookups on both key
-/// columns whatever the tables' size, so every transaction keeps its cached plans (at 1,000 and
-/// 2,000 requests/s e2e p50 72 / 111 ms against 79 / 120 with 100, and PostgreSQL's CPU for the
-/// consumers 37% against 46%). The setting stays for a database where that is not enough.
+/// PostgreSQL settles on a generic plan for a prepared statement after five executions, and a
+/// plan made while the tables were small (or not yet analysed) can scan them whole as they grow.
+/// The consumer's sessions plan as [`pipeline_core::db::Planner::KeyLookups`], whose generic
+/// plans are index lookups on both key columns whatever the tables' size, so every transaction
+/// keeps its cached plans and saves the planning of each statement. The setting is for a
+/// database where that is not enough: small transactions then plan each statement with its
+/// values, at the cost of planning it every time.
 pub const CUSTOM_PLANS_UP_TO: usize = 0;
 
 /// Makes the rest of the transaction plan each statement with its parameter values.

@@ -5,10 +5,10 @@
 //! A transaction locks the reservations its events touch (in key order) and reads the stock rows
 //! without locking them, keeps both in memory while deciding each event (`decide`), and locks the
 //! stock rows only at the end, in the statement before the write (`rows`): stock rows are shared
-//! by every order, so a lock taken at the start of the transaction made the group's concurrent
-//! transactions run one after the other. When another transaction changed a stock row in
-//! between, the transaction's decisions are made again, in the same order, on the locked values,
-//! so the outcome is the one it would have had holding the lock from the start.
+//! by every order, so a lock taken at the start of the transaction would make the group's
+//! concurrent transactions run one after the other. When another transaction changed a stock row
+//! in between, the transaction's decisions are made again, in the same order, on the locked
+//! values, so the outcome is the one it would have had holding the lock from the start.
 
 mod decide;
 mod rows;

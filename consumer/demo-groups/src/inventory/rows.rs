@@ -50,7 +50,7 @@ impl InventoryTransaction {
         let read: Vec<&str> = self.stock.keys().map(String::as_str).collect();
         let rows: Vec<LoadRow> = sqlx::query_as(
             // The lines' own `= ANY` lets their primary key find them: the planner does not carry
-            // it over the join (seen: every transaction reading the whole line table).
+            // it over the join, and would read the whole line table in every transaction.
             "WITH r AS (
                  SELECT order_id, status, reason FROM inventory_reservation
                  WHERE order_id = ANY($1) ORDER BY order_id FOR UPDATE),
