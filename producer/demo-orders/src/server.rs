@@ -17,7 +17,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::api::{self, ApiMetrics, AppState};
 use crate::exports::{ExportService, ExportSettings};
-use crate::orders::{GroupCommitMetrics, GroupCommitSettings, OrderService, PaymentReminders};
+use crate::orders::{
+    OrderService, PaymentReminders, SharedTransactionMetrics, SharedTransactionSettings,
+};
 
 /// `producer serve`: run the order service.
 #[derive(clap::Args, Debug)]
@@ -34,18 +36,22 @@ pub struct ServeArgs {
           value_parser = clap::builder::BoolishValueParser::new())]
     pub notify_relay: bool,
     /// Order-service transactions shared by changes requested at the same time that run at
-    /// once (group commit); 0 writes every change in a transaction of its own.
-    #[arg(long, env = "ORDER_GROUP_COMMIT", default_value_t = 4)]
-    pub group_commit: usize,
+    /// once; 0 writes every change in a transaction of its own.
+    #[arg(long, env = "ORDER_SHARED_TRANSACTIONS", default_value_t = 4)]
+    pub shared_transactions: usize,
     /// Most changes written in one shared transaction.
-    #[arg(long, env = "ORDER_GROUP_COMMIT_MAX", default_value_t = 64,
+    #[arg(long, env = "ORDER_SHARED_TRANSACTION_MAX", default_value_t = 64,
           value_parser = clap::value_parser!(u16).range(1..))]
-    pub group_commit_max: u16,
+    pub shared_transaction_max: u16,
     /// How long, in milliseconds, changes wait for the shared transaction being written to finish
     /// before another starts beside it; what arrives meanwhile shares the next one. 0: a free
     /// runner starts a transaction at once.
-    #[arg(long, env = "ORDER_GROUP_COMMIT_PATIENCE_MS", default_value_t = 1)]
-    pub group_commit_patience_ms: u64,
+    #[arg(
+        long,
+        env = "ORDER_SHARED_TRANSACTION_PATIENCE_MS",
+        default_value_t = 1
+    )]
+    pub shared_transaction_patience_ms: u64,
     /// Seconds after placing when an unpaid order's `order.payment_reminder` is published (a
     /// delayed event, withdrawn when the order is paid or cancelled first); 0: only orders whose
     /// request names `payment_reminder_at` get one.
@@ -132,14 +138,15 @@ pub async fn run(args: ServeArgs, shutdown: CancellationToken) -> anyhow::Result
     };
     let mut orders = OrderService::new(pool.clone(), args.topic.as_str(), args.notify_relay)
         .with_payment_reminders(reminders);
-    if args.group_commit > 0 {
-        let settings = GroupCommitSettings {
-            runners: args.group_commit,
-            max_ops: usize::from(args.group_commit_max),
-            patience: Duration::from_millis(args.group_commit_patience_ms),
+    if args.shared_transactions > 0 {
+        let settings = SharedTransactionSettings {
+            runners: args.shared_transactions,
+            max_ops: usize::from(args.shared_transaction_max),
+            patience: Duration::from_millis(args.shared_transaction_patience_ms),
         };
-        let metrics = GroupCommitMetrics::register(&registry).context("registering metrics")?;
-        orders = orders.with_group_commit(settings, metrics);
+        let metrics =
+            SharedTransactionMetrics::register(&registry).context("registering metrics")?;
+        orders = orders.with_shared_transactions(settings, metrics);
     }
     let exports = ExportService::new(pool.clone(), args.exports.clone());
     let app = app_with_exports(orders, exports, registry)?;

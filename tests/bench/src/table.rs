@@ -17,17 +17,17 @@ pub fn render(r: &Report) -> String {
 fn eps(x: f64) -> String {
     let n = x.round() as i64;
     let s = n.abs().to_string();
-    let mut grouped = String::new();
+    let mut separated = String::new();
     for (i, c) in s.chars().enumerate() {
         if i > 0 && (s.len() - i).is_multiple_of(3) {
-            grouped.push(',');
+            separated.push(',');
         }
-        grouped.push(c);
+        separated.push(c);
     }
     if n < 0 {
-        format!("-{grouped}")
+        format!("-{separated}")
     } else {
-        grouped
+        separated
     }
 }
 

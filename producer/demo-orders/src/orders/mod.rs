@@ -4,9 +4,9 @@
 //! Every write here happens in one PostgreSQL transaction with its [`outbox::enqueue_all`]
 //! call, so an order change and its event are committed together or not at all.
 
-mod group_commit;
 mod place;
 mod reminder;
+mod shared_transactions;
 mod store;
 mod transition;
 
@@ -22,11 +22,11 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::validation::ValidOrder;
-use group_commit::{Answer, GroupCommit, Job, Place, Transition};
+use shared_transactions::{Answer, Job, Place, SharedTransactions, Transition};
 use tokio::sync::oneshot;
 
-pub use group_commit::{GroupCommitMetrics, GroupCommitSettings};
 pub use place::Placed;
+pub use shared_transactions::{SharedTransactionMetrics, SharedTransactionSettings};
 pub use store::fetch_order;
 
 /// An order as the API returns it.
@@ -166,7 +166,7 @@ pub struct OrderService {
     topic: Arc<str>,
     notify_relay: bool,
     reminders: PaymentReminders,
-    group: Option<GroupCommit>,
+    shared: Option<SharedTransactions>,
 }
 
 /// When orders get a payment reminder (see [`OrderService::with_payment_reminders`]).
@@ -197,14 +197,14 @@ impl OrderService {
             topic: topic.into(),
             notify_relay,
             reminders: PaymentReminders::default(),
-            group: None,
+            shared: None,
         }
     }
 
     /// Every order placed gets an `order.payment_reminder` event published `reminders.after`
     /// it was placed (or at the time its request asked for), unless it is paid or cancelled
     /// first: the pay or cancel withdraws the reminder in its own transaction. Call before
-    /// [`OrderService::with_group_commit`].
+    /// [`OrderService::with_shared_transactions`].
     pub fn with_payment_reminders(mut self, reminders: PaymentReminders) -> Self {
         self.reminders = reminders;
         self
@@ -215,18 +215,18 @@ impl OrderService {
         self.reminders
     }
 
-    /// Changes requested at the same time share transactions (see [`group_commit`]). Starts the
+    /// Changes requested at the same time share transactions (see [`shared_transactions`]). Starts the
     /// runners on the current Tokio runtime; they stop when the service's last clone is dropped.
-    pub fn with_group_commit(
+    pub fn with_shared_transactions(
         mut self,
-        settings: GroupCommitSettings,
-        metrics: GroupCommitMetrics,
+        settings: SharedTransactionSettings,
+        metrics: SharedTransactionMetrics,
     ) -> Self {
         let writer = Self {
-            group: None,
+            shared: None,
             ..self.clone()
         };
-        self.group = Some(GroupCommit::start(writer, settings, metrics));
+        self.shared = Some(SharedTransactions::start(writer, settings, metrics));
         self
     }
 
@@ -250,7 +250,7 @@ impl OrderService {
                 reply,
             })
         };
-        if let Some(result) = self.grouped(job).await {
+        if let Some(result) = self.in_shared_transaction(job).await {
             return result;
         }
         // Alone: a transaction of its own, committed if the change succeeds.
@@ -264,11 +264,15 @@ impl OrderService {
         Ok(placed)
     }
 
-    /// Hands the change `make` builds to group commit, if on, and waits for its answer. `None`:
-    /// run it alone (group commit is off, or its shared transaction failed).
-    async fn grouped<T>(&self, make: impl FnOnce(oneshot::Sender<Answer<T>>) -> Job) -> Answer<T> {
-        match &self.group {
-            Some(group) => group.submit(make).await,
+    /// Hands the change `make` builds to the shared transactions, if on, and waits for its
+    /// answer. `None`: run it alone (shared transactions are off, or its shared transaction
+    /// failed).
+    async fn in_shared_transaction<T>(
+        &self,
+        make: impl FnOnce(oneshot::Sender<Answer<T>>) -> Job,
+    ) -> Answer<T> {
+        match &self.shared {
+            Some(shared) => shared.submit(make).await,
             None => None,
         }
     }
@@ -293,7 +297,7 @@ impl OrderService {
                 reply,
             })
         };
-        if let Some(result) = self.grouped(job).await {
+        if let Some(result) = self.in_shared_transaction(job).await {
             return result;
         }
         let mut tx = self.pool.begin().await?;

@@ -12,7 +12,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use demo_orders::orders::{GroupCommitMetrics, GroupCommitSettings, OrderService};
+use demo_orders::orders::{OrderService, SharedTransactionMetrics, SharedTransactionSettings};
 use pipeline_core::telemetry::{self, LogArgs};
 use prometheus::Registry;
 use serde_json::{json, Value};
@@ -50,40 +50,40 @@ pub fn init_test_log() {
     }
 }
 
-/// The binary's default group commit: four shared transactions at once, up to 64 changes each,
-/// a further one started after waiting up to 1 ms for those running.
-pub const GROUP_COMMIT: GroupCommitSettings = GroupCommitSettings {
+/// The binary's default shared transactions: four at once, up to 64 changes each, a further one
+/// started after waiting up to 1 ms for those running.
+pub const SHARED_TRANSACTIONS: SharedTransactionSettings = SharedTransactionSettings {
     runners: 4,
     max_ops: 64,
     patience: Duration::from_millis(1),
 };
 
-/// An order service writing through `pool` with `group` commit (None: a transaction per change),
-/// its metrics registered on `registry`.
+/// An order service writing through `pool` with `shared` transactions (None: a transaction per
+/// change), their metrics registered on `registry`.
 pub fn order_service(
     pool: &PgPool,
-    group: Option<GroupCommitSettings>,
+    shared: Option<SharedTransactionSettings>,
     registry: &Registry,
 ) -> OrderService {
     let orders = OrderService::new(pool.clone(), TOPIC, false);
-    match group {
+    match shared {
         Some(settings) => {
-            let metrics = GroupCommitMetrics::register(registry).expect("register metrics");
-            orders.with_group_commit(settings, metrics)
+            let metrics = SharedTransactionMetrics::register(registry).expect("register metrics");
+            orders.with_shared_transactions(settings, metrics)
         }
         None => orders,
     }
 }
 
 /// Seeds the catalogue and serves the order API on 127.0.0.1, port 0, with the binary's default
-/// group commit.
+/// shared transactions.
 pub async fn spawn_app(pool: PgPool) -> TestApp {
     init_test_log();
     demo_orders::catalog::seed_catalog(&pool, PRODUCTS)
         .await
         .expect("seed catalogue");
     let registry = Registry::new();
-    let orders = order_service(&pool, Some(GROUP_COMMIT), &registry);
+    let orders = order_service(&pool, Some(SHARED_TRANSACTIONS), &registry);
     let app = demo_orders::server::app(orders, registry).expect("build app");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await

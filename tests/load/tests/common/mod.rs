@@ -12,7 +12,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use demo_orders::orders::{GroupCommitMetrics, GroupCommitSettings, OrderService};
+use demo_orders::orders::{OrderService, SharedTransactionMetrics, SharedTransactionSettings};
 use pipeline_core::telemetry::{self, LogArgs};
 use prometheus::Registry;
 use sqlx::PgPool;
@@ -37,7 +37,7 @@ impl Drop for TestApp {
 }
 
 /// Seeds the catalogue and serves the order API on 127.0.0.1, port 0, with the binary's default
-/// group commit: four shared transactions at once, up to 64 changes each.
+/// shared transactions: four at once, up to 64 changes each.
 pub async fn spawn_app(pool: PgPool) -> TestApp {
     if let Ok(filter) = std::env::var("TEST_LOG") {
         telemetry::init(&LogArgs {
@@ -49,13 +49,14 @@ pub async fn spawn_app(pool: PgPool) -> TestApp {
         .await
         .expect("seed catalogue");
     let registry = Registry::new();
-    let settings = GroupCommitSettings {
+    let settings = SharedTransactionSettings {
         runners: 4,
         max_ops: 64,
         patience: Duration::from_millis(1),
     };
-    let metrics = GroupCommitMetrics::register(&registry).expect("register metrics");
-    let orders = OrderService::new(pool.clone(), TOPIC, false).with_group_commit(settings, metrics);
+    let metrics = SharedTransactionMetrics::register(&registry).expect("register metrics");
+    let orders =
+        OrderService::new(pool.clone(), TOPIC, false).with_shared_transactions(settings, metrics);
     let app = demo_orders::server::app(orders, registry).expect("build app");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await

@@ -1,5 +1,5 @@
-//! Group commit: changes requested while a shared transaction runs are written together in the
-//! next one, and each still gets exactly the answer and the writes it would get alone.
+//! Shared transactions: changes requested while a shared transaction runs are written together
+//! in the next one, and each still gets exactly the answer and the writes it would get alone.
 //! Needs `DATABASE_URL` (see `common/mod.rs`).
 //!
 //! The tests make changes wait deterministically: one runner, whose first transaction is held
@@ -10,7 +10,7 @@ mod common;
 use std::time::Duration;
 
 use common::{order_service, outbox_rows, PRODUCTS};
-use demo_orders::orders::{Action, GroupCommitSettings, Order, OrderError, OrderService};
+use demo_orders::orders::{Action, Order, OrderError, OrderService, SharedTransactionSettings};
 use demo_orders::validation::{validate_order, CreateOrderRequest, RequestedLine, ValidOrder};
 use outbox::{enqueue, NewEvent};
 use prometheus::Registry;
@@ -18,7 +18,7 @@ use sqlx::{PgPool, Postgres, Transaction};
 use tokio::task::JoinHandle;
 use uuid::Uuid;
 
-const ONE_RUNNER: GroupCommitSettings = GroupCommitSettings {
+const ONE_RUNNER: SharedTransactionSettings = SharedTransactionSettings {
     runners: 1,
     max_ops: 64,
     patience: Duration::ZERO,
@@ -122,7 +122,7 @@ async fn wait_queued(registry: &Registry, n: i64) {
     }
 }
 
-/// (transactions, changes) the service's group commit wrote so far.
+/// (transactions, changes) the service's shared transactions wrote so far.
 fn transactions_and_changes(registry: &Registry) -> (u64, f64) {
     let family = registry
         .gather()
@@ -133,8 +133,8 @@ fn transactions_and_changes(registry: &Registry) -> (u64, f64) {
     (histogram.get_sample_count(), histogram.get_sample_sum())
 }
 
-/// Asserts that since `before` (from [`transactions_and_changes`]) group commit wrote `changes`
-/// changes in at most `transactions` transactions, none of them failed.
+/// Asserts that since `before` (from [`transactions_and_changes`]) the shared transactions wrote
+/// `changes` changes in at most `transactions` transactions, none of them failed.
 fn assert_written_together(
     registry: &Registry,
     before: (u64, f64),

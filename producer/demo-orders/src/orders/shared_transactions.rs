@@ -1,4 +1,5 @@
-//! Group commit: order changes requested at the same time are written in one transaction.
+//! Shared transactions: order changes requested at the same time are written in one
+//! transaction.
 //!
 //! Each change on its own costs a transaction: `BEGIN`, its statement, its event's statement and
 //! a `COMMIT`, each a round trip, and a WAL flush. Under load, requests arrive while others are
@@ -15,7 +16,7 @@
 //! with its refusal and the others commit. A change that needs its writes undone (a database
 //! error, an event already in the outbox) rolls the whole transaction back, and every change in it
 //! is handed back to its request, which then runs in a transaction of its own, where it gets
-//! exactly the answer it would have had without group commit. Changes are written in the order
+//! exactly the answer it would have had without shared transactions. Changes are written in the order
 //! of the rows they lock (idempotency key or order id, arrival order among equals), so two
 //! shared transactions can not deadlock on each other.
 
@@ -31,9 +32,9 @@ use uuid::Uuid;
 use super::{Action, Order, OrderError, OrderService, Placed};
 use crate::validation::ValidOrder;
 
-/// How changes are grouped.
+/// How changes share transactions.
 #[derive(Debug, Clone, Copy)]
-pub struct GroupCommitSettings {
+pub struct SharedTransactionSettings {
     /// Shared transactions running at once.
     pub runners: usize,
     /// Most changes in one transaction.
@@ -43,21 +44,21 @@ pub struct GroupCommitSettings {
     pub patience: Duration,
 }
 
-/// Prometheus series of group commit, registered on a registry the caller owns.
+/// Prometheus series of the shared transactions, registered on a registry the caller owns.
 #[derive(Debug, Clone)]
-pub struct GroupCommitMetrics {
+pub struct SharedTransactionMetrics {
     ops: Histogram,
     failures: IntCounter,
     queued: IntGauge,
 }
 
-impl GroupCommitMetrics {
+impl SharedTransactionMetrics {
     /// Creates the metrics and registers them on `registry`.
     pub fn register(registry: &Registry) -> prometheus::Result<Self> {
         let ops = Histogram::with_opts(
             HistogramOpts::new(
                 "order_transaction_changes",
-                "Order changes written per order-service transaction (group commit).",
+                "Order changes written per order-service transaction (shared transactions).",
             )
             .buckets(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0]),
         )?;
@@ -213,7 +214,7 @@ impl Done {
 /// The entry to the service's shared transactions. The runners stop when the last clone of the
 /// service holding it is dropped.
 #[derive(Debug, Clone)]
-pub(super) struct GroupCommit {
+pub(super) struct SharedTransactions {
     tx: mpsc::UnboundedSender<Job>,
     queued: IntGauge,
 }
@@ -222,12 +223,13 @@ struct Queue {
     rx: mpsc::UnboundedReceiver<Job>,
 }
 
-impl GroupCommit {
-    /// Starts the runners. `service` writes each transaction; it must not group commit itself.
+impl SharedTransactions {
+    /// Starts the runners. `service` writes each transaction; it must not share transactions
+    /// itself.
     pub(super) fn start(
         service: OrderService,
-        settings: GroupCommitSettings,
-        metrics: GroupCommitMetrics,
+        settings: SharedTransactionSettings,
+        metrics: SharedTransactionMetrics,
     ) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let queue = Arc::new(Mutex::new(Queue { rx }));
@@ -239,7 +241,7 @@ impl GroupCommit {
             let max_ops = settings.max_ops.max(1);
             tokio::spawn(async move { run(&queue, &overlap, &service, max_ops, &metrics).await });
         }
-        GroupCommit { tx, queued }
+        SharedTransactions { tx, queued }
     }
 
     /// Writes the job `make` builds around its reply channel in a shared transaction and waits
@@ -264,7 +266,7 @@ async fn run(
     overlap: &Overlap,
     service: &OrderService,
     max_ops: usize,
-    metrics: &GroupCommitMetrics,
+    metrics: &SharedTransactionMetrics,
 ) {
     loop {
         let (jobs, _running) = {
