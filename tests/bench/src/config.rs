@@ -99,8 +99,8 @@ pub struct BenchArgs {
     /// Seconds of events the outbox backlog and each group's lag may hold at the end of a step.
     #[arg(long, env = "BENCH_LAG_BOUND_SECONDS", default_value_t = 2.0)]
     pub lag_bound_seconds: f64,
-    /// Most order-service requests in flight; beyond it the driver falls behind its schedule
-    /// (which the schedule lag shows).
+    /// Most order-service requests in flight; beyond it the driver falls behind its timetable
+    /// (which the timetable lag shows).
     #[arg(long, env = "BENCH_MAX_IN_FLIGHT", default_value_t = 4096)]
     pub max_in_flight: usize,
     /// Delayed events waiting a day ahead while the scheduled phase times the claim

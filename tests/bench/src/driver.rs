@@ -12,7 +12,7 @@ use hdrhistogram::Histogram;
 use pipeline_load::figures::{max_ms, micros_histogram, quantile_ms};
 use pipeline_load::{
     drive as drive_orders, ClientSettings, DriveSettings, OnStop, OrderClient, Pacing, Recorder,
-    RetryPolicy, Schedule, StepRecord,
+    RetryPolicy, StepRecord, Timetable,
 };
 use reqwest::Url;
 use tokio::time::Instant;
@@ -61,11 +61,11 @@ pub struct DriveOutcome {
     /// Measured events, for the end-to-end latencies.
     pub measured: Vec<SentEvent>,
     /// Dispatch time − intended time of every request, µs.
-    pub schedule_lag: Histogram<u64>,
+    pub timetable_lag: Histogram<u64>,
     /// Response time − intended time of measured requests, µs.
     pub response: Histogram<u64>,
     /// Seconds from the first to the last request's intended time.
-    pub schedule_seconds: f64,
+    pub timetable_seconds: f64,
     pub stopped_early: bool,
 }
 
@@ -105,7 +105,7 @@ pub async fn drive(
         stop,
     )
     .await?;
-    let last_due = run.schedule.last_due().unwrap_or(run.schedule.start());
+    let last_due = run.timetable.last_due().unwrap_or(run.timetable.start());
     Ok(DriveOutcome {
         planned: requests,
         sent: run.started,
@@ -113,9 +113,9 @@ pub async fn drive(
         ok_on_time: figures.ok_on_time,
         errors: figures.errors,
         measured: figures.measured,
-        schedule_lag: figures.schedule_lag,
+        timetable_lag: figures.timetable_lag,
         response: figures.response,
-        schedule_seconds: (last_due - run.schedule.start()).as_secs_f64(),
+        timetable_seconds: (last_due - run.timetable.start()).as_secs_f64(),
         stopped_early: run.stopped,
     })
 }
@@ -124,19 +124,19 @@ fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
-/// The benchmark's [`Recorder`]: every request's schedule lag, and for those that went through,
+/// The benchmark's [`Recorder`]: every request's timetable lag, and for those that went through,
 /// whether on time, and, past the warm-up, the event and its response time.
 struct Figures {
     first_measured: u64,
     /// Set by `start`.
-    schedule: Option<Schedule>,
+    timetable: Option<Timetable>,
     on_time_by: Option<Instant>,
     measured_from: Option<Instant>,
     ok: u64,
     ok_on_time: u64,
     errors: BTreeMap<String, u64>,
     measured: Vec<SentEvent>,
-    schedule_lag: Histogram<u64>,
+    timetable_lag: Histogram<u64>,
     response: Histogram<u64>,
 }
 
@@ -144,28 +144,28 @@ impl Figures {
     fn new(first_measured: u64) -> Figures {
         Figures {
             first_measured,
-            schedule: None,
+            timetable: None,
             on_time_by: None,
             measured_from: None,
             ok: 0,
             ok_on_time: 0,
             errors: BTreeMap::new(),
             measured: Vec::new(),
-            schedule_lag: micros_histogram(),
+            timetable_lag: micros_histogram(),
             response: micros_histogram(),
         }
     }
 }
 
 impl Recorder for Figures {
-    fn start(&mut self, schedule: &Schedule) {
-        self.on_time_by = schedule.last_due().map(|due| due + ON_TIME_GRACE);
-        self.measured_from = Some(schedule.due(self.first_measured));
-        self.schedule = Some(schedule.clone());
+    fn start(&mut self, timetable: &Timetable) {
+        self.on_time_by = timetable.last_due().map(|due| due + ON_TIME_GRACE);
+        self.measured_from = Some(timetable.due(self.first_measured));
+        self.timetable = Some(timetable.clone());
     }
 
     fn record(&mut self, step: StepRecord) {
-        self.schedule_lag
+        self.timetable_lag
             .saturating_record(micros(step.started.saturating_duration_since(step.due)));
         if let Err(failure) = &step.outcome {
             *self.errors.entry(failure.label()).or_insert(0) += 1;
@@ -175,7 +175,7 @@ impl Recorder for Figures {
         if self.on_time_by.is_none_or(|by| step.finished <= by) {
             self.ok_on_time += 1;
         }
-        let (Some(schedule), Some(order_id)) = (&self.schedule, step.order_id) else {
+        let (Some(timetable), Some(order_id)) = (&self.timetable, step.order_id) else {
             return;
         };
         if self.measured_from.is_some_and(|from| step.due >= from) {
@@ -184,7 +184,7 @@ impl Recorder for Figures {
             self.measured.push(SentEvent {
                 order_id,
                 sequence: step.sequence,
-                intended_us: schedule.unix_micros(step.due),
+                intended_us: timetable.unix_micros(step.due),
             });
         }
     }
@@ -198,10 +198,10 @@ pub struct DriveSummary {
     pub ok: u64,
     pub ok_on_time: u64,
     pub errors: BTreeMap<String, u64>,
-    /// Successful responses on time per second of schedule.
+    /// Successful responses on time per second of timetable.
     pub achieved_rps: f64,
-    pub schedule_lag_p99_ms: f64,
-    pub schedule_lag_max_ms: f64,
+    pub timetable_lag_p99_ms: f64,
+    pub timetable_lag_max_ms: f64,
     /// Intended send time → response, measured requests only.
     pub response_p50_ms: f64,
     pub response_p99_ms: f64,
@@ -217,9 +217,9 @@ impl DriveSummary {
             ok: o.ok,
             ok_on_time: o.ok_on_time,
             errors: o.errors.clone(),
-            achieved_rps: (o.ok_on_time as f64 / o.schedule_seconds.max(1e-3)).round(),
-            schedule_lag_p99_ms: quantile_ms(&o.schedule_lag, 0.99),
-            schedule_lag_max_ms: max_ms(&o.schedule_lag),
+            achieved_rps: (o.ok_on_time as f64 / o.timetable_seconds.max(1e-3)).round(),
+            timetable_lag_p99_ms: quantile_ms(&o.timetable_lag, 0.99),
+            timetable_lag_max_ms: max_ms(&o.timetable_lag),
             response_p50_ms: quantile_ms(&o.response, 0.5),
             response_p99_ms: quantile_ms(&o.response, 0.99),
             response_max_ms: max_ms(&o.response),

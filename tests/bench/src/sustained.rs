@@ -4,7 +4,7 @@
 //! to 250/s), then the rate halfway to the lowest one not held is tried once, so the report still
 //! says where the pipeline stands.
 //!
-//! A step is held when the driver kept its schedule (p99 dispatch delay ≤ 100 ms), at least 99%
+//! A step is held when the driver kept its timetable (p99 dispatch delay ≤ 100 ms), at least 99%
 //! of the requests succeeded on time and at most 0.1% failed, and, at the end of the step, the
 //! outbox backlog and each group's lag are below the bound (`--lag-bound-seconds` of events) and
 //! were not growing over the step's second half (least-squares slope × half-duration ≤ half the
@@ -28,8 +28,8 @@ use super::envs::EnvRegistry;
 use super::procstat::{round1, CpuMeter, CpuUse};
 use super::services::{Pipeline, GROUPS};
 
-/// Longest p99 delay of a request's dispatch behind its schedule.
-const SCHEDULE_MARGIN_MS: f64 = 100.0;
+/// Longest p99 delay of a request's dispatch behind its timetable.
+const TIMETABLE_MARGIN_MS: f64 = 100.0;
 const SAMPLE_EVERY: Duration = Duration::from_secs(1);
 /// Lowest rate tried when the first step is not held.
 const MIN_PROBE_RATE: f64 = 250.0;
@@ -158,7 +158,7 @@ async fn step(
             .collect(),
     };
     let (stop, done) = (CancellationToken::new(), CancellationToken::new());
-    // Its own task: lag reads block, and must not delay the driver's schedule.
+    // Its own task: lag reads block, and must not delay the driver's timetable.
     let started = Instant::now();
     let monitor = tokio::spawn(probe.clone().watch(
         started,
@@ -216,10 +216,10 @@ async fn step(
     if outcome.stopped_early {
         reasons.push(format!("stopped early: backlog above {:.0}", bound * 10.0));
     }
-    if requests.schedule_lag_p99_ms > SCHEDULE_MARGIN_MS {
+    if requests.timetable_lag_p99_ms > TIMETABLE_MARGIN_MS {
         reasons.push(format!(
-            "driver behind schedule: p99 {:.0} ms (max in flight {})",
-            requests.schedule_lag_p99_ms, settings.max_in_flight
+            "driver behind timetable: p99 {:.0} ms (max in flight {})",
+            requests.timetable_lag_p99_ms, settings.max_in_flight
         ));
     }
     let planned = requests.planned as f64;

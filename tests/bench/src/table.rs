@@ -234,7 +234,7 @@ fn write_report(o: &mut String, r: &Report) -> std::fmt::Result {
                     eps(run.requests.achieved_rps)
                 )?;
             }
-            writeln!(o, "   {:>6} requests: {} ok, {} failed, response p50/p99 {:.1}/{:.1} ms, schedule lag p99 {:.1} ms", "", run.requests.ok, run.requests.failed(), run.requests.response_p50_ms, run.requests.response_p99_ms, run.requests.schedule_lag_p99_ms)?;
+            writeln!(o, "   {:>6} requests: {} ok, {} failed, response p50/p99 {:.1}/{:.1} ms, timetable lag p99 {:.1} ms", "", run.requests.ok, run.requests.failed(), run.requests.response_p50_ms, run.requests.response_p99_ms, run.requests.timetable_lag_p99_ms)?;
             writeln!(o, "{}", cpu(&run.cpu))?;
             writeln!(o, "{}", db(&run.db_activity))?;
             if let Some(b) = &run.broker {

@@ -1,4 +1,4 @@
-//! The generator's loop: takes the slots of the [`Schedule`] in turn, starts the job of each (an
+//! The generator's loop: takes the slots of the [`Timetable`] in turn, starts the job of each (an
 //! order, or one request of an order with [`Pacing::Requests`]) with at most `concurrency` in
 //! flight, and hands every step's [`StepRecord`] to the caller's [`Recorder`], which keeps what
 //! its run needs.
@@ -18,14 +18,14 @@ use crate::api::Action;
 use crate::client::{OrderClient, RequestFailure, RequestStats};
 use crate::interleave::Interleave;
 use crate::plan::OrderPlan;
-use crate::schedule::Schedule;
 use crate::steps::Job;
+use crate::timetable::Timetable;
 
 /// With request pacing, how long after the run is set up its first slot is due, so the first
 /// slots are not late before the run has begun (every figure is taken from the due times).
 const REQUEST_LEAD: Duration = Duration::from_millis(20);
 
-/// How the schedule's slots are filled.
+/// How the timetable's slots are filled.
 #[derive(Debug, Clone)]
 pub enum Pacing {
     /// A slot starts an order: placing, then each action as soon as the one before is answered.
@@ -34,7 +34,7 @@ pub enum Pacing {
         rate: f64,
         /// Orders to start; `None`: until stopped or the recorder wants no more.
         orders: Option<u64>,
-        /// How far behind its schedule the run may fall (every order slot taken) before it drops
+        /// How far behind its timetable the run may fall (every order slot taken) before it drops
         /// the starts it missed rather than sending them in a burst; `None`: never dropped.
         max_catch_up: Option<Duration>,
     },
@@ -132,8 +132,8 @@ impl StepRecord {
 
 /// Keeps what a run needs of its steps.
 pub trait Recorder {
-    /// Called once, before the first slot, with the run's schedule.
-    fn start(&mut self, _schedule: &Schedule) {}
+    /// Called once, before the first slot, with the run's timetable.
+    fn start(&mut self, _timetable: &Timetable) {}
 
     /// One step done. Called from the generator's loop, as the jobs finish.
     fn record(&mut self, step: StepRecord);
@@ -147,17 +147,17 @@ pub trait Recorder {
 /// What the generator did.
 #[derive(Debug)]
 pub struct Drive {
-    pub schedule: Schedule,
+    pub timetable: Timetable,
     /// Jobs started: orders, or requests with [`Pacing::Requests`].
     pub started: u64,
-    /// `stop` ended the run before its schedule did.
+    /// `stop` ended the run before its timetable did.
     pub stopped: bool,
     /// From the start of the run to the end of its last job.
     pub elapsed: Duration,
 }
 
 /// Runs the load `settings` describe against `client`, with the orders `mix` makes for each
-/// index, until its schedule ends, `recorder` wants no more or `stop` fires.
+/// index, until its timetable ends, `recorder` wants no more or `stop` fires.
 pub async fn drive<M, R>(
     client: &OrderClient,
     settings: &DriveSettings,
@@ -171,16 +171,16 @@ where
 {
     let began = Instant::now();
     let run_id = Uuid::new_v4().simple().to_string();
-    let (mut schedule, mut interleave) = settings.pacing.schedule();
-    recorder.start(&schedule);
+    let (mut timetable, mut interleave) = settings.pacing.timetable();
+    recorder.start(&timetable);
     let permits = Arc::new(Semaphore::new(settings.concurrency.max(1)));
     let mut in_flight: JoinSet<Vec<StepRecord>> = JoinSet::new();
     let (mut started, mut stopped) = (0u64, false);
-    for slot in 0..schedule.slots().unwrap_or(u64::MAX) {
+    for slot in 0..timetable.slots().unwrap_or(u64::MAX) {
         if !recorder.wants_more() {
             break;
         }
-        let due = schedule.next_due(slot);
+        let due = timetable.next_due(slot);
         let Some(permit) = wait_for_slot(due, &permits, stop).await else {
             stopped = true;
             break;
@@ -219,7 +219,7 @@ where
         }
     }
     Ok(Drive {
-        schedule,
+        timetable,
         started,
         stopped,
         elapsed: began.elapsed(),
@@ -227,15 +227,15 @@ where
 }
 
 impl Pacing {
-    /// The run's schedule, and with request pacing which request each slot sends.
-    fn schedule(&self) -> (Schedule, Option<Interleave>) {
+    /// The run's timetable, and with request pacing which request each slot sends.
+    fn timetable(&self) -> (Timetable, Option<Interleave>) {
         match *self {
             Pacing::Orders {
                 rate,
                 orders,
                 max_catch_up,
             } => (
-                Schedule::new(rate, orders, max_catch_up, Duration::ZERO),
+                Timetable::new(rate, orders, max_catch_up, Duration::ZERO),
                 None,
             ),
             Pacing::Requests {
@@ -243,7 +243,7 @@ impl Pacing {
                 requests,
                 step_gap,
             } => (
-                Schedule::new(rate, Some(requests), None, REQUEST_LEAD),
+                Timetable::new(rate, Some(requests), None, REQUEST_LEAD),
                 Some(Interleave::new(rate, step_gap)),
             ),
         }

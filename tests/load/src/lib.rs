@@ -3,7 +3,7 @@
 //! knows the service only by its HTTP API ([`api`]) and the demonstration's event contract
 //! (`demo-events`).
 //!
-//! Open loop: the slots of a [`Schedule`] are due at `start + i / rate` whatever the service's
+//! Open loop: the slots of a [`Timetable`] are due at `start + i / rate` whatever the service's
 //! speed, unless `concurrency` jobs are already in flight. A slot starts an order (placed with
 //! an idempotency key, then cancelled unpaid, or paid then shipped or cancelled), or, with
 //! [`Pacing::Requests`], sends one step of an order. Each step's [`StepRecord`] goes to the
@@ -14,7 +14,7 @@
 //! - [`api`]: the order API's bodies and actions, as the generator sends and reads them;
 //! - `plan`: the orders ([`OrderPlan`], [`Fate`]) and the seeded mix;
 //! - `client`: the HTTP client ([`OrderClient`]) and its retries;
-//! - `schedule`, `drive`, `interleave`, `steps`: the schedule, the generator's loop
+//! - `timetable`, `drive`, `interleave`, `steps`: the timetable, the generator's loop
 //!   ([`drive()`]), request pacing, and what one slot sends;
 //! - [`figures`]: latency histograms; `summary`, `command`: the `load` command's tally, summary
 //!   and command line.
@@ -26,13 +26,13 @@ mod drive;
 pub mod figures;
 mod interleave;
 mod plan;
-mod schedule;
 mod steps;
 mod summary;
+mod timetable;
 
 pub use client::{ClientSettings, OrderClient, RequestFailure, RequestStats, RetryPolicy};
 pub use command::{run, LoadArgs};
 pub use drive::{drive, Drive, DriveSettings, OnStop, Pacing, Recorder, StepFailure, StepRecord};
 pub use plan::{Fate, OrderPlan, MEAN_EVENTS_PER_ORDER};
-pub use schedule::Schedule;
 pub use summary::{Latency, Summary, Tally};
+pub use timetable::Timetable;

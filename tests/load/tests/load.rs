@@ -228,11 +228,11 @@ async fn request_pacing_sends_one_event_a_slot_and_each_orders_in_sequence(pool:
     assert_eq!(steps.len() as u64, REQUESTS, "one step a slot");
     let failed: Vec<_> = steps.iter().filter(|s| s.outcome.is_err()).collect();
     assert!(failed.is_empty(), "{failed:?}");
-    // Every slot due at its own time of the schedule: start + slot / rate.
+    // Every slot due at its own time of the timetable: start + slot / rate.
     let due: BTreeSet<_> = steps.iter().map(|s| s.due).collect();
     assert_eq!(due.len() as u64, REQUESTS);
-    assert_eq!(due.first(), Some(&run.schedule.start()));
-    assert_eq!(due.last().copied(), run.schedule.last_due());
+    assert_eq!(due.first(), Some(&run.timetable.start()));
+    assert_eq!(due.last().copied(), run.timetable.last_due());
     // The outbox holds exactly the events the steps made, each order's in sequence.
     let sent: BTreeSet<(String, i64, String)> = steps
         .iter()

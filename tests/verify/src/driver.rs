@@ -30,7 +30,7 @@ use super::topology::PRODUCTS;
 
 /// How long one step keeps retrying (a PostgreSQL restart takes a few seconds).
 const STEP_DEADLINE: Duration = Duration::from_secs(120);
-/// How far behind its schedule the driver may catch up in a burst; starts missed beyond that
+/// How far behind its timetable the driver may catch up in a burst; starts missed beyond that
 /// (every order slot taken during a stall) are dropped, so the offered rate never exceeds the
 /// target.
 const MAX_CATCH_UP: Duration = Duration::from_millis(200);

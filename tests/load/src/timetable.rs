@@ -1,4 +1,4 @@
-//! The open-loop schedule: slot `i` is due at `start + i / rate` whatever the service's speed, so
+//! The open-loop timetable: slot `i` is due at `start + i / rate` whatever the service's speed, so
 //! a stall shows as latency instead of hiding in a slower send rate (no coordinated omission).
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -7,7 +7,7 @@ use tokio::time::Instant;
 
 /// When each slot of a run is due.
 #[derive(Debug, Clone)]
-pub struct Schedule {
+pub struct Timetable {
     start: Instant,
     /// `start` on the wall clock, µs since the Unix epoch.
     start_unix_us: i64,
@@ -15,27 +15,27 @@ pub struct Schedule {
     rate: f64,
     /// Slots in the run, when it has a set number.
     slots: Option<u64>,
-    /// How far behind its schedule the run may fall before the slots it missed are dropped
+    /// How far behind its timetable the run may fall before the slots it missed are dropped
     /// rather than sent in a burst; `None`: never dropped.
     max_catch_up: Option<Duration>,
-    /// How far the schedule has moved back after stalls, so far.
+    /// How far the timetable has moved back after stalls, so far.
     shift: Duration,
 }
 
-impl Schedule {
+impl Timetable {
     /// `slots` at `rate` per second, the first due `lead` from now.
     pub(crate) fn new(
         rate: f64,
         slots: Option<u64>,
         max_catch_up: Option<Duration>,
         lead: Duration,
-    ) -> Schedule {
+    ) -> Timetable {
         let start = Instant::now() + lead;
         let unix = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .unwrap_or_default()
             + lead;
-        Schedule {
+        Timetable {
             start,
             start_unix_us: i64::try_from(unix.as_micros()).unwrap_or(i64::MAX),
             rate,
@@ -80,7 +80,7 @@ impl Schedule {
     }
 
     /// When slot `slot` is due now: as planned, unless the run is further behind than it may
-    /// catch up; then the rest of the schedule moves back so the slot is due that far behind.
+    /// catch up; then the rest of the timetable moves back so the slot is due that far behind.
     pub(crate) fn next_due(&mut self, slot: u64) -> Instant {
         let due = self.due(slot) + self.shift;
         let Some(floor) = self
@@ -103,17 +103,17 @@ mod tests {
 
     #[test]
     fn slots_are_due_at_the_rate() {
-        let s = Schedule::new(100.0, Some(1_000), None, Duration::ZERO);
+        let s = Timetable::new(100.0, Some(1_000), None, Duration::ZERO);
         assert_eq!(s.due(100) - s.due(0), Duration::from_secs(1));
         assert_eq!(s.last_due(), Some(s.due(999)));
-        let unpaced = Schedule::new(0.0, None, None, Duration::ZERO);
+        let unpaced = Timetable::new(0.0, None, None, Duration::ZERO);
         assert_eq!(unpaced.due(1_000), unpaced.start());
         assert_eq!(unpaced.last_due(), None);
     }
 
     #[test]
-    fn wall_clock_times_follow_the_schedule() {
-        let s = Schedule::new(10.0, None, None, Duration::ZERO);
+    fn wall_clock_times_follow_the_timetable() {
+        let s = Timetable::new(10.0, None, None, Duration::ZERO);
         assert_eq!(s.unix_micros(s.due(5)) - s.unix_micros(s.due(0)), 500_000);
         assert_eq!(
             s.unix_micros(s.start()) - s.unix_micros(s.start() - Duration::from_millis(1)),
@@ -123,15 +123,15 @@ mod tests {
 
     #[tokio::test]
     async fn after_a_stall_missed_slots_are_dropped_only_with_a_catch_up_limit() {
-        let mut bursting = Schedule::new(1_000.0, None, None, Duration::from_millis(20));
-        let mut dropping = Schedule::new(
+        let mut bursting = Timetable::new(1_000.0, None, None, Duration::from_millis(20));
+        let mut dropping = Timetable::new(
             1_000.0,
             None,
             Some(Duration::from_millis(10)),
             Duration::from_millis(20),
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
-        // 80 ms behind: the first sends slot 0 now, late; the second moves its schedule back.
+        // 80 ms behind: the first sends slot 0 now, late; the second moves its timetable back.
         assert_eq!(bursting.next_due(0), bursting.start());
         let moved = dropping.next_due(0);
         assert!(
