@@ -14,11 +14,11 @@ use pipeline_testkit::wait_until;
 use serde::Serialize;
 use tokio::time::Instant;
 
+use super::fault_plan::PlannedFault;
 use super::faults::{done, Injected, Injector, RECOVERY_DEADLINE};
 use super::kafka_cluster::{self, NODES};
 use super::publishing::{self, OutboxMark};
 use super::say;
-use super::schedule::PlannedFault;
 
 /// How long a node stopped with SIGTERM may take to exit (a controlled shutdown moves its
 /// leaderships away first) before it is killed.

@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 
-use super::schedule::FaultKind;
+use super::fault_plan::{FaultKind, Timing};
 
 /// Runs the real binaries under load while injecting faults, then checks that every
 /// acknowledged event was applied exactly once and in order by each consumer group.
@@ -21,11 +21,11 @@ pub struct VerifyArgs {
     /// hour on 2 cores).
     #[arg(long)]
     pub long: bool,
-    /// Seed of the fault schedule and the order mix; the same seed gives the same schedule.
+    /// Seed of the fault plan and the order mix; the same seed gives the same plan.
     /// Random when absent (the report records it).
     #[arg(long, env = "VERIFY_SEED")]
     pub seed: Option<u64>,
-    /// Least number of acknowledged events; the load goes on until the fault schedule is done.
+    /// Least number of acknowledged events; the load goes on until the fault plan is done.
     #[arg(long, env = "VERIFY_EVENTS")]
     pub events: Option<u64>,
     /// Number of faults to inject.
@@ -149,31 +149,6 @@ pub struct Settings {
     pub consumer_fetch_wait_ms: u64,
     pub consumer_env: Vec<(String, String)>,
     pub timing: Timing,
-}
-
-/// Seeded ranges of the fault schedule's waits, in milliseconds (inclusive).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Timing {
-    /// Quiet time before each fault.
-    pub gap_ms: (u64, u64),
-    /// How long a killed or crashed process or PostgreSQL stays down, and how long each Kafka
-    /// node of a rolling restart stays stopped.
-    pub down_ms: (u64, u64),
-    /// How long a killed Kafka node stays down: a few seconds, about its session timeout.
-    pub broker_down_ms: (u64, u64),
-    /// How long a frozen Kafka node stays stopped: past its session timeout and the failover
-    /// bound, so that its partitions get new leaders meanwhile.
-    pub broker_freeze_ms: (u64, u64),
-    /// How long two Kafka nodes stay down together (the cluster takes no writes): shorter than
-    /// the relay's delivery timeout, so that a batch it had in flight cannot end meanwhile.
-    pub below_min_isr_ms: (u64, u64),
-    /// How long a frozen consumer stays stopped: longer than its session timeout.
-    pub freeze_ms: (u64, u64),
-    /// How long the extra consumer of a rebalance stays after it got partitions.
-    pub rebalance_dwell_ms: (u64, u64),
-    /// How long a frozen relay stays stopped, or a cut path to PostgreSQL stays cut: past the
-    /// relay's takeover bound and the consumers' limit.
-    pub outage_ms: (u64, u64),
 }
 
 /// The relays' `--lease-ttl-ms` and `--standby-retry-ms`: a frozen or cut-off active relay is

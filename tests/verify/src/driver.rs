@@ -11,7 +11,7 @@
 //! and the checks find out from the outbox.
 //!
 //! The driver stops starting orders once it has at least `min_events` acknowledged events and the
-//! fault schedule is done, so faults always hit a loaded pipeline.
+//! fault plan is done, so faults always hit a loaded pipeline.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,4 +1,4 @@
-//! Injects the scheduled faults one after the other into the running pipeline and measures how
+//! Injects the planned faults one after the other into the running pipeline and measures how
 //! long the pipeline takes to recover from each (see [`super::recovery`]). The faults on Kafka
 //! nodes are in [`super::broker_faults`].
 
@@ -16,10 +16,10 @@ use tokio_util::sync::CancellationToken;
 use super::broker_faults::WriteOutage;
 use super::config::{KAFKA_FAILOVER_BOUND_MS, RELAY_TAKEOVER_BOUND_MS};
 use super::environment::Environment;
+use super::fault_plan::{FaultKind, PlannedFault};
 use super::postgres::{foreign_sessions, PgCluster};
 use super::recovery::{wait_both_groups_apply, wait_pipeline_up};
 use super::say;
-use super::schedule::{FaultKind, PlannedFault};
 use super::topology::{Member, Topology};
 
 /// A fault is abandoned when the pipeline has not recovered this long after it.
@@ -120,7 +120,7 @@ pub(crate) struct Injected {
 }
 
 impl Injector<'_> {
-    /// Runs the schedule; stops early on `abort`.
+    /// Runs the plan; stops early on `abort`.
     pub async fn run(&self, plan: &[PlannedFault], abort: &CancellationToken) -> Vec<FaultRecord> {
         let mut records = Vec::with_capacity(plan.len());
         for fault in plan {
@@ -425,12 +425,12 @@ impl Injector<'_> {
         injected
     }
 
-    /// The scheduled member of each group, unless it has no partitions and the group's other
+    /// The planned member of each group, unless it has no partitions and the group's other
     /// member has: a crash point fires only in a consumer that processes batches.
-    async fn consumer_targets(&self, scheduled: usize) -> Vec<Member> {
+    async fn consumer_targets(&self, planned: usize) -> Vec<Member> {
         let topology = self.topology;
         let mut targets = Vec::new();
-        for preferred in topology.member_of_each_group(scheduled) {
+        for preferred in topology.member_of_each_group(planned) {
             let mut target = preferred;
             for member in std::iter::once(preferred).chain(topology.group_members(preferred)) {
                 let assigned = topology

@@ -1,14 +1,14 @@
 //! `verify`: proves the pipeline under failure. It runs the real binaries in a world of their
 //! own (a fresh database, topic and groups, and a three-node Apache Kafka cluster replicating
 //! every topic three times, one group on each consumer group protocol) under load, injects a
-//! seeded schedule of faults (kills, crashes at exact points, Kafka nodes killed, frozen,
+//! seeded plan of faults (kills, crashes at exact points, Kafka nodes killed, frozen,
 //! restarted one by one or two at once, PostgreSQL restarts, rebalances, frozen consumers and
 //! relays, cut database paths), records every acknowledged state change, and then checks the
 //! history against the database and the topic: nothing lost, nothing applied twice, nothing out
 //! of order, nothing marked published that the topic does not hold. `scripts/verify.sh` builds
 //! the binaries and runs it.
 //!
-//! - [`config`]: command line and profiles; [`schedule`]: the seeded fault schedule;
+//! - [`config`]: command line and profiles; [`fault_plan`]: the seeded fault plan;
 //! - [`environment`], [`topology`], [`kafka_cluster`], [`processes`], [`postgres`]: the world
 //!   and its processes;
 //! - [`driver`]: the load (the `load` command's order generator) and its history;
@@ -23,6 +23,7 @@ pub mod drain;
 pub mod driver;
 pub mod environment;
 pub mod examples;
+pub mod fault_plan;
 pub mod faults;
 pub mod kafka_cluster;
 pub mod postgres;
@@ -31,7 +32,6 @@ pub mod proxy;
 pub mod publishing;
 pub mod recovery;
 pub mod report;
-pub mod schedule;
 pub mod topic_scan;
 pub mod topology;
 
@@ -172,7 +172,7 @@ async fn interrupt() {
     }
 }
 
-/// Starts the pipeline, drives it through the fault schedule, waits for the drain and checks.
+/// Starts the pipeline, drives it through the fault plan, waits for the drain and checks.
 async fn exercise(
     settings: &Settings,
     env: &Environment,
@@ -186,7 +186,7 @@ async fn exercise(
         topology = Topology::start(settings, env, supervisor) => topology?,
         () = interrupted.cancelled() => anyhow::bail!("interrupted"),
     };
-    let plan = schedule::plan(
+    let plan = fault_plan::plan(
         settings.seed,
         settings.faults,
         &settings.timing,

@@ -13,9 +13,9 @@ use super::config::{
     KAFKA_SESSION_TIMEOUT_MS, SESSION_TIMEOUT_MS,
 };
 use super::driver::History;
+use super::fault_plan::FaultKind;
 use super::faults::FaultRecord;
 use super::kafka_cluster::{MIN_INSYNC_REPLICAS, NODES, REPLICATION_FACTOR};
-use super::schedule::FaultKind;
 use super::topology::{member_label, MEMBERS_PER_GROUP};
 
 /// What the load driver did.
@@ -94,7 +94,7 @@ pub struct Report {
     pub unacknowledged_committed: Option<i64>,
     /// Injected faults by kind.
     pub faults: BTreeMap<FaultKind, u64>,
-    /// Scheduled faults that did not happen, by kind (see `fault_log` for why).
+    /// Planned faults that did not happen, by kind (see `fault_log` for why).
     pub faults_not_injected: BTreeMap<FaultKind, u64>,
     pub lost: Option<i64>,
     pub duplicate_effects: Option<i64>,

@@ -1,8 +1,8 @@
-//! The fault schedule: a deterministic sequence of fault kinds and waits derived from the seed.
+//! The fault plan: a deterministic sequence of fault kinds and waits derived from the seed.
 //!
 //! Faults come in rounds; each round is a seeded shuffle of every kind (minus skipped ones), so
 //! the first round already injects one fault of each kind and the same seed always gives the
-//! same schedule.
+//! same plan.
 
 use std::fmt;
 use std::time::Duration;
@@ -11,8 +11,6 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
-
-use super::config::Timing;
 
 /// What a fault does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, clap::ValueEnum)]
@@ -104,7 +102,32 @@ impl fmt::Display for FaultKind {
     }
 }
 
-/// One fault of the schedule.
+/// Seeded ranges of the fault plan's waits, in milliseconds (inclusive).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timing {
+    /// Quiet time before each fault.
+    pub gap_ms: (u64, u64),
+    /// How long a killed or crashed process or PostgreSQL stays down, and how long each Kafka
+    /// node of a rolling restart stays stopped.
+    pub down_ms: (u64, u64),
+    /// How long a killed Kafka node stays down: a few seconds, about its session timeout.
+    pub broker_down_ms: (u64, u64),
+    /// How long a frozen Kafka node stays stopped: past its session timeout and the failover
+    /// bound, so that its partitions get new leaders meanwhile.
+    pub broker_freeze_ms: (u64, u64),
+    /// How long two Kafka nodes stay down together (the cluster takes no writes): shorter than
+    /// the relay's delivery timeout, so that a batch it had in flight cannot end meanwhile.
+    pub below_min_isr_ms: (u64, u64),
+    /// How long a frozen consumer stays stopped: longer than its session timeout.
+    pub freeze_ms: (u64, u64),
+    /// How long the extra consumer of a rebalance stays after it got partitions.
+    pub rebalance_dwell_ms: (u64, u64),
+    /// How long a frozen relay stays stopped, or a cut path to PostgreSQL stays cut: past the
+    /// relay's takeover bound and the consumers' limit.
+    pub outage_ms: (u64, u64),
+}
+
+/// One fault of the plan.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PlannedFault {
     pub index: usize,
@@ -118,7 +141,7 @@ pub struct PlannedFault {
     pub consumer: usize,
 }
 
-/// The first `count` faults of the schedule of `seed`, leaving out the `skip` kinds.
+/// The first `count` faults of the plan of `seed`, leaving out the `skip` kinds.
 pub fn plan(seed: u64, count: usize, timing: &Timing, skip: &[FaultKind]) -> Vec<PlannedFault> {
     let kinds: Vec<FaultKind> = FaultKind::ALL
         .into_iter()
@@ -127,7 +150,7 @@ pub fn plan(seed: u64, count: usize, timing: &Timing, skip: &[FaultKind]) -> Vec
     if kinds.is_empty() {
         return Vec::new();
     }
-    // A stream of its own, so the schedule does not depend on how the order mix uses the seed.
+    // A stream of its own, so the plan does not depend on how the order mix uses the seed.
     let mut rng = StdRng::seed_from_u64(seed ^ 0x6661_756c_7473);
     let mut faults = Vec::with_capacity(count);
     while faults.len() < count {
@@ -176,7 +199,7 @@ mod tests {
     };
 
     #[test]
-    fn same_seed_same_schedule() {
+    fn same_seed_same_plan() {
         assert_eq!(plan(7, 50, &TIMING, &[]), plan(7, 50, &TIMING, &[]));
         assert_ne!(plan(7, 50, &TIMING, &[]), plan(8, 50, &TIMING, &[]));
     }
