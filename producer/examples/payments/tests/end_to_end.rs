@@ -6,7 +6,9 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use payments_example::{Payments, Shipping};
+mod common;
+
+use payments_example::{program, Payments};
 use pipeline_testkit::db::database_url;
 use pipeline_testkit::kafka::{brokers, committed_lag, kafka_args};
 use sqlx::PgPool;
@@ -16,20 +18,6 @@ const PAYMENTS: usize = 60;
 
 #[sqlx::test(migrations = false)]
 async fn payments_reach_the_shipping_group_once_and_in_order(pool: PgPool) {
-    // The service's database: the outbox's tables, the consumer library's and the example's own.
-    outbox::MIGRATOR
-        .run(&pool)
-        .await
-        .expect("outbox migrations");
-    consumer::MIGRATOR
-        .run(&pool)
-        .await
-        .expect("consumer migrations");
-    payments_example::MIGRATOR
-        .run(&pool)
-        .await
-        .expect("example migrations");
-
     let run_id = uuid::Uuid::new_v4().simple().to_string();
     let topic = format!("payment-events-{run_id}");
     kafka_args(&brokers())
@@ -38,6 +26,15 @@ async fn payments_reach_the_shipping_group_once_and_in_order(pool: PgPool) {
         .expect("topic");
     let url = database_url(&pool);
     let shutdown = CancellationToken::new();
+
+    // The example's program: its tables, its registry and metrics, the shipping group.
+    let program = program::start(
+        common::config(&url, &topic, &format!("{run_id}-")),
+        shutdown.clone(),
+    )
+    .await
+    .expect("the program starts");
+    let consumer = tokio::spawn(program.wait());
 
     let relay_settings = relay::RelaySettings {
         kafka: kafka_args(&brokers()),
@@ -57,34 +54,6 @@ async fn payments_reach_the_shipping_group_once_and_in_order(pool: PgPool) {
         async move {
             let registry = prometheus::Registry::new();
             relay::run(relay_settings, relay_pool, &registry, shutdown).await
-        }
-    });
-
-    let mut consumer_settings = consumer::ConsumerSettings {
-        groups: vec!["shipping".to_owned()],
-        group_prefix: format!("{run_id}-"),
-        topics: vec![topic.clone()],
-        lag_interval_ms: 0,
-        dead_letter_topic: String::new(),
-        ..consumer::ConsumerSettings::default()
-    };
-    consumer_settings.kafka.kafka_brokers = brokers();
-    let consumer_pool = consumer::connect(&relay_db, &consumer_settings)
-        .await
-        .expect("consumer pool");
-    let consumer = tokio::spawn({
-        let shutdown = shutdown.clone();
-        async move {
-            let groups = consumer::Groups::new().register("shipping", Shipping::new);
-            let registry = prometheus::Registry::new();
-            consumer::run(
-                consumer_settings,
-                consumer_pool,
-                &registry,
-                &groups,
-                shutdown,
-            )
-            .await
         }
     });
 
