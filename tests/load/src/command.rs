@@ -12,8 +12,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::client::{ClientSettings, OrderClient, RetryPolicy};
-use crate::drive::{drive, DriveSettings, OnStop, Pacing, Recorder, StepRecord};
+use crate::drive::{drive, DriveSettings, OnStop, Pacing};
 use crate::plan::OrderPlan;
+use crate::record::{Recorder, StepRecord};
 use crate::summary::{Summary, Tally};
 
 /// Longest wait for a connection to the service, within each attempt's timeout.

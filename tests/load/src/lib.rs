@@ -16,6 +16,7 @@
 //! - `client`: the HTTP client ([`OrderClient`]) and its retries;
 //! - `timetable`, `drive`, `interleave`, `steps`: the timetable, the generator's loop
 //!   ([`drive()`]), request pacing, and what one slot sends;
+//! - `record`: what a run keeps of each step ([`StepRecord`], [`Recorder`]);
 //! - [`figures`]: latency histograms; `summary`, `command`: the `load` command's tally, summary
 //!   and command line.
 
@@ -26,13 +27,15 @@ mod drive;
 pub mod figures;
 mod interleave;
 mod plan;
+mod record;
 mod steps;
 mod summary;
 mod timetable;
 
 pub use client::{ClientSettings, OrderClient, RequestFailure, RequestStats, RetryPolicy};
 pub use command::{run, LoadArgs};
-pub use drive::{drive, Drive, DriveSettings, OnStop, Pacing, Recorder, StepFailure, StepRecord};
+pub use drive::{drive, Drive, DriveSettings, OnStop, Pacing};
 pub use plan::{Fate, OrderPlan, MEAN_EVENTS_PER_ORDER};
+pub use record::{Recorder, StepFailure, StepRecord};
 pub use summary::{Latency, Summary, Tally};
 pub use timetable::Timetable;

@@ -7,8 +7,8 @@ use uuid::Uuid;
 
 use crate::api::Action;
 use crate::client::{OrderClient, RequestStats};
-use crate::drive::{StepFailure, StepRecord};
 use crate::plan::OrderPlan;
+use crate::record::{StepFailure, StepRecord};
 
 /// The id of a placed order (`None`: the step did not go through), for the order's next step.
 pub(crate) type Handover = Option<Uuid>;

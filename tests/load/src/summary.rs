@@ -10,8 +10,8 @@ use anyhow::Context;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use crate::drive::{Recorder, StepRecord};
 use crate::figures::{max_ms, micros_histogram, per_second, quantile_ms};
+use crate::record::{Recorder, StepRecord};
 
 /// Running totals of a load run.
 #[derive(Debug)]
@@ -181,7 +181,7 @@ impl fmt::Display for Summary {
 mod tests {
     use super::*;
     use crate::client::{RequestFailure, RequestStats};
-    use crate::drive::StepFailure;
+    use crate::record::StepFailure;
     use tokio::time::Instant;
 
     fn step(sequence: i64, stats: RequestStats, failure: Option<u16>) -> StepRecord {
