@@ -11,53 +11,24 @@ use std::time::Duration;
 use anyhow::Context;
 use nix::sys::signal::Signal;
 use pipeline_testkit::wait_until;
-use serde::Serialize;
 use tokio::time::Instant;
 
 use super::fault_plan::PlannedFault;
-use super::faults::{done, Injected, Injector, RECOVERY_DEADLINE};
+use super::faults::Injector;
+use super::injection::{done, Injected, WriteOutage, OUTAGE_GRACE, RECOVERY_DEADLINE};
 use super::kafka_cluster::{self, NODES};
+use super::progress::say;
 use super::publishing::{self, OutboxMark};
-use super::say;
 
 /// How long a node stopped with SIGTERM may take to exit (a controlled shutdown moves its
 /// leaderships away first) before it is killed.
 const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(60);
-/// After two nodes went down: acknowledgements already on their way, and the relay's marking
-/// of a batch wholly acknowledged before, end within this. From then on until a node is back,
-/// the count of events marked published must not grow.
-pub const OUTAGE_GRACE: Duration = Duration::from_secs(3);
 /// Events committed this long after a fault began were claimed by the relay after it.
 const COMMITTED_AFTER: Duration = Duration::from_secs(1);
 /// A node killed for good until the fault starts it again ([`Supervisor::restart_now`]).
 ///
 /// [`Supervisor::restart_now`]: super::processes::Supervisor::restart_now
 const HELD_DOWN: Duration = Duration::from_secs(24 * 3600);
-
-/// What the relay marked published while two Kafka nodes were down.
-#[derive(Debug, Clone, Serialize)]
-pub struct WriteOutage {
-    /// How long both nodes were down (until the first was started again).
-    pub seconds: f64,
-    /// Events marked published between [`OUTAGE_GRACE`] after the nodes went down and the
-    /// first node's start: must be 0.
-    pub published_during: i64,
-    /// Events committed after the nodes went down that were marked published before the first
-    /// node's start: must be 0.
-    pub published_early: i64,
-    /// Events waiting in the outbox when the first node was started again.
-    pub unpublished_at_return: i64,
-    /// From the first node's start until an event committed during the outage was marked
-    /// published.
-    pub resumed_after_return_seconds: Option<f64>,
-}
-
-impl WriteOutage {
-    /// Whether the relay marked nothing published while the cluster could take no writes.
-    pub fn held(&self) -> bool {
-        self.published_during == 0 && self.published_early == 0
-    }
-}
 
 impl Injector<'_> {
     /// Kills (or freezes) the Kafka node leading most partitions of the run's topic, measures

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use anyhow::Context;
 use sqlx::PgPool;
 
-use super::checks::{EXPECTED_EVENTS, LOST_EVENTS, REORDERED_EFFECTS};
+use super::queries::{EXPECTED_EVENTS, LOST_EVENTS, REORDERED_EFFECTS};
 
 /// Most examples of one kind per group.
 const LIMIT: i64 = 20;

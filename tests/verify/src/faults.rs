@@ -13,17 +13,15 @@ use serde::Serialize;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::broker_faults::WriteOutage;
 use super::config::{KAFKA_FAILOVER_BOUND_MS, RELAY_TAKEOVER_BOUND_MS};
 use super::environment::Environment;
 use super::fault_plan::{FaultKind, PlannedFault};
+use super::injection::{done, not_injected, Injected, WriteOutage, RECOVERY_DEADLINE};
 use super::postgres::{foreign_sessions, PgCluster};
+use super::progress::say;
 use super::recovery::{wait_both_groups_apply, wait_pipeline_up};
-use super::say;
 use super::topology::{Member, Topology};
 
-/// A fault is abandoned when the pipeline has not recovered this long after it.
-pub(crate) const RECOVERY_DEADLINE: Duration = Duration::from_secs(180);
 /// How long an armed crash point may wait for the next batch.
 const TRIGGER_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a PostgreSQL restart waits for other clients' sessions to end.
@@ -100,23 +98,6 @@ pub struct Injector<'a> {
     pub postgres: &'a PgCluster,
     /// When the load started: fault times are reported relative to it.
     pub started: Instant,
-}
-
-/// What an injection did, once the faulted part is back.
-pub(crate) struct Injected {
-    pub(crate) target: String,
-    pub(crate) happened: bool,
-    pub(crate) note: Option<String>,
-    /// When another process took over while the fault was in place.
-    pub(crate) takeover: Option<Instant>,
-    /// When both groups applied events after that takeover.
-    pub(crate) recovered: Option<Instant>,
-    /// For a Kafka node fault: whether a failover was awaited, and when the faulted node's
-    /// partitions all had new leaders.
-    pub(crate) failover: Option<Option<Instant>>,
-    /// For a Kafka node fault: when an event committed after it began was marked published.
-    pub(crate) publish_resumed: Option<Instant>,
-    pub(crate) write_outage: Option<WriteOutage>,
 }
 
 impl Injector<'_> {
@@ -573,26 +554,6 @@ fn labels<'a>(members: impl IntoIterator<Item = &'a Member>) -> String {
         None => String::new(),
         Some((last, [])) => (*last).to_owned(),
         Some((last, rest)) => format!("{} and {last}", rest.join(", ")),
-    }
-}
-
-pub(crate) fn done(target: &str) -> Injected {
-    Injected {
-        happened: true,
-        ..not_injected(target.to_owned())
-    }
-}
-
-pub(crate) fn not_injected(target: String) -> Injected {
-    Injected {
-        target,
-        happened: false,
-        note: None,
-        takeover: None,
-        recovered: None,
-        failover: None,
-        publish_resumed: None,
-        write_outage: None,
     }
 }
 

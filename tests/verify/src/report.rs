@@ -511,7 +511,7 @@ fn round2(x: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::broker_faults::WriteOutage;
+    use crate::injection::WriteOutage;
 
     fn record(index: usize, kind: FaultKind, recovery: f64) -> FaultRecord {
         FaultRecord {

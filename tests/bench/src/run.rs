@@ -1,0 +1,106 @@
+//! One benchmark run: the phases asked for, one after the other, and the clean-up after them.
+
+use std::time::Instant;
+
+use crate::config::{Phase, Settings};
+use crate::envs::EnvRegistry;
+use crate::report::{self, Report};
+use crate::{broker, consumer_drain, database, latency, relay_drain, scheduled, sustained};
+
+/// Runs the phases asked for, then drops what they created (unless `--keep`). Ctrl-C stops the
+/// run, cleans up and returns what was measured so far.
+pub async fn run_and_clean_up(settings: &Settings) -> Report {
+    let envs = EnvRegistry::new(settings.keep);
+    let mut report = Report::new(settings, report::host().await);
+    if report.host.broker.is_none() {
+        report.notes.push(format!(
+            "no Apache Kafka broker (a java process running kafka.Kafka) with a listener on {} \
+             found on this machine: the broker's CPU is not measured",
+            report.host.kafka_brokers
+        ));
+    }
+    let interrupted = tokio::select! {
+        () = run(settings, &envs, &mut report) => false,
+        _ = tokio::signal::ctrl_c() => true,
+    };
+    if interrupted {
+        report.errors.push("interrupted".into());
+    }
+    say("cleaning up");
+    report.notes.extend(envs.cleanup().await);
+    report.finish();
+    report
+}
+
+/// A progress line on stderr.
+pub fn say(what: &str) {
+    eprintln!("[bench {}] {what}", chrono::Local::now().format("%H:%M:%S"));
+}
+
+async fn run(settings: &Settings, envs: &EnvRegistry, report: &mut Report) {
+    let started = Instant::now();
+    if settings.runs(Phase::Broker) {
+        say("phase 1: broker ceiling (plain producer and consumer)");
+        match broker::run(settings, envs).await {
+            Ok(b) => {
+                report.notes.extend(envs.release_topic(&b.topic).await);
+                report.broker = Some(b);
+            }
+            Err(e) => report.errors.push(format!("broker phase: {e:#}")),
+        }
+    }
+    if settings.runs(Phase::Database) {
+        say("phase 1b: PostgreSQL ceiling (one-row commits, batched inserts)");
+        match database::run(settings, envs, &mut report.notes).await {
+            Ok(d) => report.database = Some(d),
+            Err(e) => report.errors.push(format!("database phase: {e:#}")),
+        }
+    }
+    if settings.runs(Phase::Relay) || settings.runs(Phase::Consumer) {
+        say("phase 2: relay drain of a preloaded outbox");
+        match relay_drain::run(settings, envs, report.broker.as_ref(), &mut report.notes).await {
+            Ok((relay, mut env)) => {
+                if settings.runs(Phase::Consumer) {
+                    say("phase 3: consumer drains, one group at a time, batched and per message");
+                    match consumer_drain::run(settings, &mut env, relay.events, &mut report.notes)
+                        .await
+                    {
+                        Ok(c) => report.consumer = c,
+                        Err(e) => report.errors.push(format!("consumer phase: {e:#}")),
+                    }
+                }
+                report.notes.extend(envs.release(env).await);
+                report.relay = Some(relay);
+            }
+            Err(e) => report.errors.push(format!("relay phase: {e:#}")),
+        }
+    }
+    if settings.runs(Phase::Latency) {
+        say("phase 4: end-to-end latency at fixed rates");
+        match latency::run(settings, envs, &mut report.notes).await {
+            Ok(l) => report.latency = l,
+            Err(e) => report.errors.push(format!("latency phase: {e:#}")),
+        }
+    }
+    if settings.runs(Phase::Sustained) {
+        say("phase 5: sustained rate");
+        match sustained::run(settings, envs, &mut report.notes).await {
+            Ok(s) => report.sustained = Some(s),
+            Err(e) => report.errors.push(format!("sustained phase: {e:#}")),
+        }
+    }
+    if settings.runs(Phase::Scheduled) {
+        say(&format!(
+            "phase 6: relay claim with {} delayed events waiting",
+            settings.scheduled_events
+        ));
+        match scheduled::run(settings, envs, &mut report.notes).await {
+            Ok(s) => report.scheduled = Some(s),
+            Err(e) => report.errors.push(format!("scheduled phase: {e:#}")),
+        }
+    }
+    say(&format!(
+        "phases done in {:.0} s",
+        started.elapsed().as_secs_f64()
+    ));
+}
