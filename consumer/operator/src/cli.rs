@@ -1,6 +1,7 @@
 //! The command line of `pipeline`; every shared flag also reads an environment variable.
 
 use clap::{Parser, Subcommand};
+use pipeline_core::db::DEFAULT_DATABASE_URL;
 use pipeline_core::kafka::KafkaArgs;
 
 use crate::error::BadInput;
@@ -23,13 +24,9 @@ pub struct Cli {
 /// The databases and the Kafka cluster the commands read and change.
 #[derive(Debug, clap::Args)]
 pub struct TargetArgs {
-    /// The outbox's database (the order service's and the relay's).
-    #[arg(
-        long,
-        global = true,
-        env = "DATABASE_URL",
-        default_value = "postgres://postgres@127.0.0.1:5432/pipeline?sslmode=disable"
-    )]
+    /// The outbox's database (the relay's, and the service's that appends the events); also
+    /// each group's unless --group-database names another.
+    #[arg(long, global = true, env = "DATABASE_URL", default_value = DEFAULT_DATABASE_URL)]
     pub database_url: String,
     /// A group whose tables live in a database of its own, as NAME=URL; repeatable (comma
     /// separated in the environment). A group not listed uses --database-url.
@@ -38,7 +35,10 @@ pub struct TargetArgs {
     pub group_databases: Vec<(String, String)>,
     /// The groups to show or act on (names without the prefix): `status` and `trace` show
     /// these (default: every group that owns a partition in the databases given);
-    /// `dead-letters` and `reprocess` act on one.
+    /// `dead-letters` and `reprocess` act on one. A name must be known: registered by this
+    /// program, or with rows in its database (processed events, dead letters, partition
+    /// owners), or, for `status`, a group id Kafka knows (a live group, or committed offsets on
+    /// --topic). Any other name is an error (exit status 2).
     #[arg(
         long = "group",
         global = true,
@@ -46,10 +46,11 @@ pub struct TargetArgs {
         value_delimiter = ','
     )]
     pub groups: Vec<String>,
-    /// Prefix of the Kafka group ids and of the groups' rows, as given to `consumer run`.
+    /// Prefix of the Kafka group ids and of the groups' rows, as the groups run with it.
     #[arg(long, global = true, env = "CONSUMER_GROUP_PREFIX", default_value = "")]
     pub group_prefix: String,
-    /// Topics the groups consume.
+    /// Topics the groups consume (default: the topics each group has owned partitions of, from
+    /// its database).
     #[arg(
         long = "topic",
         global = true,
@@ -150,7 +151,7 @@ pub struct RequeueArgs {
 /// `pipeline dead-letters --group G …`
 #[derive(Debug, clap::Args)]
 pub struct DeadLetterArgs {
-    /// Dead-letter topic template, as given to `consumer run`; empty: do not publish dead
+    /// Dead-letter topic template, as the groups run with it; empty: do not publish dead
     /// letters raised while releasing parked events.
     #[arg(long, env = "DEAD_LETTER_TOPIC", default_value = "{topic}.dlq")]
     pub dead_letter_topic: String,

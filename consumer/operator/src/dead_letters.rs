@@ -16,7 +16,7 @@ use uuid::Uuid;
 use crate::cli::{DeadLetterAction, DeadLetterArgs, LetterAction, LetterFilter};
 use crate::error::BadInput;
 use crate::output::{cell, table};
-use crate::targets::Targets;
+use crate::targets::{KnownBy, Targets};
 
 /// A dead letter as listed.
 #[derive(Debug, Serialize, sqlx::FromRow)]
@@ -147,7 +147,7 @@ pub async fn run(
     groups: &Groups,
     json: bool,
 ) -> anyhow::Result<()> {
-    let group = targets.one_group()?;
+    let group = targets.one_group(KnownBy::Database).await?;
     let pool = targets.group(&group).await?;
     let name = targets.qualified(&group);
     match &args.action {
@@ -264,12 +264,12 @@ async fn act(
         return Err(BadInput::NoFilter(verb).into());
     }
     let actor = action.change.actor()?;
-    let group = targets.one_group()?;
+    let group = targets.one_group(KnownBy::Database).await?;
     let pool = targets.group(&group).await?;
     let name = targets.qualified(&group);
     let handler = groups
         .handler(&group, name.clone())
-        .map_err(|e| BadInput::UnknownGroup(group.clone(), e.to_string()))?;
+        .map_err(|e| BadInput::Refused(format!("{e}: {verb} needs the group's handler")))?;
     let sink = if args.dead_letter_topic.is_empty() {
         None
     } else {

@@ -16,8 +16,9 @@ pub enum BadInput {
         /// The id given.
         id: String,
     },
-    /// A group with no rows in any database given and no registered handler.
-    #[error("unknown group {0}: {1}")]
+    /// A group name that is not known: not registered by the program, without rows in its
+    /// database and (where asked) unknown to Kafka; or a replay for a group with no handler.
+    #[error("unknown consumer group {0}: {1}")]
     UnknownGroup(String, String),
     /// A requeue of an event that is not failed.
     #[error("event {event_id} is {state}, not failed: only failed events can be requeued")]
@@ -39,7 +40,7 @@ pub enum BadInput {
 }
 
 /// The exit status for `error`: 2 for bad input, 1 otherwise.
-pub fn exit_code(error: &anyhow::Error) -> i32 {
+pub fn exit_code(error: &anyhow::Error) -> u8 {
     if error
         .chain()
         .any(|c| c.downcast_ref::<BadInput>().is_some())

@@ -13,9 +13,25 @@
 //! each group's), [`output`] (tables or JSON) and [`error`] (bad input, exit status 2).
 //!
 //! Every change is recorded with who made it and why (`operator_action`, in the database it
-//! changes, in the same transaction) and shows in `trace`. A program that registers groups of
-//! its own runs the same command with [`run`] and its [`consumer::Groups`], so `replay` applies
-//! its events with its handlers.
+//! changes, in the same transaction) and shows in `trace`.
+//!
+//! A program's `pipeline` binary is one line: [`main`] with the program's registered groups, so
+//! `replay` applies their events with their handlers and every command knows their names:
+//!
+//! ```no_run
+//! # struct Shipping;
+//! # impl consumer::Handler for Shipping {
+//! #     fn group(&self) -> &str { "shipping" }
+//! #     fn transaction(&self) -> Box<dyn consumer::HandlerTransaction + '_> { unimplemented!() }
+//! # }
+//! fn main() -> std::process::ExitCode {
+//!     operator::main(consumer::Groups::new().register("shipping", |_| Shipping))
+//! }
+//! ```
+//!
+//! A group name must be known: registered by the program, holding rows in its database
+//! (processed events, dead letters, partition owners) or, for `status`, a group id Kafka knows.
+//! Any other name is bad input (see [`targets`]).
 
 #![warn(missing_docs)]
 
@@ -29,14 +45,41 @@ pub mod status;
 pub mod targets;
 pub mod trace;
 
+use std::process::ExitCode;
+
 use consumer::Groups;
+use pipeline_core::telemetry::{self, LogArgs};
 
 use crate::cli::{Cli, Command, OutboxAction};
+use crate::error::exit_code;
 use crate::targets::Targets;
 
-/// Runs one command of `cli`, printing its result; `groups` gives the handlers `replay` needs.
+/// The `pipeline` command of a program whose groups are `groups`: parses the command line, runs
+/// the command, prints its result (errors to stderr) and returns the exit status: 0, 2 for bad
+/// input (an unknown group, a letter that does not exist, …), 1 for anything else.
+pub fn main(groups: Groups) -> ExitCode {
+    let cli = <Cli as clap::Parser>::parse();
+    // Results go to stdout; only warnings are logged (to stderr) unless RUST_LOG says more.
+    telemetry::init(&LogArgs {
+        log_json: false,
+        log: std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".to_owned()),
+    });
+    let result = tokio::runtime::Runtime::new()
+        .map_err(anyhow::Error::from)
+        .and_then(|runtime| runtime.block_on(run(cli, &groups)));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(exit_code(&e))
+        }
+    }
+}
+
+/// Runs one command of `cli`, printing its result; `groups` are the program's registered groups
+/// (the names every command knows, the handlers `replay` needs).
 pub async fn run(cli: Cli, groups: &Groups) -> anyhow::Result<()> {
-    let targets = Targets::new(cli.targets);
+    let targets = Targets::new(cli.targets, groups);
     let json = cli.json;
     match cli.command {
         Command::Status => {

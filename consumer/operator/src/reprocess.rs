@@ -22,7 +22,7 @@ use serde::Serialize;
 use crate::cli::{Position, ReprocessArgs};
 use crate::error::BadInput;
 use crate::output::table;
-use crate::targets::Targets;
+use crate::targets::{KnownBy, Targets};
 
 const TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -55,7 +55,7 @@ pub struct Reprocessed {
 /// Moves the group `--group` names back to `args.from`.
 pub async fn reprocess(targets: &Targets, args: &ReprocessArgs) -> anyhow::Result<Reprocessed> {
     let actor = args.change.actor()?;
-    let group = targets.one_group()?;
+    let group = targets.one_group(KnownBy::Database).await?;
     let name = targets.qualified(&group);
     let pool = targets.group(&group).await?;
     let known: bool =
@@ -70,8 +70,14 @@ pub async fn reprocess(targets: &Targets, args: &ReprocessArgs) -> anyhow::Resul
         )
         .into());
     }
+    let topics = targets.topics(&group).await?;
+    if topics.is_empty() {
+        return Err(BadInput::Refused(format!(
+            "group {group} has owned no partition of any topic: name its topics (--topic)"
+        ))
+        .into());
+    }
     let kafka = targets.args.kafka.clone();
-    let topics = targets.args.topics.clone();
     let from = args.from;
     let kafka_group = name.clone();
     let partitions = tokio::task::spawn_blocking(move || -> anyhow::Result<Vec<Rewind>> {

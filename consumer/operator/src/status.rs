@@ -10,7 +10,7 @@ use rdkafka::consumer::BaseConsumer;
 use serde::Serialize;
 
 use crate::output::{age, capped, cell, table};
-use crate::targets::Targets;
+use crate::targets::{KnownBy, Targets};
 
 /// Counts stop here: beyond it, the figure shows as `≥CAP`.
 pub const CAP: i64 = 100_000;
@@ -121,7 +121,7 @@ pub async fn read(targets: &Targets) -> anyhow::Result<Status> {
     .fetch_all(&outbox)
     .await?;
     let mut groups = Vec::new();
-    for group in targets.groups().await? {
+    for group in targets.groups(KnownBy::DatabaseOrKafka).await? {
         groups.push(group_status(targets, &group).await?);
     }
     Ok(Status {
@@ -153,9 +153,13 @@ async fn group_status(targets: &Targets, group: &str) -> anyhow::Result<GroupSta
     .fetch_one(&pool)
     .await?;
     let kafka = targets.args.kafka.clone();
-    let topics = targets.args.topics.clone();
+    let topics = targets.topics(group).await?;
     let kafka_group = name.clone();
     let lag = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
+        anyhow::ensure!(
+            !topics.is_empty(),
+            "the group has owned no partition of any topic: name its topics (--topic)"
+        );
         let reader = offsets_reader(&kafka, &kafka_group)?;
         let peeker: BaseConsumer = kafka
             .client_config()

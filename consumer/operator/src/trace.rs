@@ -13,7 +13,7 @@ use uuid::Uuid;
 
 use crate::error::BadInput;
 use crate::output::{cell, table};
-use crate::targets::Targets;
+use crate::targets::{KnownBy, Targets};
 
 /// One state change.
 #[derive(Debug, Serialize, sqlx::FromRow)]
@@ -78,7 +78,7 @@ pub async fn read(targets: &Targets, id: &str) -> anyhow::Result<Trace> {
     .bind(event_id)
     .fetch_all(&outbox)
     .await?;
-    for group in targets.groups().await? {
+    for group in targets.groups(KnownBy::Database).await? {
         let pool = targets.group(&group).await?;
         let mut rows: Vec<Step> = sqlx::query_as(
             "SELECT at, transition, event_id, sequence, event_type, detail,

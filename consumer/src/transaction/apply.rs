@@ -225,7 +225,7 @@ pub async fn process_batches(
         sink.publish(group, &letters).await?;
     }
     // The effects last: a handler may lock rows other transactions share when it writes them
-    // (the inventory's stock), and those locks are then held only until the commit.
+    // (a stock level, a balance), and those locks are then held only until the commit.
     handler_tx.flush(&mut tx).await?;
     tx.commit().await?;
     let transaction_duration = began.elapsed();
