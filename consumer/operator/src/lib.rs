@@ -9,8 +9,9 @@
 //! - [`requeue`]: failed outbox events back to pending;
 //! - [`reprocess`]: a group's offsets moved back, its dedupe rows kept or cleared.
 //!
-//! Around them: [`cli`] (flags and environment), [`targets`] (the databases: the outbox's and
-//! each group's), [`output`] (tables or JSON) and [`error`] (bad input, exit status 2).
+//! Around them: [`cli`] (flags and environment), [`targets`] (what the commands act on: the
+//! outbox's database and each group's, the known groups and their topics), [`output`] (tables
+//! or JSON) and [`error`] (bad input, exit status 2). [`main`] and [`run`] are the entries.
 //!
 //! Every change is recorded with who made it and why (`operator_action`, in the database it
 //! changes, in the same transaction) and shows in `trace`.
