@@ -11,14 +11,17 @@
 //! that are refused are parsed a second time, only to name what is wrong with them.
 
 use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, JsonRejection};
 use axum::extract::{FromRequest, Request};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::Json;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use super::error::body_error;
-use super::ApiError;
+use super::error::ApiError;
+
+/// Largest request body accepted.
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
 
 /// `axum::Json` for JSON object bodies, with refusals answered by our JSON error body: a body
 /// that is not an object (an array, a string, a number, `true`, `false`, `null`, nothing), that
@@ -51,6 +54,41 @@ where
             return Err(nul_refusal(&bytes));
         }
         Ok(Self(value))
+    }
+}
+
+/// A body axum's JSON extractor refused: 400 for malformed JSON, 422 for JSON of the wrong
+/// shape, the body's own refusal otherwise.
+impl From<JsonRejection> for ApiError {
+    fn from(rejection: JsonRejection) -> Self {
+        match rejection {
+            JsonRejection::JsonSyntaxError(e) => Self::new(
+                StatusCode::BAD_REQUEST,
+                format!("malformed JSON: {}", e.body_text()),
+            ),
+            JsonRejection::JsonDataError(e) => Self::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                format!("invalid request body: {}", e.body_text()),
+            ),
+            JsonRejection::MissingJsonContentType(_) => Self::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "expected `Content-Type: application/json`",
+            ),
+            JsonRejection::BytesRejection(e) => body_error(&e),
+            other => Self::new(other.status(), other.body_text()),
+        }
+    }
+}
+
+/// A body that could not be read: 413 naming the limit when it is too large.
+fn body_error(e: &BytesRejection) -> ApiError {
+    if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("request body is larger than {MAX_BODY_BYTES} bytes"),
+        )
+    } else {
+        ApiError::new(e.status(), "could not read the request body")
     }
 }
 

@@ -3,7 +3,7 @@
 //! Client mistakes get a 4xx naming the mistake. Server faults get a 500 (or a 503 when a retry
 //! may help) with a generic message; the cause goes to the log, never to the client.
 
-use axum::extract::rejection::{BytesRejection, JsonRejection, PathRejection};
+use axum::extract::rejection::PathRejection;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -127,41 +127,6 @@ fn database_error(e: &sqlx::Error) -> ApiError {
     } else {
         tracing::error!(error = %e, "database error");
         ApiError::internal()
-    }
-}
-
-impl From<JsonRejection> for ApiError {
-    fn from(rejection: JsonRejection) -> Self {
-        match rejection {
-            JsonRejection::JsonSyntaxError(e) => Self::new(
-                StatusCode::BAD_REQUEST,
-                format!("malformed JSON: {}", e.body_text()),
-            ),
-            JsonRejection::JsonDataError(e) => Self::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                format!("invalid request body: {}", e.body_text()),
-            ),
-            JsonRejection::MissingJsonContentType(_) => Self::new(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "expected `Content-Type: application/json`",
-            ),
-            JsonRejection::BytesRejection(e) => body_error(&e),
-            other => Self::new(other.status(), other.body_text()),
-        }
-    }
-}
-
-pub(super) fn body_error(e: &BytesRejection) -> ApiError {
-    if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!(
-                "request body is larger than {} bytes",
-                super::MAX_BODY_BYTES
-            ),
-        )
-    } else {
-        ApiError::new(e.status(), "could not read the request body")
     }
 }
 

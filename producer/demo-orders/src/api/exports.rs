@@ -11,7 +11,10 @@ use serde::Serialize;
 use tokio_util::io::ReaderStream;
 use uuid::Uuid;
 
-use super::{ApiError, ApiJson, AppState};
+use super::body::ApiJson;
+use super::error::ApiError;
+use super::handlers::{traceparent, truncate};
+use super::state::AppState;
 use crate::exports::{validate_export, ExportJob, ExportRequest};
 
 /// Header carrying the export file's SHA-256 (lowercase hex) on a download.
@@ -45,7 +48,7 @@ pub(super) async fn submit_export(
     let filters = validate_export(request)?;
     let job = state
         .exports
-        .submit(&filters, super::handlers::traceparent(&headers))
+        .submit(&filters, traceparent(&headers))
         .await?;
     state
         .metrics
@@ -114,10 +117,7 @@ fn export_id(id: Result<Path<String>, PathRejection>) -> Result<Uuid, ApiError> 
     Uuid::parse_str(&id).map_err(|_| {
         ApiError::new(
             StatusCode::BAD_REQUEST,
-            format!(
-                "export id `{}` is not a UUID",
-                super::handlers::truncate(&id, 64)
-            ),
+            format!("export id `{}` is not a UUID", truncate(&id, 64)),
         )
     })
 }

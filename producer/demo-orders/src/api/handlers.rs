@@ -9,7 +9,9 @@ use demo_events::order_events::ORDER_PLACED;
 use pipeline_core::envelope::TRACEPARENT;
 use uuid::Uuid;
 
-use super::{ApiError, ApiJson, AppState};
+use super::body::ApiJson;
+use super::error::ApiError;
+use super::state::AppState;
 use crate::orders::Action;
 use crate::validation::{
     check_publish_time, is_valid_traceparent, validate_idempotency_key, validate_order,

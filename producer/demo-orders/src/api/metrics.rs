@@ -1,13 +1,12 @@
 //! The order service's Prometheus metrics, registered on a registry the caller owns.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use axum::extract::{MatchedPath, Request, State};
 use axum::middleware::Next;
 use axum::response::Response;
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
-
-use super::AppState;
 
 /// Request and event counters of the order API.
 #[derive(Debug, Clone)]
@@ -70,7 +69,7 @@ impl ApiMetrics {
 /// Middleware timing and counting each request under its route template, so that label values
 /// stay bounded whatever ids clients send.
 pub(super) async fn track_requests(
-    State(state): State<AppState>,
+    State(metrics): State<Arc<ApiMetrics>>,
     req: Request,
     next: Next,
 ) -> Response {
@@ -80,7 +79,7 @@ pub(super) async fn track_requests(
         .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
     let started = Instant::now();
     let response = next.run(req).await;
-    state.metrics.request_done(
+    metrics.request_done(
         &route,
         response.status().as_u16(),
         started.elapsed().as_secs_f64(),

@@ -19,33 +19,19 @@ mod error;
 mod exports;
 mod handlers;
 mod metrics;
-
-use std::sync::Arc;
+mod state;
 
 use axum::extract::DefaultBodyLimit;
 use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::Router;
 
-use crate::exports::ExportService;
-use crate::orders::OrderService;
-
-pub use body::ApiJson;
+pub use body::{ApiJson, MAX_BODY_BYTES};
 pub use error::ApiError;
 pub use exports::CHECKSUM_HEADER;
 pub use handlers::IDEMPOTENCY_KEY;
 pub use metrics::ApiMetrics;
-
-/// Largest request body accepted.
-pub const MAX_BODY_BYTES: usize = 64 * 1024;
-
-/// What the handlers share.
-#[derive(Debug, Clone)]
-pub struct AppState {
-    pub orders: OrderService,
-    pub exports: ExportService,
-    pub metrics: Arc<ApiMetrics>,
-}
+pub use state::AppState;
 
 /// The API routes, with request metrics, the body limit and JSON answers for unknown routes and
 /// methods.
@@ -60,7 +46,7 @@ pub fn router(state: AppState) -> Router {
         .route("/exports/{id}", get(exports::get_export))
         .route("/exports/{id}/download", get(exports::download_export))
         .route_layer(axum::middleware::from_fn_with_state(
-            state.clone(),
+            state.metrics.clone(),
             metrics::track_requests,
         ))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))

@@ -12,7 +12,8 @@ use pipeline_core::envelope::TRACEPARENT;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::{ExportError, ExportJob, ExportSettings};
+use super::job::{ExportError, ExportJob};
+use super::settings::ExportSettings;
 
 /// The columns of [`ExportJob`]; a finished job whose `expires_at` has passed reads `expired`.
 const JOB_COLUMNS: &str = "id,

@@ -5,10 +5,10 @@
 //! a `COMMIT`, each a round trip, and a WAL flush. Under load, requests arrive while others are
 //! being written; a runner takes every change waiting (up to `max_ops`) and makes them in one
 //! transaction: places together (one statement for each round of distinct idempotency keys, see
-//! [`OrderService::place_all_in`]), transitions together (two statements for each round of
-//! distinct orders, see [`OrderService::transition_all_in`]), and all their events in one
-//! statement ([`outbox::enqueue_all`]), so the `BEGIN`, the statements, the `COMMIT` and
-//! the flush are shared. At most `runners` transactions run at once; when the service is idle a
+//! [`place_all_in`]), transitions together (two statements for each round of distinct orders,
+//! see [`transition_all_in`]), and all their events in one statement
+//! ([`outbox::enqueue_all`]), so the `BEGIN`, the statements, the `COMMIT` and the flush are
+//! shared. At most `runners` transactions run at once; when the service is idle a
 //! change waits for nobody.
 //!
 //! Nothing a client sees changes. Each change is answered only after the transaction holding it
@@ -16,8 +16,8 @@
 //! with its refusal and the others commit. A change that needs its writes undone (a database
 //! error, an event already in the outbox) rolls the whole transaction back, and every change in it
 //! is handed back to its request, which then runs in a transaction of its own, where it gets
-//! exactly the answer it would have had without shared transactions. Changes are written in the order
-//! of the rows they lock (idempotency key or order id, arrival order among equals), so two
+//! exactly the answer it would have had without shared transactions. Changes are written in the
+//! order of the rows they lock (idempotency key or order id, arrival order among equals), so two
 //! shared transactions can not deadlock on each other.
 
 use std::sync::Arc;
@@ -29,7 +29,11 @@ use sqlx::{Postgres, Transaction};
 use tokio::sync::{mpsc, oneshot, Mutex};
 use uuid::Uuid;
 
-use super::{Action, Order, OrderError, OrderService, Placed};
+use super::error::OrderError;
+use super::model::{Action, Order};
+use super::place::{place_all_in, place_in, Placed};
+use super::transition::{transition_all_in, transition_in};
+use super::writer::Writer;
 use crate::validation::ValidOrder;
 
 /// How changes share transactions.
@@ -117,16 +121,14 @@ impl Job {
     }
 
     /// Makes the change inside `tx`, without its event.
-    async fn run(self, service: &OrderService, tx: &mut Transaction<'static, Postgres>) -> Done {
+    async fn run(self, tx: &mut Transaction<'static, Postgres>) -> Done {
         match self {
             Job::Place(p) => {
-                let result = service
-                    .place_in(tx, &p.order, p.idempotency_key.as_deref())
-                    .await;
+                let result = place_in(tx, &p.order, p.idempotency_key.as_deref()).await;
                 Done::Place(p.reply, result, p.traceparent)
             }
             Job::Transition(t) => {
-                let result = service.transition_in(tx, t.order_id, t.action).await;
+                let result = transition_in(tx, t.order_id, t.action).await;
                 Done::Transition(t.reply, result, t.traceparent)
             }
         }
@@ -224,10 +226,9 @@ struct Queue {
 }
 
 impl SharedTransactions {
-    /// Starts the runners. `service` writes each transaction; it must not share transactions
-    /// itself.
+    /// Starts the runners; `writer` writes each transaction.
     pub(super) fn start(
-        service: OrderService,
+        writer: Writer,
         settings: SharedTransactionSettings,
         metrics: SharedTransactionMetrics,
     ) -> Self {
@@ -237,9 +238,9 @@ impl SharedTransactions {
         let overlap = Arc::new(Overlap::new(settings.patience));
         for _ in 0..settings.runners.max(1) {
             let (queue, overlap) = (queue.clone(), overlap.clone());
-            let (service, metrics) = (service.clone(), metrics.clone());
+            let (writer, metrics) = (writer.clone(), metrics.clone());
             let max_ops = settings.max_ops.max(1);
-            tokio::spawn(async move { run(&queue, &overlap, &service, max_ops, &metrics).await });
+            tokio::spawn(async move { run(&queue, &overlap, &writer, max_ops, &metrics).await });
         }
         SharedTransactions { tx, queued }
     }
@@ -264,7 +265,7 @@ impl SharedTransactions {
 async fn run(
     queue: &Mutex<Queue>,
     overlap: &Overlap,
-    service: &OrderService,
+    writer: &Writer,
     max_ops: usize,
     metrics: &SharedTransactionMetrics,
 ) {
@@ -286,15 +287,15 @@ async fn run(
             (jobs, overlap.start())
         };
         metrics.ops.observe(jobs.len() as f64);
-        if !write(service, jobs).await {
+        if !write(writer, jobs).await {
             metrics.failures.inc();
         }
     }
 }
 
 /// One step of a shared transaction: a change made on its own, a round of places of distinct
-/// idempotency keys made together (see [`OrderService::place_all_in`]), or a round of
-/// transitions of distinct orders made together (see [`OrderService::transition_all_in`]).
+/// idempotency keys made together (see [`place_all_in`]), or a round of
+/// transitions of distinct orders made together (see [`transition_all_in`]).
 enum Step {
     One(Job),
     Places(Vec<Place>),
@@ -353,19 +354,15 @@ fn rounds<T, K: PartialEq>(changes: Vec<T>, key: impl Fn(&T) -> Option<K>) -> Ve
 impl Step {
     /// Makes the step's changes inside `tx`. The step comes back when a shared statement
     /// failed, so nothing is known of any of its changes.
-    async fn run(
-        self,
-        service: &OrderService,
-        tx: &mut Transaction<'static, Postgres>,
-    ) -> Result<Vec<Done>, Step> {
+    async fn run(self, tx: &mut Transaction<'static, Postgres>) -> Result<Vec<Done>, Step> {
         match self {
-            Step::One(job) => Ok(vec![job.run(service, tx).await]),
+            Step::One(job) => Ok(vec![job.run(tx).await]),
             Step::Places(round) => {
                 let places: Vec<(&ValidOrder, Option<&str>)> = round
                     .iter()
                     .map(|p| (&p.order, p.idempotency_key.as_deref()))
                     .collect();
-                let results = service.place_all_in(tx, &places).await;
+                let results = place_all_in(tx, &places).await;
                 drop(places);
                 match results {
                     Ok(results) => Ok(round
@@ -382,7 +379,7 @@ impl Step {
             Step::Transitions(round) => {
                 let changes: Vec<(Uuid, Action)> =
                     round.iter().map(|t| (t.order_id, t.action)).collect();
-                match service.transition_all_in(tx, &changes).await {
+                match transition_all_in(tx, &changes).await {
                     Ok(results) => Ok(round
                         .into_iter()
                         .zip(results)
@@ -411,11 +408,11 @@ impl Step {
 
 /// Writes `jobs` in one transaction and answers each. Returns false when several changes were
 /// handed back because the transaction failed.
-async fn write(service: &OrderService, mut jobs: Vec<Job>) -> bool {
+async fn write(writer: &Writer, mut jobs: Vec<Job>) -> bool {
     let alone = jobs.len() == 1;
     // Stable: changes of one order keep their arrival order.
     jobs.sort_by_cached_key(Job::lock_key);
-    let mut tx = match service.pool.begin().await {
+    let mut tx = match writer.pool.begin().await {
         Ok(tx) => tx,
         Err(e) if alone => {
             if let Some(job) = jobs.pop() {
@@ -432,7 +429,7 @@ async fn write(service: &OrderService, mut jobs: Vec<Job>) -> bool {
     let mut done = Vec::with_capacity(jobs.len());
     let mut pending = steps(jobs).into_iter();
     for step in pending.by_ref() {
-        let changes = match step.run(service, &mut tx).await {
+        let changes = match step.run(&mut tx).await {
             Ok(changes) => changes,
             Err(step) => {
                 drop(tx);
@@ -461,7 +458,7 @@ async fn write(service: &OrderService, mut jobs: Vec<Job>) -> bool {
     }
     // Every change's event in one statement.
     let changed: Vec<(&Order, Option<&str>)> = done.iter().filter_map(Done::changed).collect();
-    if let Err(e) = service.record_events(&mut tx, &changed).await {
+    if let Err(e) = writer.record_events(&mut tx, &changed).await {
         drop(changed);
         drop(tx);
         if alone {

@@ -1,0 +1,34 @@
+//! Where the order service finds export files and where it records export events.
+
+use std::path::PathBuf;
+
+use demo_events::export_events::EXPORT_JOBS_TOPIC;
+
+/// Where the order service finds export files and where it records export events
+/// (`producer serve --export-dir … --export-topic …`).
+#[derive(clap::Args, Debug, Clone)]
+pub struct ExportSettings {
+    /// Directory the `export` consumer group writes export files to, served from here: the two
+    /// processes must see the same directory (a shared volume when they run on different hosts).
+    #[arg(
+        id = "export_dir",
+        long = "export-dir",
+        value_name = "DIR",
+        env = "EXPORT_DIR",
+        default_value = "exports"
+    )]
+    pub dir: PathBuf,
+    /// Kafka topic of `export.requested` events, which only the `export` group consumes.
+    #[arg(id = "export_topic", long = "export-topic", value_name = "TOPIC", env = "EXPORT_JOBS_TOPIC", default_value = EXPORT_JOBS_TOPIC,
+          value_parser = clap::builder::NonEmptyStringValueParser::new())]
+    pub topic: String,
+}
+
+impl Default for ExportSettings {
+    fn default() -> Self {
+        ExportSettings {
+            dir: PathBuf::from("exports"),
+            topic: EXPORT_JOBS_TOPIC.to_owned(),
+        }
+    }
+}
