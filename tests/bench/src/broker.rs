@@ -90,8 +90,7 @@ pub async fn run(settings: &Settings, envs: &EnvRegistry) -> anyhow::Result<Brok
     let producer: FutureProducer = config.create().context("creating the plain producer")?;
     // Connected, with the topic's metadata and an idempotent producer id, before the clock
     // starts: the relay's producer is warm too when it drains. Then one untimed round: the
-    // broker is a JVM, whose produce path runs interpreted until the JIT has compiled it (on
-    // 2 cores the first round after the broker's start is the slowest by far).
+    // broker is a JVM, whose produce path runs interpreted until the JIT has compiled it.
     produce_all(&producer, &topic, messages[..1].to_vec()).await?;
     produce_all(&producer, &topic, messages).await?;
     let meter = CpuMeter::start(shared_processes());

@@ -13,12 +13,10 @@ use super::fault_plan::{FaultKind, Timing};
 #[derive(Debug, Parser)]
 #[command(name = "verify", version, about)]
 pub struct VerifyArgs {
-    /// The test-suite profile: at least 10,000 events and one fault of each kind (about ten
-    /// minutes on 2 cores).
+    /// The test-suite profile: at least 10,000 events and one fault of each kind.
     #[arg(long, conflicts_with = "long")]
     pub short: bool,
-    /// The thorough profile: at least 100,000 events and four faults of each kind (about half an
-    /// hour on 2 cores).
+    /// The thorough profile: at least 100,000 events and four faults of each kind.
     #[arg(long)]
     pub long: bool,
     /// Seed of the fault plan and the order mix; the same seed gives the same plan.
