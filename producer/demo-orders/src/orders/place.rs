@@ -108,10 +108,9 @@ async fn not_placed(
 
 /// Places each `(order, idempotency key)` of `places` (distinct keys) inside `tx`, in one
 /// statement whatever their number: every order whose products all exist is written with its
-/// lines, in the order given (callers sort by key, so shared transactions cannot deadlock
-/// on each other's keys). One answer per place, in the order given, each what
-/// [`place_in`] would have answered; a refusal wrote nothing. The caller
-/// records the events and commits.
+/// lines, in the order given (callers sort by key, so shared transactions cannot deadlock on
+/// each other's keys). One answer per place, in the order given, each what [`place_in`] would
+/// have answered; a refusal wrote nothing. The caller records the events and commits.
 pub(super) async fn place_all_in(
     tx: &mut Transaction<'_, Postgres>,
     places: &[(&ValidOrder, Option<&str>)],

@@ -294,8 +294,8 @@ async fn run(
 }
 
 /// One step of a shared transaction: a change made on its own, a round of places of distinct
-/// idempotency keys made together (see [`place_all_in`]), or a round of
-/// transitions of distinct orders made together (see [`transition_all_in`]).
+/// idempotency keys made together (see [`place_all_in`]), or a round of transitions of distinct
+/// orders made together (see [`transition_all_in`]).
 enum Step {
     One(Job),
     Places(Vec<Place>),
