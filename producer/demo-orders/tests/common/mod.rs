@@ -1,4 +1,4 @@
-//! Shared set-up of the producer's integration tests.
+//! Shared set-up of the order service's integration tests.
 //!
 //! The tests run against the PostgreSQL server named by `DATABASE_URL`, e.g.
 //! `DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres cargo test --release -p demo-orders`.
