@@ -14,7 +14,7 @@ use crate::export::ExportSettings;
 
 /// Applies order events exactly once, in order per order, for one or more consumer groups.
 #[derive(Debug, Parser)]
-#[command(name = "consumer", version, about)]
+#[command(name = "consumer", version)]
 pub struct Cli {
     /// Log format and filter.
     #[command(flatten)]

@@ -8,7 +8,7 @@ use crate::error::BadInput;
 
 /// Operate the pipeline: see where events are, follow one order, release what is stuck.
 #[derive(Debug, Parser)]
-#[command(name = "pipeline", version, about)]
+#[command(name = "pipeline", version)]
 pub struct Cli {
     /// Where the outbox, the groups and Kafka are.
     #[command(flatten)]
