@@ -113,7 +113,8 @@ async fn a_frozen_holder_is_replaced_once_its_lease_expires_and_is_fenced(pool: 
         "the event is still queued, untouched"
     );
 
-    // Its renewal is refused too: it finds itself fenced, which is counted, and stands by.
+    // Its keeper stops too: by its own clock the lease ran out, so it renews nothing, says the
+    // lease expired (counted as lost) and stands by.
     let metrics = RelayMetrics::register(&Registry::new()).expect("metrics");
     let end = tokio::time::timeout(
         Duration::from_secs(10),
@@ -121,16 +122,10 @@ async fn a_frozen_holder_is_replaced_once_its_lease_expires_and_is_fenced(pool: 
     )
     .await
     .expect("the old holder gives up at once");
-    assert_eq!(end, LeaseEnd::Fenced);
+    assert_eq!(end, LeaseEnd::Expired);
     assert!(old_lease.lost().is_cancelled());
     metrics.record_lease_end(end);
-    assert_eq!(
-        (
-            metrics.fenced.get(),
-            metrics.lease_lost.with_label_values(&["fenced"]).get()
-        ),
-        (1, 1)
-    );
+    assert_eq!(metrics.lease_lost.with_label_values(&["expired"]).get(), 1);
 
     // The new holder's writes go through.
     assert_eq!(
@@ -215,4 +210,39 @@ async fn a_lease_handed_back_on_shutdown_is_taken_at_once_and_renewals_keep_it(p
         .expect("try")
         .expect("handed-back lease taken at once");
     assert_eq!(acquired.reason, TakeoverReason::Vacant);
+}
+
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn a_holder_whose_renewal_is_refused_is_fenced_and_stands_by(pool: PgPool) {
+    let settings = common::lease_settings(Duration::from_millis(1_500));
+    let mut holder = common::elector(&pool, settings.clone());
+    let (lease, _) = holder
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("vacant");
+    // Another relay takes the lease over while this one's clock still says it holds it.
+    let _ = sqlx::query("UPDATE relay_lease SET epoch = epoch + 1 WHERE lease_key = $1")
+        .bind(settings.key)
+        .execute(&pool)
+        .await
+        .expect("takeover");
+    assert!(lease.is_live());
+    let end = tokio::time::timeout(
+        Duration::from_secs(10),
+        holder.keep(&lease, &CancellationToken::new()),
+    )
+    .await
+    .expect("the next renewal is refused");
+    assert_eq!(end, LeaseEnd::Fenced);
+    assert!(lease.lost().is_cancelled());
+    let metrics = RelayMetrics::register(&Registry::new()).expect("metrics");
+    metrics.record_lease_end(end);
+    assert_eq!(
+        (
+            metrics.fenced.get(),
+            metrics.lease_lost.with_label_values(&["fenced"]).get()
+        ),
+        (1, 1)
+    );
 }
