@@ -88,6 +88,8 @@ pub struct Status {
 
 /// Reads the status.
 pub async fn read(targets: &Targets) -> anyhow::Result<Status> {
+    // Names first: a group nothing knows is reported whatever else answers.
+    let group_names = targets.groups(KnownBy::DatabaseOrKafka).await?;
     let outbox = targets.outbox().await?;
     let (pending_all, retrying, failed, oldest): (i64, i64, i64, Option<f64>) = sqlx::query_as(
         "SELECT (SELECT count(*) FROM (SELECT 1 FROM outbox_unpublished
@@ -121,7 +123,7 @@ pub async fn read(targets: &Targets) -> anyhow::Result<Status> {
     .fetch_all(&outbox)
     .await?;
     let mut groups = Vec::new();
-    for group in targets.groups(KnownBy::DatabaseOrKafka).await? {
+    for group in group_names {
         groups.push(group_status(targets, &group).await?);
     }
     Ok(Status {

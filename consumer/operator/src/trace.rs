@@ -53,6 +53,8 @@ pub struct Trace {
 
 /// Reads the trace of `id`: an event id (a UUID the outbox knows) or an order id.
 pub async fn read(targets: &Targets, id: &str) -> anyhow::Result<Trace> {
+    // Names first: a group nothing knows is reported whatever else answers.
+    let groups = targets.groups(KnownBy::Database).await?;
     let outbox = targets.outbox().await?;
     let event_id = Uuid::parse_str(id).ok();
     let order_id = match event_id {
@@ -78,7 +80,7 @@ pub async fn read(targets: &Targets, id: &str) -> anyhow::Result<Trace> {
     .bind(event_id)
     .fetch_all(&outbox)
     .await?;
-    for group in targets.groups(KnownBy::Database).await? {
+    for group in groups {
         let pool = targets.group(&group).await?;
         let mut rows: Vec<Step> = sqlx::query_as(
             "SELECT at, transition, event_id, sequence, event_type, detail,
