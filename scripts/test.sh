@@ -90,18 +90,31 @@ ensure_build_deps
 cargo build --release --workspace --bins
 
 stage "[6/9] cargo test --release --workspace"
-# The outbox library is what a service adds to append events: it must bring no HTTP server or
-# client (cargo tree of its normal dependencies).
-outbox_has_no_http() {
-    local http
-    http=$(cargo tree -p outbox -e normal --prefix none | grep -E '^(axum|hyper|reqwest|tower-http|actix-web|warp|ureq) ' || true)
-    if [[ -n $http ]]; then
-        warn "the outbox library depends on HTTP crates: $http"
+# The libraries a service adds carry no demonstration and no command line: the outbox brings no
+# HTTP server or client; the relay and the consumer runtime no clap or csv anywhere in their
+# dependencies and no sha2 of their own (sqlx uses it for authentication), and their HTTP server
+# is only their own operations endpoint. cargo tree of their normal dependencies, with default
+# features.
+library_lacks() {
+    local package=$1 depth=$2 pattern=$3 found
+    found=$(cargo tree -p "$package" -e normal --prefix none ${depth:+--depth "$depth"} |
+        grep -E "^($pattern) " | cut -d' ' -f1 | sort -u || true)
+    if [[ -n $found ]]; then
+        warn "the $package library depends on: $(echo "$found" | tr '\n' ' ')"
         return 1
     fi
-    log "the outbox library brings no HTTP server or client"
+    log "the $package library depends on none of: ${pattern//|/, }${depth:+ (directly)}"
 }
-step "outbox dependencies" outbox_has_no_http
+library_dependencies() {
+    local status=0 package
+    library_lacks outbox "" 'axum|hyper|reqwest|tower-http|actix-web|warp|ureq' || status=1
+    for package in pipeline-core relay consumer; do
+        library_lacks "$package" "" 'clap|csv|reqwest|demo-events|demo-orders|demo-groups' || status=1
+        library_lacks "$package" 1 'sha2' || status=1
+    done
+    return $status
+}
+step "library dependencies" library_dependencies
 step "cargo test" env \
     DATABASE_URL="postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable" \
     KAFKA_BROKERS="$(broker_list)" \
