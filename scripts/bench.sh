@@ -47,9 +47,9 @@ ensure_postgres
 ensure_broker
 
 # The benchmark and the binaries it runs, and nothing else of the workspace.
-section "cargo build --release -p pipeline-bench -p demo-orders -p relay -p consumer --bins"
+section "cargo build --release -p pipeline-bench -p demo-orders -p relay-cli -p demo-groups --bins"
 ensure_build_deps
-cargo build --release -p pipeline-bench -p demo-orders -p relay -p consumer --bins
+cargo build --release -p pipeline-bench -p demo-orders -p relay-cli -p demo-groups --bins
 
 section "bench"
 export BENCH_OUT="${BENCH_OUT:-$RUN_DIR/bench.json}"

@@ -142,6 +142,6 @@ step "clippy" cargo clippy --release --workspace --all-targets -- -D warnings
 stage "[9/9] cargo fmt --all -- --check, cargo doc --no-deps"
 step "rustfmt" cargo fmt --all -- --check
 # The libraries' documentation (doctests ran with cargo test): no broken link, no warning.
-step "rustdoc" env RUSTDOCFLAGS="-D warnings" cargo doc --release --no-deps -p outbox -p consumer -p relay -p payments-example -p pipeline-operator
+step "rustdoc" env RUSTDOCFLAGS="-D warnings" cargo doc --release --no-deps -p pipeline-core -p outbox -p consumer -p relay -p payments-example -p pipeline-operator
 
 ((${#FAILED[@]} == 0)) || exit 1

@@ -62,7 +62,7 @@ restore_normal_binaries() {
 trap restore_normal_binaries EXIT
 
 section "fault-injection relay and consumer"
-cargo build --release -p relay -p consumer --features relay/fault-injection,consumer/fault-injection
+cargo build --release -p relay-cli -p demo-groups --features relay-cli/fault-injection,demo-groups/fault-injection
 mkdir -p "$FAULT_BIN_DIR"
 for bin in relay consumer; do
     # Copy, then rename: a copy still running from an earlier run keeps its file.
