@@ -4,7 +4,7 @@
 #   scripts/verify.sh [--short|--long] [--seed N] [--events N] [--faults N] --report PATH [...]
 #
 # Runs the real binaries under load in a world of their own (a fresh database, topic and consumer
-# groups, and a three-node Apache Kafka cluster of its own), injects a seeded schedule of faults,
+# groups, and a three-node Apache Kafka cluster of its own), injects a seeded plan of faults,
 # then checks that every acknowledged event was applied exactly once and in order by each
 # consumer group, that every event marked published is in the topic, and writes a JSON report.
 # Exits non-zero unless the checks passed. --short (the default; the test suite runs it) injects

@@ -47,9 +47,9 @@ pub async fn refresh_backlog(
                      FROM relay_lease
                      WHERE lease_key = $1 AND expires_at < clock_timestamp()
                        AND expires_at > '-infinity'),
-                    (SELECT count(*) FROM outbox_scheduled WHERE publish_at <= clock_timestamp()),
+                    (SELECT count(*) FROM outbox_delayed WHERE publish_at <= clock_timestamp()),
                     (SELECT COALESCE(EXTRACT(EPOCH FROM clock_timestamp() - min(publish_at)), 0)::float8
-                     FROM outbox_scheduled WHERE publish_at <= clock_timestamp()),
+                     FROM outbox_delayed WHERE publish_at <= clock_timestamp()),
                     count(*) FILTER (WHERE state = 'failed'),
                     (SELECT count(DISTINCT h.id)
                      FROM outbox_unpublished f
@@ -64,8 +64,8 @@ pub async fn refresh_backlog(
     metrics.unpublished.set(count);
     metrics.oldest_unpublished_age.set(age.max(0.0));
     metrics.lease_vacant.set(vacant.max(0.0));
-    metrics.scheduled_due.set(due);
-    metrics.scheduled_overdue.set(overdue.max(0.0));
+    metrics.delayed_due.set(due);
+    metrics.delayed_overdue.set(overdue.max(0.0));
     metrics.failed.set(failed);
     metrics.held.set(held);
     Ok(())

@@ -33,9 +33,9 @@ pub struct RelayMetrics {
     pub lease_lost: IntCounterVec,
     pub lease_vacant: Gauge,
     pub fenced: IntCounter,
-    pub scheduled_released: IntCounter,
-    pub scheduled_due: IntGauge,
-    pub scheduled_overdue: Gauge,
+    pub delayed_released: IntCounter,
+    pub delayed_due: IntGauge,
+    pub delayed_overdue: Gauge,
 }
 
 impl RelayMetrics {
@@ -169,17 +169,17 @@ impl RelayMetrics {
                 "Times this relay found itself fenced: a lease renewal or a batch's outcome \
                  refused because another relay had taken the lease over",
             )?,
-            scheduled_released: IntCounter::new(
-                "outbox_scheduled_released_total",
+            delayed_released: IntCounter::new(
+                "outbox_delayed_released_total",
                 "Delayed events this relay released into the outbox once due",
             )?,
-            scheduled_due: IntGauge::new(
-                "outbox_scheduled_due",
+            delayed_due: IntGauge::new(
+                "outbox_delayed_due",
                 "Delayed events that are due and not yet released into the outbox (0 while a \
                  relay is active and keeping up)",
             )?,
-            scheduled_overdue: Gauge::new(
-                "outbox_scheduled_overdue_seconds",
+            delayed_overdue: Gauge::new(
+                "outbox_delayed_overdue_seconds",
                 "How long ago the oldest due delayed event still waiting fell due, by the \
                  database clock; 0 when none waits",
             )?,
@@ -191,9 +191,9 @@ impl RelayMetrics {
         registry.register(Box::new(m.lease_lost.clone()))?;
         registry.register(Box::new(m.lease_vacant.clone()))?;
         registry.register(Box::new(m.fenced.clone()))?;
-        registry.register(Box::new(m.scheduled_released.clone()))?;
-        registry.register(Box::new(m.scheduled_due.clone()))?;
-        registry.register(Box::new(m.scheduled_overdue.clone()))?;
+        registry.register(Box::new(m.delayed_released.clone()))?;
+        registry.register(Box::new(m.delayed_due.clone()))?;
+        registry.register(Box::new(m.delayed_overdue.clone()))?;
         for reason in TakeoverReason::ALL {
             let _ = m.takeovers.with_label_values(&[reason.label()]);
         }

@@ -1,5 +1,5 @@
 //! The release step: the active relay releases delayed events that are due, moving them from
-//! `outbox_scheduled` into the outbox, where the claim finds them like any other event.
+//! `outbox_delayed` into the outbox, where the claim finds them like any other event.
 //!
 //! The claim itself never reads the delayed events, so events waiting far ahead cost it
 //! nothing; the release reads the head of the due-time index and stops at the first event not
@@ -21,7 +21,7 @@ use crate::metrics::RelayMetrics;
 /// Each event takes the next sequence number of its aggregate at this moment (the same row lock
 /// as `outbox::enqueue`, taken in aggregate order so that concurrent writers cannot deadlock),
 /// so it is published after every event its aggregate committed before. Its Kafka headers gain
-/// `scheduled-at` and `publish-at`. An event whose (business key, event type) reached the
+/// `delayed-at` and `publish-at`. An event whose (business key, event type) reached the
 /// outbox another way meanwhile is dropped as the duplicate it is. Fenced like the relay's
 /// other writes: nothing moves unless `fence`'s epoch still holds the lease
 /// ([`MarkError::LeaseLost`]). A listening relay is woken when something moved.
@@ -61,13 +61,13 @@ pub async fn release_due(pool: &PgPool, fence: Fence, limit: i64) -> Result<u64,
 const RELEASE_SQL: &str = "WITH lease AS (
          SELECT epoch FROM relay_lease WHERE lease_key = $2 AND epoch = $3 FOR SHARE),
      due AS (
-         SELECT event_id FROM outbox_scheduled
+         SELECT event_id FROM outbox_delayed
          WHERE publish_at <= now() AND EXISTS (SELECT 1 FROM lease)
          ORDER BY publish_at, event_id
          LIMIT $1
          FOR UPDATE SKIP LOCKED),
      taken AS (
-         DELETE FROM outbox_scheduled s WHERE s.event_id = ANY (ARRAY(SELECT event_id FROM due))
+         DELETE FROM outbox_delayed s WHERE s.event_id = ANY (ARRAY(SELECT event_id FROM due))
          RETURNING s.*),
      fresh AS (
          SELECT * FROM taken t
@@ -91,7 +91,7 @@ const RELEASE_SQL: &str = "WITH lease AS (
                                          ORDER BY f.publish_at, f.event_id),
                 f.topic, f.payload,
                 f.headers || jsonb_build_object(
-                    'scheduled-at', to_char(f.scheduled_at AT TIME ZONE 'UTC',
+                    'delayed-at', to_char(f.delayed_at AT TIME ZONE 'UTC',
                                             'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'),
                     'publish-at', to_char(f.publish_at AT TIME ZONE 'UTC',
                                           'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'))
@@ -117,7 +117,7 @@ pub async fn release_while_active(
         }
         let wait = match release_due(&pool, lease.fence(), limit).await {
             Ok(n) => {
-                metrics.scheduled_released.inc_by(n);
+                metrics.delayed_released.inc_by(n);
                 if n as i64 >= limit {
                     Duration::ZERO
                 } else {

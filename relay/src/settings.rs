@@ -60,16 +60,16 @@ pub struct RelaySettings {
     /// milliseconds: a delayed event is published at most about this long after its time.
     #[cfg_attr(
         feature = "cli",
-        arg(long = "schedule-interval-ms", env = "RELAY_SCHEDULE_INTERVAL_MS",
-            value_name = "SCHEDULE_INTERVAL_MS", default_value_t = 200,
+        arg(long = "release-interval-ms", env = "RELAY_RELEASE_INTERVAL_MS",
+            value_name = "RELEASE_INTERVAL_MS", default_value_t = 200,
             value_parser = clap::value_parser!(u64).range(1..))
     )]
     pub release_interval_ms: u64,
     /// Most delayed events released into the outbox in one statement.
     #[cfg_attr(
         feature = "cli",
-        arg(long = "schedule-batch-size", env = "RELAY_SCHEDULE_BATCH_SIZE",
-            value_name = "SCHEDULE_BATCH_SIZE", default_value_t = 5000,
+        arg(long = "release-batch-size", env = "RELAY_RELEASE_BATCH_SIZE",
+            value_name = "RELEASE_BATCH_SIZE", default_value_t = 5000,
             value_parser = clap::value_parser!(i64).range(1..))
     )]
     pub release_batch_size: i64,
@@ -240,11 +240,11 @@ impl RelaySettings {
         )?;
         ensure(
             self.release_interval_ms > 0,
-            "release_interval_ms (--schedule-interval-ms) must be positive",
+            "release_interval_ms (--release-interval-ms) must be positive",
         )?;
         ensure(
             self.release_batch_size > 0,
-            "release_batch_size (--schedule-batch-size) must be positive",
+            "release_batch_size (--release-batch-size) must be positive",
         )?;
         ensure(
             (1_500..=600_000).contains(&self.lease_ttl_ms),
@@ -330,7 +330,7 @@ mod tests {
             .contains("--pipeline-depth"));
         assert!(refused(|s| s.release_batch_size = 0)
             .0
-            .contains("--schedule-batch-size"));
+            .contains("--release-batch-size"));
         assert!(refused(|s| s.lease_ttl_ms = 1_000)
             .0
             .contains("--lease-ttl-ms"));

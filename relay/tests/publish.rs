@@ -432,7 +432,7 @@ async fn broker_down_records_backoff_and_the_event_goes_out_once_a_broker_answer
             .fetch_one(&pool)
             .await
             .expect("next attempt");
-    assert!(waiting, "next attempt scheduled in the future");
+    assert!(waiting, "next attempt due in the future");
     let early = relay_batch(&pool, &down, &lease, 100, &retry, &metrics)
         .await
         .expect("step");

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use common::relay_batch;
-use outbox::{NewEvent, PublishAt, Scheduled};
+use outbox::{Delayed, NewEvent, PublishAt};
 use pipeline_core::envelope::Envelope;
 use pipeline_testkit::kafka::{brokers, kafka_args};
 use prometheus::Registry;
@@ -45,7 +45,7 @@ async fn enqueue_now(pool: &PgPool, e: &NewEvent) -> Uuid {
     id
 }
 
-async fn enqueue_later(pool: &PgPool, e: &NewEvent, when: PublishAt) -> Scheduled {
+async fn enqueue_later(pool: &PgPool, e: &NewEvent, when: PublishAt) -> Delayed {
     let mut tx = pool.begin().await.expect("begin");
     let s = outbox::enqueue_at(&mut tx, e, when)
         .await
@@ -105,12 +105,12 @@ async fn a_delayed_event_goes_out_when_due_after_what_its_order_committed_before
         PublishAt::After(Duration::from_millis(1500)),
     )
     .await;
-    let Scheduled::New {
+    let Delayed::New {
         event_id: reminder,
         publish_at,
     } = reminder
     else {
-        panic!("scheduled anew: {reminder:?}")
+        panic!("delayed anew: {reminder:?}")
     };
     let paid = enqueue_now(&pool, &event(&topic, "order-a", "order.paid")).await;
 
@@ -222,23 +222,23 @@ async fn a_delayed_fact_is_recorded_once_and_a_cancelled_one_never_published(poo
         soon,
     )
     .await;
-    assert!(matches!(first, Scheduled::New { .. }));
+    assert!(matches!(first, Delayed::New { .. }));
     assert_eq!(
         again,
-        Scheduled::Duplicate {
+        Delayed::Duplicate {
             event_id: first.event_id()
         }
     );
-    // A fact already in the outbox is not scheduled again.
+    // A fact already in the outbox is not delayed again.
     let now = enqueue_now(&pool, &event("t", "order-c", "order.placed")).await;
     let late = enqueue_later(&pool, &event("t", "order-c", "order.placed"), soon).await;
-    assert_eq!(late, Scheduled::Duplicate { event_id: now });
+    assert_eq!(late, Delayed::Duplicate { event_id: now });
 
     // Cancelled before it is due: never released.
     let cancel = event("t", "order-d", "order.payment_reminder");
     let _ = enqueue_later(&pool, &cancel, soon).await;
     let mut tx = pool.begin().await.expect("begin");
-    let withdrawn = outbox::cancel_scheduled(&mut tx, &[("order-d", "order.payment_reminder")])
+    let withdrawn = outbox::cancel_delayed(&mut tx, &[("order-d", "order.payment_reminder")])
         .await
         .expect("cancel");
     tx.commit().await.expect("commit");
@@ -254,7 +254,7 @@ async fn a_delayed_fact_is_recorded_once_and_a_cancelled_one_never_published(poo
     );
     assert_eq!(in_outbox(&pool, "order-b").await.len(), 1);
     assert!(in_outbox(&pool, "order-d").await.is_empty());
-    let waiting: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_scheduled")
+    let waiting: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_delayed")
         .fetch_one(&pool)
         .await
         .expect("count");

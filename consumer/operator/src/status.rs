@@ -28,11 +28,11 @@ pub struct OutboxQueue {
     pub oldest_unpublished_seconds: Option<f64>,
     /// Delayed events waiting for their publish time or, due, for the relay to move them (up
     /// to [`CAP`]).
-    pub scheduled: i64,
+    pub delayed: i64,
     /// Of those, the ones already due (up to [`CAP`]).
-    pub scheduled_due: i64,
+    pub delayed_due: i64,
     /// Seconds until the next delayed event falls due (negative: overdue since).
-    pub next_scheduled_in_seconds: Option<f64>,
+    pub next_delayed_in_seconds: Option<f64>,
 }
 
 /// The relay lease: who publishes.
@@ -104,12 +104,12 @@ pub async fn read(targets: &Targets) -> anyhow::Result<Status> {
     .bind(CAP)
     .fetch_one(&outbox)
     .await?;
-    let (scheduled, scheduled_due, next_scheduled): (i64, i64, Option<f64>) = sqlx::query_as(
-        "SELECT (SELECT count(*) FROM (SELECT 1 FROM outbox_scheduled LIMIT $1) x),
-                (SELECT count(*) FROM (SELECT 1 FROM outbox_scheduled
+    let (delayed, delayed_due, next_delayed): (i64, i64, Option<f64>) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM (SELECT 1 FROM outbox_delayed LIMIT $1) x),
+                (SELECT count(*) FROM (SELECT 1 FROM outbox_delayed
                                        WHERE publish_at <= clock_timestamp() LIMIT $1) x),
                 (SELECT EXTRACT(EPOCH FROM publish_at - clock_timestamp())::float8
-                 FROM outbox_scheduled ORDER BY publish_at LIMIT 1)",
+                 FROM outbox_delayed ORDER BY publish_at LIMIT 1)",
     )
     .bind(CAP)
     .fetch_one(&outbox)
@@ -132,9 +132,9 @@ pub async fn read(targets: &Targets) -> anyhow::Result<Status> {
             retrying,
             failed,
             oldest_unpublished_seconds: oldest,
-            scheduled,
-            scheduled_due,
-            next_scheduled_in_seconds: next_scheduled,
+            delayed,
+            delayed_due,
+            next_delayed_in_seconds: next_delayed,
         },
         relay,
         groups,
@@ -232,10 +232,10 @@ pub fn print(status: &Status) {
     println!("{outbox}");
     let mut delayed = table(&["delayed events", "waiting", "due", "next due"]);
     let _ = delayed.add_row(vec![
-        "scheduled".to_owned(),
-        capped(o.scheduled, CAP),
-        capped(o.scheduled_due, CAP),
-        cell(o.next_scheduled_in_seconds.map(|s| {
+        "delayed".to_owned(),
+        capped(o.delayed, CAP),
+        capped(o.delayed_due, CAP),
+        cell(o.next_delayed_in_seconds.map(|s| {
             if s >= 0.0 {
                 format!("in {}", age(s))
             } else {

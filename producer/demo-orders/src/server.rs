@@ -59,9 +59,9 @@ pub struct ServeArgs {
     pub payment_reminder_after_seconds: u64,
     /// Latest `payment_reminder_at` a request may ask for, in seconds from now; later is refused
     /// with 422.
-    #[arg(long, env = "SCHEDULE_HORIZON_SECONDS", default_value_t = 30 * 24 * 3600,
+    #[arg(long, env = "DELAY_HORIZON_SECONDS", default_value_t = 30 * 24 * 3600,
           value_parser = clap::value_parser!(u64).range(1..))]
-    pub schedule_horizon_seconds: u64,
+    pub delay_horizon_seconds: u64,
     /// Seconds in-flight requests may take to finish after SIGTERM/SIGINT.
     #[arg(long, env = "SHUTDOWN_GRACE_SECONDS", default_value_t = 10)]
     pub shutdown_grace_seconds: u64,
@@ -134,7 +134,7 @@ pub async fn run(args: ServeArgs, shutdown: CancellationToken) -> anyhow::Result
     let reminders = PaymentReminders {
         after: (args.payment_reminder_after_seconds > 0)
             .then(|| Duration::from_secs(args.payment_reminder_after_seconds)),
-        horizon: Duration::from_secs(args.schedule_horizon_seconds),
+        horizon: Duration::from_secs(args.delay_horizon_seconds),
     };
     let mut orders = OrderService::new(pool.clone(), args.topic.as_str(), args.notify_relay)
         .with_payment_reminders(reminders);

@@ -116,7 +116,7 @@ pub enum ValidationError {
     DuplicateProduct(String),
     #[error("{field} {at} is in the past (more than {PUBLISH_TIME_PAST_TOLERANCE_SECONDS} s ago)")]
     PublishTimeInPast { field: &'static str, at: String },
-    #[error("{field} {at} is beyond the scheduling horizon of {horizon_seconds} s from now")]
+    #[error("{field} {at} is beyond the delay horizon of {horizon_seconds} s from now")]
     PublishTimeBeyondHorizon {
         field: &'static str,
         at: String,

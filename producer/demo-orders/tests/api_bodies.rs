@@ -162,7 +162,7 @@ async fn create_order_takes_only_an_object(pool: PgPool) {
     assert_eq!(status, 201, "{placed}");
     let written: (i64, i64, i64) = sqlx::query_as(
         "SELECT (SELECT count(*) FROM orders), (SELECT count(*) FROM outbox),
-                (SELECT count(*) FROM outbox_scheduled)",
+                (SELECT count(*) FROM outbox_delayed)",
     )
     .fetch_one(&app.pool)
     .await

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use outbox::{
-    enqueue, enqueue_all, enqueue_all_and_schedule, enqueue_all_at, enqueue_at, EnqueueError,
+    enqueue, enqueue_all, enqueue_all_and_delay, enqueue_all_at, enqueue_at, EnqueueError,
     Enqueued, NewEvent, Outbox, OutboxSettings, PublishAt, DEFAULT_MAX_MESSAGE_BYTES,
     MAX_AGGREGATE_ID_BYTES, MAX_BUSINESS_KEY_BYTES, MAX_EVENT_TYPE_BYTES,
 };
@@ -379,7 +379,7 @@ fn refused_events() -> Vec<RefusedEvent> {
 async fn rows_written(tx: &mut Transaction<'_, Postgres>) -> i64 {
     sqlx::query_scalar(
         "SELECT (SELECT count(*) FROM outbox) + (SELECT count(*) FROM outbox_unpublished)
-              + (SELECT count(*) FROM outbox_scheduled) + (SELECT count(*) FROM outbox_sequence)",
+              + (SELECT count(*) FROM outbox_delayed) + (SELECT count(*) FROM outbox_sequence)",
     )
     .fetch_one(&mut **tx)
     .await
@@ -411,14 +411,14 @@ async fn every_entry_point_refuses_what_postgresql_or_kafka_would_and_writes_not
                     .map(|_| ()),
             ),
             (
-                "enqueue_all_and_schedule (immediate)",
-                enqueue_all_and_schedule(&mut tx, &[good.clone(), bad.clone()], &[], &[])
+                "enqueue_all_and_delay (immediate)",
+                enqueue_all_and_delay(&mut tx, &[good.clone(), bad.clone()], &[], &[])
                     .await
                     .map(|_| ()),
             ),
             (
-                "enqueue_all_and_schedule (delayed)",
-                enqueue_all_and_schedule(
+                "enqueue_all_and_delay (delayed)",
+                enqueue_all_and_delay(
                     &mut tx,
                     std::slice::from_ref(&good),
                     &[(bad.clone(), soon)],
@@ -428,8 +428,8 @@ async fn every_entry_point_refuses_what_postgresql_or_kafka_would_and_writes_not
                 .map(|_| ()),
             ),
             (
-                "enqueue_all_and_schedule (delayed only)",
-                enqueue_all_and_schedule(&mut tx, &[], &[(bad.clone(), soon)], &[])
+                "enqueue_all_and_delay (delayed only)",
+                enqueue_all_and_delay(&mut tx, &[], &[(bad.clone(), soon)], &[])
                     .await
                     .map(|_| ()),
             ),
@@ -444,18 +444,18 @@ async fn every_entry_point_refuses_what_postgresql_or_kafka_would_and_writes_not
         }
     }
     // A NUL in a fact to withdraw matches no recorded event: nothing to withdraw, no error.
-    let withdrawn = outbox::cancel_scheduled(&mut tx, &[("o\0", "order.payment_reminder")])
+    let withdrawn = outbox::cancel_delayed(&mut tx, &[("o\0", "order.payment_reminder")])
         .await
         .expect("cancel");
     assert_eq!(withdrawn, 0);
-    let written = enqueue_all_and_schedule(
+    let written = enqueue_all_and_delay(
         &mut tx,
         std::slice::from_ref(&good),
         &[],
         &[("o\0", "order.payment_reminder")],
     )
     .await
-    .expect("enqueue_all_and_schedule");
+    .expect("enqueue_all_and_delay");
     assert_eq!(written.len(), 1);
     tx.commit().await.expect("commit");
     assert_eq!(sequences(&pool, "order-good").await, [1]);

@@ -108,7 +108,7 @@ async fn wait_queued(registry: &Registry, n: i64) {
         registry
             .gather()
             .into_iter()
-            .find(|f| f.name() == "order_group_commit_queued_changes")
+            .find(|f| f.name() == "order_shared_transaction_queued_changes")
             .map_or(0, |f| f.get_metric()[0].get_gauge().get_value() as i64)
     };
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -155,7 +155,7 @@ fn failures(registry: &Registry) -> u64 {
     registry
         .gather()
         .into_iter()
-        .find(|f| f.name() == "order_group_commit_failures_total")
+        .find(|f| f.name() == "order_shared_transaction_failures_total")
         .map_or(0, |f| f.get_metric()[0].get_counter().get_value() as u64)
 }
 

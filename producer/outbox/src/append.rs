@@ -7,7 +7,7 @@ use serde_json::Value;
 use sqlx::{Postgres, Transaction};
 use uuid::Uuid;
 
-use crate::schedule::{withdrawn_facts, ScheduledColumns};
+use crate::delay::{withdrawn_facts, DelayedColumns};
 use crate::{EnqueueError, Enqueued, NewEvent, OutboxSettings, PublishAt};
 
 /// [`crate::Outbox::enqueue`]: one event, one round trip (two when it is a duplicate).
@@ -104,13 +104,13 @@ macro_rules! sequenced_insert {
 const ENQUEUE_ALL_SQL: &str = concat!(sequenced_ctes!(), sequenced_insert!());
 
 /// [`ENQUEUE_ALL_SQL`] with two more steps: `$8`…`$16` the delayed events (as
-/// `enqueue_all_at`'s statement), `$17`/`$18` the facts whose scheduled events are withdrawn.
-const ENQUEUE_ALL_AND_SCHEDULE_SQL: &str = concat!(
+/// `enqueue_all_at`'s statement), `$17`/`$18` the facts whose delayed events are withdrawn.
+const ENQUEUE_ALL_AND_DELAY_SQL: &str = concat!(
     sequenced_ctes!(),
     ",
          later AS (",
     "
-             INSERT INTO outbox_scheduled (event_id, business_key, event_type, aggregate_id, topic,
+             INSERT INTO outbox_delayed (event_id, business_key, event_type, aggregate_id, topic,
                                            payload, headers, publish_at)
              SELECT l.event_id, l.business_key, l.event_type, l.aggregate_id, l.topic, l.payload,
                     l.headers, COALESCE(l.at, now() + l.delay_us * interval '1 microsecond')
@@ -125,23 +125,23 @@ const ENQUEUE_ALL_AND_SCHEDULE_SQL: &str = concat!(
              RETURNING 1",
     "),
          withdrawn AS (
-             DELETE FROM outbox_scheduled s
+             DELETE FROM outbox_delayed s
              USING unnest($17::text[], $18::text[]) AS w(business_key, event_type)
              WHERE s.business_key = w.business_key AND s.event_type = w.event_type
              RETURNING 1)",
     sequenced_insert!()
 );
 
-/// Delayed events to schedule and (business key, event type) pairs to withdraw, with the events
+/// Delayed events to append and (business key, event type) pairs to withdraw, with the events
 /// of [`append`].
-pub(crate) type ScheduleChanges<'a> = (&'a [(NewEvent, PublishAt)], &'a [(&'a str, &'a str)]);
+pub(crate) type DelayChanges<'a> = (&'a [(NewEvent, PublishAt)], &'a [(&'a str, &'a str)]);
 
-/// [`crate::Outbox::enqueue_all`], and with `schedule` [`crate::Outbox::enqueue_all_and_schedule`]:
+/// [`crate::Outbox::enqueue_all`], and with `delay` [`crate::Outbox::enqueue_all_and_delay`]:
 /// every event is checked before the one statement runs.
 pub(crate) async fn append(
     tx: &mut Transaction<'_, Postgres>,
     events: &[NewEvent],
-    schedule: Option<ScheduleChanges<'_>>,
+    delay: Option<DelayChanges<'_>>,
     settings: &OutboxSettings,
 ) -> Result<Vec<(Uuid, i64)>, EnqueueError> {
     if events.is_empty() {
@@ -156,9 +156,9 @@ pub(crate) async fn append(
     let headers: Vec<Value> = events.iter().map(NewEvent::headers_json).collect();
     // Aggregates' sequence rows are taken in key order, so concurrent callers cannot deadlock on
     // them; each aggregate advances by its number of events at once.
-    let query = sqlx::query_as::<_, (Uuid, i64)>(match schedule {
+    let query = sqlx::query_as::<_, (Uuid, i64)>(match delay {
         None => ENQUEUE_ALL_SQL,
-        Some(_) => ENQUEUE_ALL_AND_SCHEDULE_SQL,
+        Some(_) => ENQUEUE_ALL_AND_DELAY_SQL,
     })
     .bind(&ids)
     .bind(field(|e| &e.business_key))
@@ -167,10 +167,10 @@ pub(crate) async fn append(
     .bind(field(|e| &e.topic))
     .bind(&payloads)
     .bind(&headers);
-    let rows = match schedule {
+    let rows = match delay {
         None => query.fetch_all(&mut **tx).await,
         Some((delayed, withdraw)) => {
-            let later = ScheduledColumns::of(delayed, settings)?;
+            let later = DelayedColumns::of(delayed, settings)?;
             let (keys, types) = withdrawn_facts(withdraw);
             later
                 .bind_to(query)

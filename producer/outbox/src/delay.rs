@@ -1,5 +1,5 @@
-//! Delayed and scheduled events: appended in the caller's transaction with an earliest publish
-//! time, kept in `outbox_scheduled` until they are due, then moved into the outbox by the active
+//! Delayed events: appended in the caller's transaction with an earliest publish
+//! time, kept in `outbox_delayed` until they are due, then moved into the outbox by the active
 //! relay (`relay run`), where they take their aggregate's next sequence number and are published
 //! like any other event.
 
@@ -41,7 +41,7 @@ impl PublishAt {
 
 /// What [`crate::enqueue_at`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Scheduled {
+pub enum Delayed {
     /// The event waits for `publish_at`; it has no sequence number until it is due.
     New {
         /// The event's id (the `event-id` header it will be published with).
@@ -49,7 +49,7 @@ pub enum Scheduled {
         /// Its earliest publish time, by the database's clock.
         publish_at: DateTime<Utc>,
     },
-    /// The same (business key, event type) is already scheduled or already in the outbox:
+    /// The same (business key, event type) is already waiting or already in the outbox:
     /// nothing was written.
     Duplicate {
         /// The id of the event recorded before.
@@ -57,31 +57,31 @@ pub enum Scheduled {
     },
 }
 
-impl Scheduled {
-    /// Id of the event, whether scheduled now or found already recorded.
+impl Delayed {
+    /// Id of the event, whether delayed now or found already recorded.
     pub fn event_id(self) -> Uuid {
         match self {
-            Scheduled::New { event_id, .. } | Scheduled::Duplicate { event_id } => event_id,
+            Delayed::New { event_id, .. } | Delayed::Duplicate { event_id } => event_id,
         }
     }
 }
 
 /// [`crate::Outbox::enqueue_all_at`]: every event is checked before the one statement runs.
-pub(crate) async fn schedule_all(
+pub(crate) async fn delay_all(
     tx: &mut Transaction<'_, Postgres>,
     events: &[(NewEvent, PublishAt)],
     settings: &OutboxSettings,
-) -> Result<Vec<Scheduled>, EnqueueError> {
+) -> Result<Vec<Delayed>, EnqueueError> {
     if events.is_empty() {
         return Ok(Vec::new());
     }
-    let columns = ScheduledColumns::of(events, settings)?;
+    let columns = DelayedColumns::of(events, settings)?;
     let ids = columns.ids.clone();
-    // A fact already in the outbox (published at once) is not scheduled again; one already
-    // scheduled is left to the unique constraint.
+    // A fact already in the outbox (published at once) is not delayed again; one already
+    // waiting is left to the unique constraint.
     let inserted: Vec<(Uuid, DateTime<Utc>)> = columns
         .bind_to(sqlx::query_as(
-            "INSERT INTO outbox_scheduled (event_id, business_key, event_type, aggregate_id, topic,
+            "INSERT INTO outbox_delayed (event_id, business_key, event_type, aggregate_id, topic,
                                            payload, headers, publish_at)
              SELECT i.event_id, i.business_key, i.event_type, i.aggregate_id, i.topic, i.payload,
                     i.headers, COALESCE(i.at, now() + i.delay_us * interval '1 microsecond')
@@ -100,11 +100,11 @@ pub(crate) async fn schedule_all(
     let mut outcomes = Vec::with_capacity(events.len());
     for (id, (event, _)) in ids.iter().zip(events) {
         match inserted.iter().find(|(e, _)| e == id) {
-            Some(&(event_id, publish_at)) => outcomes.push(Scheduled::New {
+            Some(&(event_id, publish_at)) => outcomes.push(Delayed::New {
                 event_id,
                 publish_at,
             }),
-            None => outcomes.push(Scheduled::Duplicate {
+            None => outcomes.push(Delayed::Duplicate {
                 event_id: recorded_event_id(tx, event).await?,
             }),
         }
@@ -112,8 +112,8 @@ pub(crate) async fn schedule_all(
     Ok(outcomes)
 }
 
-/// The columns of delayed events, as the statements that schedule them bind them.
-pub(crate) struct ScheduledColumns<'a> {
+/// The columns of delayed events, as the statements that append them bind them.
+pub(crate) struct DelayedColumns<'a> {
     ids: Vec<Uuid>,
     business_keys: Vec<&'a str>,
     event_types: Vec<&'a str>,
@@ -125,13 +125,13 @@ pub(crate) struct ScheduledColumns<'a> {
     delays: Vec<Option<i64>>,
 }
 
-impl<'a> ScheduledColumns<'a> {
+impl<'a> DelayedColumns<'a> {
     /// Checks `events` and lays them out as columns, each with a new event id.
     pub(crate) fn of(
         events: &'a [(NewEvent, PublishAt)],
         settings: &OutboxSettings,
     ) -> Result<Self, EnqueueError> {
-        let mut columns = ScheduledColumns {
+        let mut columns = DelayedColumns {
             ids: Vec::with_capacity(events.len()),
             business_keys: Vec::with_capacity(events.len()),
             event_types: Vec::with_capacity(events.len()),
@@ -179,14 +179,14 @@ impl<'a> ScheduledColumns<'a> {
     }
 }
 
-/// The id of the event already recorded for `event`'s (business key, event type), scheduled or
+/// The id of the event already recorded for `event`'s (business key, event type), waiting or
 /// in the outbox.
 async fn recorded_event_id(
     tx: &mut Transaction<'_, Postgres>,
     event: &NewEvent,
 ) -> Result<Uuid, EnqueueError> {
     let id: Option<Uuid> = sqlx::query_scalar(
-        "SELECT event_id FROM outbox_scheduled WHERE business_key = $1 AND event_type = $2
+        "SELECT event_id FROM outbox_delayed WHERE business_key = $1 AND event_type = $2
          UNION ALL
          SELECT event_id FROM outbox WHERE business_key = $1 AND event_type = $2
          LIMIT 1",
@@ -198,12 +198,12 @@ async fn recorded_event_id(
     id.ok_or(EnqueueError::Database(sqlx::Error::RowNotFound))
 }
 
-/// Withdraws the scheduled events with these (business key, event type) pairs that are not due
+/// Withdraws the delayed events with these (business key, event type) pairs that are not due
 /// yet, or due but not yet moved into the outbox, inside `tx`: e.g. a payment reminder once the
 /// order is paid. Returns how many were withdrawn; an event already moved into the outbox is
-/// published whatever happens here. Taking the scheduled row's lock, this waits for a relay
+/// published whatever happens here. Taking the delayed row's lock, this waits for a relay
 /// moving it at the same moment, so either the event is withdrawn or it was already released.
-pub async fn cancel_scheduled(
+pub async fn cancel_delayed(
     tx: &mut Transaction<'_, Postgres>,
     facts: &[(&str, &str)],
 ) -> Result<u64, sqlx::Error> {
@@ -212,7 +212,7 @@ pub async fn cancel_scheduled(
         return Ok(0);
     }
     let done = sqlx::query(
-        "DELETE FROM outbox_scheduled s
+        "DELETE FROM outbox_delayed s
          USING unnest($1::text[], $2::text[]) AS f(business_key, event_type)
          WHERE s.business_key = f.business_key AND s.event_type = f.event_type",
     )

@@ -41,11 +41,11 @@
 //!   with `acks=all` and the idempotent producer and may publish one again after a crash; the
 //!   consumer groups skip such duplicates by event id.
 //!
-//! Delayed and scheduled events: [`enqueue_at`] appends an event the relay publishes when it is
+//! Delayed events: [`enqueue_at`] appends an event the relay publishes when it is
 //! due, not before (a reminder half an hour after an order, a retry at a given time), with the
 //! same guarantees. A delayed event takes its place in its aggregate's sequence when it becomes
 //! due: it never holds the aggregate's other events, and it is published after every event the
-//! aggregate committed before that moment. [`cancel_scheduled`] withdraws one that is not due
+//! aggregate committed before that moment. [`cancel_delayed`] withdraws one that is not due
 //! yet, in the caller's transaction.
 //!
 //! What it refuses: before writing anything, every entry point checks each event and returns an
@@ -69,13 +69,13 @@ use uuid::Uuid;
 
 mod append;
 mod check;
-mod schedule;
+mod delay;
 
 pub use check::{
     OutboxSettings, DEFAULT_MAX_MESSAGE_BYTES, MAX_AGGREGATE_ID_BYTES, MAX_BUSINESS_KEY_BYTES,
     MAX_EVENT_TYPE_BYTES,
 };
-pub use schedule::{cancel_scheduled, PublishAt, Scheduled};
+pub use delay::{cancel_delayed, Delayed, PublishAt};
 
 /// The migrations of the outbox's tables (the outbox, the relay's queue, delivery records and
 /// lease) and of nothing else: run it on the database your service writes its changes to. It
@@ -266,13 +266,13 @@ impl Outbox {
     }
 
     /// [`Outbox::enqueue_all`], and in the same statement (one round trip for all three)
-    /// schedules the `delayed` events as [`Outbox::enqueue_all_at`] would (a duplicate fact is
-    /// skipped) and withdraws the scheduled events of the `withdraw` (business key, event type)
-    /// pairs as [`cancel_scheduled`] would: e.g. an order service that records an order's
-    /// change, schedules its reminder and withdraws another's in one go. Returns the immediate
+    /// appends the `delayed` events as [`Outbox::enqueue_all_at`] would (a duplicate fact is
+    /// skipped) and withdraws the delayed events of the `withdraw` (business key, event type)
+    /// pairs as [`cancel_delayed`] would: e.g. an order service that records an order's
+    /// change, delays its reminder and withdraws another's in one go. Returns the immediate
     /// events' ids and sequence numbers, in the order given. The immediate and the delayed
     /// events are all checked before any statement runs.
-    pub async fn enqueue_all_and_schedule(
+    pub async fn enqueue_all_and_delay(
         &self,
         tx: &mut Transaction<'_, Postgres>,
         events: &[NewEvent],
@@ -282,11 +282,11 @@ impl Outbox {
         if events.is_empty() {
             // Nothing to sequence: the plain statements do the rest.
             let _ = self.enqueue_all_at(tx, delayed).await?;
-            let _ = cancel_scheduled(tx, withdraw).await?;
+            let _ = cancel_delayed(tx, withdraw).await?;
             return Ok(Vec::new());
         }
         if delayed.is_empty() && withdraw.is_empty() {
-            // Nothing scheduled or withdrawn: enqueue_all's own statement, without the two steps.
+            // Nothing delayed or withdrawn: enqueue_all's own statement, without the two steps.
             return self.enqueue_all(tx, events).await;
         }
         append::append(tx, events, Some((delayed, withdraw)), &self.settings).await
@@ -295,8 +295,8 @@ impl Outbox {
     /// Appends `event` inside `tx` to be published when `when` comes, not before.
     ///
     /// Guarantees as for [`Outbox::enqueue`]: the event exists if and only if `tx` commits, a
-    /// (business key, event type) pair is recorded once (already scheduled or already in the
-    /// outbox: [`Scheduled::Duplicate`]), and once due it is published at least once and applied
+    /// (business key, event type) pair is recorded once (already waiting or already in the
+    /// outbox: [`Delayed::Duplicate`]), and once due it is published at least once and applied
     /// once per consumer group. Its place in its aggregate's sequence is taken when it becomes
     /// due, so it never holds the aggregate's other events: those committed before it is due are
     /// published before it, those committed after, after it.
@@ -305,7 +305,7 @@ impl Outbox {
         tx: &mut Transaction<'_, Postgres>,
         event: &NewEvent,
         when: PublishAt,
-    ) -> Result<Scheduled, EnqueueError> {
+    ) -> Result<Delayed, EnqueueError> {
         let outcomes = self.enqueue_all_at(tx, &[(event.clone(), when)]).await?;
         outcomes
             .into_iter()
@@ -319,8 +319,8 @@ impl Outbox {
         &self,
         tx: &mut Transaction<'_, Postgres>,
         events: &[(NewEvent, PublishAt)],
-    ) -> Result<Vec<Scheduled>, EnqueueError> {
-        schedule::schedule_all(tx, events, &self.settings).await
+    ) -> Result<Vec<Delayed>, EnqueueError> {
+        delay::delay_all(tx, events, &self.settings).await
     }
 }
 
@@ -340,15 +340,15 @@ pub async fn enqueue_all(
     Outbox::default().enqueue_all(tx, events).await
 }
 
-/// [`Outbox::enqueue_all_and_schedule`] with the default settings.
-pub async fn enqueue_all_and_schedule(
+/// [`Outbox::enqueue_all_and_delay`] with the default settings.
+pub async fn enqueue_all_and_delay(
     tx: &mut Transaction<'_, Postgres>,
     events: &[NewEvent],
     delayed: &[(NewEvent, PublishAt)],
     withdraw: &[(&str, &str)],
 ) -> Result<Vec<(Uuid, i64)>, EnqueueError> {
     Outbox::default()
-        .enqueue_all_and_schedule(tx, events, delayed, withdraw)
+        .enqueue_all_and_delay(tx, events, delayed, withdraw)
         .await
 }
 
@@ -357,7 +357,7 @@ pub async fn enqueue_at(
     tx: &mut Transaction<'_, Postgres>,
     event: &NewEvent,
     when: PublishAt,
-) -> Result<Scheduled, EnqueueError> {
+) -> Result<Delayed, EnqueueError> {
     Outbox::default().enqueue_at(tx, event, when).await
 }
 
@@ -365,7 +365,7 @@ pub async fn enqueue_at(
 pub async fn enqueue_all_at(
     tx: &mut Transaction<'_, Postgres>,
     events: &[(NewEvent, PublishAt)],
-) -> Result<Vec<Scheduled>, EnqueueError> {
+) -> Result<Vec<Delayed>, EnqueueError> {
     Outbox::default().enqueue_all_at(tx, events).await
 }
 

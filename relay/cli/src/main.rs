@@ -154,7 +154,7 @@ mod tests {
 
     #[test]
     fn the_release_step_keeps_its_flags() {
-        let args = run_args(&["--schedule-interval-ms", "50", "--schedule-batch-size", "7"])
+        let args = run_args(&["--release-interval-ms", "50", "--release-batch-size", "7"])
             .expect("the arguments parse");
         assert_eq!(
             (

@@ -103,10 +103,10 @@ pub struct BenchArgs {
     /// (which the timetable lag shows).
     #[arg(long, env = "BENCH_MAX_IN_FLIGHT", default_value_t = 4096)]
     pub max_in_flight: usize,
-    /// Delayed events waiting a day ahead while the scheduled phase times the claim
+    /// Delayed events waiting a day ahead while the delayed phase times the claim
     /// [1000000; quick 100000].
-    #[arg(long, env = "BENCH_SCHEDULED_EVENTS")]
-    pub scheduled_events: Option<u64>,
+    #[arg(long, env = "BENCH_DELAYED_EVENTS")]
+    pub delayed_events: Option<u64>,
     /// Longest wait for a drain (outbox empty, lag zero) before the phase fails.
     #[arg(long, env = "BENCH_DRAIN_TIMEOUT_SECONDS", default_value_t = 600)]
     pub drain_timeout_seconds: u64,
@@ -129,7 +129,7 @@ pub enum Phase {
     /// The highest rate the whole pipeline holds.
     Sustained,
     /// The relay's claim and release with many delayed events waiting (not in the default run).
-    Scheduled,
+    Delayed,
 }
 
 /// Resolved settings: every size and duration decided.
@@ -166,7 +166,7 @@ pub struct Settings {
     pub max_in_flight: usize,
     #[serde(serialize_with = "as_seconds")]
     pub drain_timeout: Duration,
-    pub scheduled_events: i64,
+    pub delayed_events: i64,
 }
 
 impl Settings {
@@ -210,7 +210,7 @@ impl Settings {
             lag_bound_seconds: args.lag_bound_seconds,
             max_in_flight: args.max_in_flight,
             drain_timeout: Duration::from_secs(args.drain_timeout_seconds),
-            scheduled_events: i64::try_from(pick(args.scheduled_events, 1_000_000, 100_000))?,
+            delayed_events: i64::try_from(pick(args.delayed_events, 1_000_000, 100_000))?,
         };
         settings.validate()?;
         Ok(settings)

@@ -1,6 +1,6 @@
-//! The relay's claim with many delayed events waiting (`--phases scheduled`): the claim of a
-//! batch of pending events, timed with no scheduled event and with `--scheduled-events`
-//! (1,000,000 by default) scheduled a day ahead, and the release step that moves due delayed
+//! The relay's claim with many delayed events waiting (`--phases delayed`): the claim of a
+//! batch of pending events, timed with no delayed event and with `--delayed-events`
+//! (1,000,000 by default) waiting a day ahead, and the release step that moves due delayed
 //! events into the outbox, timed with nothing due and with a full batch due.
 
 use std::time::{Duration, Instant};
@@ -26,15 +26,15 @@ const RELEASES: usize = 5;
 
 /// Statement times, in milliseconds.
 #[derive(Debug, Clone, Serialize)]
-pub struct ScheduledResult {
+pub struct DelayedResult {
     pub pending_events: i64,
-    pub scheduled_events: i64,
+    pub delayed_events: i64,
     pub claim_batch: i64,
     /// Claim of `claim_batch` pending events with no delayed event waiting: median, p95.
-    pub claim_without_scheduled_ms: (f64, f64),
-    /// The same claim with `scheduled_events` waiting a day ahead.
-    pub claim_with_scheduled_ms: (f64, f64),
-    /// The release step when nothing is due, with `scheduled_events` waiting.
+    pub claim_without_delayed_ms: (f64, f64),
+    /// The same claim with `delayed_events` waiting a day ahead.
+    pub claim_with_delayed_ms: (f64, f64),
+    /// The release step when nothing is due, with `delayed_events` waiting.
     pub release_nothing_due_ms: (f64, f64),
     /// Releases moving `claim_batch` due events into the outbox each, in the order run.
     pub release_full_batch_ms: Vec<f64>,
@@ -45,14 +45,14 @@ pub async fn run(
     settings: &Settings,
     envs: &EnvRegistry,
     notes: &mut Vec<String>,
-) -> anyhow::Result<ScheduledResult> {
+) -> anyhow::Result<DelayedResult> {
     let env = envs.create("bench_sched", 1).await?;
-    let result = measure(settings.scheduled_events, &env.pool).await;
+    let result = measure(settings.delayed_events, &env.pool).await;
     notes.extend(envs.release(env).await);
     result
 }
 
-async fn measure(scheduled: i64, pool: &PgPool) -> anyhow::Result<ScheduledResult> {
+async fn measure(delayed: i64, pool: &PgPool) -> anyhow::Result<DelayedResult> {
     sqlx::query(
         "INSERT INTO outbox (event_id, business_key, event_type, aggregate_id, sequence, topic,
                              payload)
@@ -81,18 +81,18 @@ async fn measure(scheduled: i64, pool: &PgPool) -> anyhow::Result<ScheduledResul
     .await?;
 
     sqlx::query(
-        "INSERT INTO outbox_scheduled (event_id, business_key, event_type, aggregate_id, topic,
+        "INSERT INTO outbox_delayed (event_id, business_key, event_type, aggregate_id, topic,
                                        payload, publish_at)
          SELECT gen_random_uuid(), 'order-' || n, 'order.payment_reminder', 'order-' || n,
                 'bench', jsonb_build_object('n', n),
                 now() + interval '1 day' + n * interval '1 millisecond'
          FROM generate_series(1, $1) AS n",
     )
-    .bind(scheduled)
+    .bind(delayed)
     .execute(pool)
     .await
-    .context("scheduled events")?;
-    sqlx::query("VACUUM ANALYZE outbox_scheduled")
+    .context("delayed events")?;
+    sqlx::query("VACUUM ANALYZE outbox_delayed")
         .execute(pool)
         .await?;
     let claim_with = time(REPEAT, || async {
@@ -123,8 +123,8 @@ async fn measure(scheduled: i64, pool: &PgPool) -> anyhow::Result<ScheduledResul
     let mut full_ms = Vec::with_capacity(RELEASES);
     for _ in 0..RELEASES {
         sqlx::query(
-            "UPDATE outbox_scheduled SET publish_at = now() - interval '1 second'
-             WHERE event_id IN (SELECT event_id FROM outbox_scheduled
+            "UPDATE outbox_delayed SET publish_at = now() - interval '1 second'
+             WHERE event_id IN (SELECT event_id FROM outbox_delayed
                                 ORDER BY publish_at LIMIT $1)",
         )
         .bind(BATCH)
@@ -138,12 +138,12 @@ async fn measure(scheduled: i64, pool: &PgPool) -> anyhow::Result<ScheduledResul
             "released {moved} of {BATCH} due events"
         );
     }
-    Ok(ScheduledResult {
+    Ok(DelayedResult {
         pending_events: PENDING,
-        scheduled_events: scheduled,
+        delayed_events: delayed,
         claim_batch: BATCH,
-        claim_without_scheduled_ms: claim_without,
-        claim_with_scheduled_ms: claim_with,
+        claim_without_delayed_ms: claim_without,
+        claim_with_delayed_ms: claim_with,
         release_nothing_due_ms: release_idle,
         release_full_batch_ms: full_ms,
     })

@@ -6,7 +6,7 @@
 //! - [`run`]: the phases asked for, in order, and the clean-up ([`run_and_clean_up`]);
 //! - [`config`]: the command line and the settings it resolves to;
 //! - the phases: [`broker`], [`database`], [`relay_drain`], [`consumer_drain`], [`latency`]
-//!   ([`broker_latency`]), [`sustained`], [`scheduled`];
+//!   ([`broker_latency`]), [`sustained`], [`delayed`];
 //! - [`driver`] (the load) and [`orders`] (the events' shape); [`services`] and [`envs`]: the
 //!   binaries and the environments they run in;
 //! - [`procstat`], [`dbprofile`]: CPU, memory and database activity;
@@ -18,6 +18,7 @@ pub mod config;
 pub mod consumer_drain;
 pub mod database;
 pub mod dbprofile;
+pub mod delayed;
 pub mod driver;
 pub mod envs;
 pub mod latency;
@@ -26,7 +27,6 @@ pub mod procstat;
 pub mod relay_drain;
 pub mod report;
 pub mod run;
-pub mod scheduled;
 pub mod services;
 pub mod sustained;
 pub mod table;

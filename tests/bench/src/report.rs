@@ -13,10 +13,10 @@ use super::config::Settings;
 use super::consumer_drain::GroupDrain;
 use super::database::DatabaseCeiling;
 use super::dbprofile::DbActivity;
+use super::delayed::DelayedResult;
 use super::latency::LatencyRun;
 use super::procstat::{cores, peak_rss_mb, BrokerProcess, CpuUse, BROKER};
 use super::relay_drain::RelayResult;
-use super::scheduled::ScheduledResult;
 use super::sustained::SustainedResult;
 
 /// Largest resident set a service may reach.
@@ -36,7 +36,7 @@ pub struct Report {
     pub latency: Vec<LatencyRun>,
     pub sustained: Option<SustainedResult>,
     /// The relay's claim with many delayed events waiting.
-    pub scheduled: Option<ScheduledResult>,
+    pub delayed: Option<DelayedResult>,
     /// Highest peak resident memory (VmHWM) of each service over every phase, MiB.
     pub peak_rss_mb: BTreeMap<String, f64>,
     pub targets: Vec<TargetCheck>,
@@ -94,7 +94,7 @@ impl Report {
             consumer: Vec::new(),
             latency: Vec::new(),
             sustained: None,
-            scheduled: None,
+            delayed: None,
             peak_rss_mb: BTreeMap::new(),
             targets: Vec::new(),
             vs_database: BTreeMap::new(),

@@ -5,7 +5,7 @@ use std::time::Instant;
 use crate::config::{Phase, Settings};
 use crate::envs::EnvRegistry;
 use crate::report::{self, Report};
-use crate::{broker, consumer_drain, database, latency, relay_drain, scheduled, sustained};
+use crate::{broker, consumer_drain, database, delayed, latency, relay_drain, sustained};
 
 /// Runs the phases asked for, then drops what they created (unless `--keep`). Ctrl-C stops the
 /// run, cleans up and returns what was measured so far.
@@ -89,14 +89,14 @@ async fn run(settings: &Settings, envs: &EnvRegistry, report: &mut Report) {
             Err(e) => report.errors.push(format!("sustained phase: {e:#}")),
         }
     }
-    if settings.runs(Phase::Scheduled) {
+    if settings.runs(Phase::Delayed) {
         say(&format!(
             "phase 6: relay claim with {} delayed events waiting",
-            settings.scheduled_events
+            settings.delayed_events
         ));
-        match scheduled::run(settings, envs, &mut report.notes).await {
-            Ok(s) => report.scheduled = Some(s),
-            Err(e) => report.errors.push(format!("scheduled phase: {e:#}")),
+        match delayed::run(settings, envs, &mut report.notes).await {
+            Ok(s) => report.delayed = Some(s),
+            Err(e) => report.errors.push(format!("delayed phase: {e:#}")),
         }
     }
     say(&format!(

@@ -269,19 +269,19 @@ fn write_report(o: &mut String, r: &Report) -> std::fmt::Result {
             writeln!(o, "{}", db(&st.db_activity))?;
         }
     }
-    if let Some(sc) = &r.scheduled {
+    if let Some(sc) = &r.delayed {
         writeln!(
             o,
             "\nDelayed events: claim of {} among {} pending events, median/p95 {:.1}/{:.1} ms with none \
-             scheduled, {:.1}/{:.1} ms with {} scheduled a day ahead; release with nothing due {:.1}/{:.1} ms, \
+             delayed, {:.1}/{:.1} ms with {} delayed a day ahead; release with nothing due {:.1}/{:.1} ms, \
              of {} due events {:?} ms (five in a row)",
             sc.claim_batch,
             sc.pending_events,
-            sc.claim_without_scheduled_ms.0,
-            sc.claim_without_scheduled_ms.1,
-            sc.claim_with_scheduled_ms.0,
-            sc.claim_with_scheduled_ms.1,
-            eps(sc.scheduled_events as f64),
+            sc.claim_without_delayed_ms.0,
+            sc.claim_without_delayed_ms.1,
+            sc.claim_with_delayed_ms.0,
+            sc.claim_with_delayed_ms.1,
+            eps(sc.delayed_events as f64),
             sc.release_nothing_due_ms.0,
             sc.release_nothing_due_ms.1,
             sc.claim_batch,

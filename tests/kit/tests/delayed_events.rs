@@ -1,4 +1,4 @@
-//! Delayed events through the real binaries: the order service schedules a payment reminder for
+//! Delayed events through the real binaries: the order service delays a payment reminder for
 //! every order it places, the relay publishes it when it is due (not before, and also when it
 //! fell due while no relay ran), after the events its order committed before, and the
 //! notification group turns it into a notification; orders paid or cancelled first get none.
@@ -77,14 +77,14 @@ async fn a_payment_reminder_is_published_when_due_in_order_and_only_for_unpaid_o
     act(&http, &url, cancelled, "cancel").await?;
     // The unpaid order's reminder does not hold the order: a later change is published at once.
     let reminder_at: DateTime<Utc> = sqlx::query_scalar(
-        "SELECT publish_at FROM outbox_scheduled
+        "SELECT publish_at FROM outbox_delayed
          WHERE aggregate_id = $1 AND event_type = 'order.payment_reminder'",
     )
     .bind(unpaid.to_string())
     .fetch_one(&env.pool)
     .await?;
     let withdrawn: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM outbox_scheduled WHERE aggregate_id = ANY($1)")
+        sqlx::query_scalar("SELECT count(*) FROM outbox_delayed WHERE aggregate_id = ANY($1)")
             .bind(vec![paid.to_string(), cancelled.to_string()])
             .fetch_one(&env.pool)
             .await?;
@@ -222,7 +222,7 @@ async fn a_requested_reminder_time_out_of_range_is_refused_and_writes_nothing() 
         ),
         (
             json!((now + chrono::Duration::days(400)).to_rfc3339()),
-            "beyond the scheduling horizon",
+            "beyond the delay horizon",
         ),
         (json!("next tuesday"), "payment_reminder_at"),
         (json!(12), "payment_reminder_at"),
@@ -242,22 +242,22 @@ async fn a_requested_reminder_time_out_of_range_is_refused_and_writes_nothing() 
     }
     let written: (i64, i64, i64) = sqlx::query_as(
         "SELECT (SELECT count(*) FROM orders), (SELECT count(*) FROM outbox),
-                (SELECT count(*) FROM outbox_scheduled)",
+                (SELECT count(*) FROM outbox_delayed)",
     )
     .fetch_one(&env.pool)
     .await?;
     assert_eq!(written, (0, 0, 0), "nothing written");
 
-    // In range: scheduled for exactly that time.
+    // In range: delayed until exactly that time.
     let at = (now + chrono::Duration::hours(2)).trunc_subsecs(0);
     let mut body = order_body();
     body["payment_reminder_at"] = json!(at.to_rfc3339());
     let order = place(&http, &url, body).await?;
-    let scheduled: DateTime<Utc> =
-        sqlx::query_scalar("SELECT publish_at FROM outbox_scheduled WHERE aggregate_id = $1")
+    let due: DateTime<Utc> =
+        sqlx::query_scalar("SELECT publish_at FROM outbox_delayed WHERE aggregate_id = $1")
             .bind(order.to_string())
             .fetch_one(&env.pool)
             .await?;
-    assert_eq!(scheduled, at);
+    assert_eq!(due, at);
     Ok(())
 }

@@ -32,7 +32,7 @@ const CORE_SERIES: &[&str] = &[
     "order_request_duration_seconds_bucket",
     "order_events_enqueued_total",
     "order_transaction_changes_bucket",
-    "order_group_commit_failures_total",
+    "order_shared_transaction_failures_total",
     // relay
     "outbox_unpublished_events",
     "outbox_oldest_unpublished_age_seconds",

@@ -10,7 +10,7 @@
 //!   [`shared_transactions`].
 //! - [`place`], [`transition`]: the changes' SQL; [`store`]: reading orders back.
 //! - [`writer`]: what writes a change's events ([`events`]) and the payment reminders placing
-//!   schedules ([`reminder`]).
+//!   delayed events ([`reminder`]).
 
 mod error;
 mod events;

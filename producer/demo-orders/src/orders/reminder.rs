@@ -2,7 +2,7 @@
 //! when the order is paid or cancelled before it is due.
 //!
 //! Both happen in the transaction of the change, in the statement that appends the change's
-//! event ([`outbox::enqueue_all_and_schedule`]): a reminder exists if and only if its order was
+//! event ([`outbox::enqueue_all_and_delay`]): a reminder exists if and only if its order was
 //! placed, and a pay or cancel that commits before the reminder is due leaves none. The relay publishes a reminder that is still there when it falls due, after every
 //! event the order committed before it.
 
@@ -39,7 +39,7 @@ impl Default for PaymentReminders {
 #[derive(Debug, Default)]
 pub(super) struct ReminderChanges {
     /// Reminders of the orders placed.
-    pub(super) schedule: Vec<(NewEvent, PublishAt)>,
+    pub(super) delay: Vec<(NewEvent, PublishAt)>,
     /// Business keys (order ids) whose reminder is withdrawn: the orders paid or cancelled.
     pub(super) withdraw: Vec<String>,
 }
@@ -73,7 +73,7 @@ pub(super) fn reminder_changes(
                 };
                 let mut event = order_event(topic, order, *traceparent)?;
                 ORDER_PAYMENT_REMINDER.clone_into(&mut event.event_type);
-                changes.schedule.push((event, when));
+                changes.delay.push((event, when));
             }
             OrderStatus::Paid | OrderStatus::Cancelled => {
                 changes.withdraw.push(order.order_id.to_string());

@@ -67,11 +67,11 @@ impl SharedTransactionMetrics {
             .buckets(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0]),
         )?;
         let failures = IntCounter::new(
-            "order_group_commit_failures_total",
+            "order_shared_transaction_failures_total",
             "Shared order-service transactions rolled back; their changes were retried alone.",
         )?;
         let queued = IntGauge::new(
-            "order_group_commit_queued_changes",
+            "order_shared_transaction_queued_changes",
             "Order changes waiting for a shared order-service transaction.",
         )?;
         registry.register(Box::new(ops.clone()))?;

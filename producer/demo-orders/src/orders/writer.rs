@@ -1,5 +1,5 @@
 //! What writes an order change's events: the pool, the events' topic, whether the relay is
-//! woken, and the payment reminders placing schedules.
+//! woken, and the payment reminders placing delayed events.
 
 use std::sync::Arc;
 
@@ -39,7 +39,7 @@ impl Writer {
             .collect::<Result<Vec<_>, _>>()?;
         let reminders = reminder_changes(&self.reminders, &self.topic, changed)?;
         let withdraw = reminders.withdrawn_facts();
-        match outbox::enqueue_all_and_schedule(tx, &events, &reminders.schedule, &withdraw).await {
+        match outbox::enqueue_all_and_delay(tx, &events, &reminders.delay, &withdraw).await {
             Ok(_) => {}
             Err(EnqueueError::AlreadyRecorded) => {
                 return Err(match changed {
