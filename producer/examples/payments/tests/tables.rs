@@ -15,35 +15,63 @@ use pipeline_testkit::scrape;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-/// The tables, views, indexes and sequences the `.sql` files of `migrations/<set>` create.
+/// The tables, views, indexes and sequences the `.sql` files of `migrations/<set>` leave: those
+/// they create, under the names later migrations of the set rename them to.
 fn created_by(set: &str) -> BTreeSet<String> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../../migrations")
         .join(set);
+    let mut paths: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|entry| entry.expect("a directory entry").path())
+        .filter(|path| path.extension().is_some_and(|e| e == "sql"))
+        .collect();
+    paths.sort();
     let mut names = BTreeSet::new();
-    for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
-        let path = entry.expect("a directory entry").path();
-        if path.extension().is_some_and(|e| e == "sql") {
-            let sql = std::fs::read_to_string(&path).expect("a migration");
-            names.extend(created_names(&sql));
+    for path in paths {
+        let sql = std::fs::read_to_string(&path).expect("a migration");
+        names.extend(created_names(&sql));
+        for (old, new) in renamed_names(&sql) {
+            if names.remove(&old) {
+                names.insert(new);
+            }
         }
     }
     assert!(!names.is_empty(), "{set} creates nothing?");
     names
 }
 
-/// The names after `CREATE [OR REPLACE] [UNIQUE] TABLE|VIEW|INDEX|SEQUENCE [IF NOT EXISTS]`.
-fn created_names(sql: &str) -> Vec<String> {
+/// The (old, new) names of `ALTER TABLE|INDEX|VIEW|SEQUENCE old RENAME TO new`.
+fn renamed_names(sql: &str) -> Vec<(String, String)> {
+    let words = words(sql);
+    words
+        .windows(4)
+        .filter(|w| w[1] == "rename" && w[2] == "to")
+        .map(|w| {
+            (
+                w[0].trim_matches('"').to_owned(),
+                w[3].trim_matches('"').to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// The statement's words, lower case, without comments.
+fn words(sql: &str) -> Vec<String> {
     let code: String = sql
         .lines()
         .map(|l| l.split("--").next().unwrap_or_default())
         .collect::<Vec<_>>()
         .join(" ");
-    let words: Vec<String> = code
-        .split(|c: char| c.is_whitespace() || c == '(' || c == ';')
+    code.split(|c: char| c.is_whitespace() || c == '(' || c == ';')
         .filter(|w| !w.is_empty())
         .map(str::to_ascii_lowercase)
-        .collect();
+        .collect()
+}
+
+/// The names after `CREATE [OR REPLACE] [UNIQUE] TABLE|VIEW|INDEX|SEQUENCE [IF NOT EXISTS]`.
+fn created_names(sql: &str) -> Vec<String> {
+    let words = words(sql);
     let mut names = Vec::new();
     for (i, word) in words.iter().enumerate() {
         if word != "create" {
