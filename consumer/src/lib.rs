@@ -83,6 +83,7 @@
 //!
 //! Beside the path: [`settings`], what [`run`] takes ([`ConsumerSettings`]) and the database
 //! sessions it needs ([`connect`]); [`runtime`], the composition root that [`run`] starts;
+//! [`retention`], the rules that keep the groups' tables flat, run beside the groups;
 //! [`operator`], what the operator command (consumer/operator) needs: dead-letter resolution with
 //! a group's handler; [`metrics`]; and [`backoff`], the retry delays.
 //!
@@ -111,6 +112,7 @@ pub mod kafka;
 pub mod metrics;
 pub mod operator;
 pub mod partition;
+pub mod retention;
 pub mod runtime;
 pub mod settings;
 pub mod transaction;

@@ -1,6 +1,6 @@
 //! The composition root: one type whose start-up is a sequence of named steps, in the order of
 //! the data's path (dead-letter topics, metrics on the caller's registry, the database probe and
-//! lag collector beside the groups, then each group's poll thread), and whose [`Runtime::wait`]
+//! lag collector and retention beside the groups, then each group's poll thread), and whose [`Runtime::wait`]
 //! joins everything it started. It serves no HTTP endpoint: the program serves the registry
 //! (e.g. with `pipeline_core::ops_http`).
 
@@ -9,6 +9,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use anyhow::Context;
+use pipeline_core::retention::{RetentionMetrics, Runner};
 use prometheus::Registry;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::PgPool;
@@ -68,6 +69,8 @@ impl Runtime {
         for group in &args.groups {
             groups.register_metrics(group, registry)?;
         }
+        let retention =
+            RetentionMetrics::register(registry).context("registering retention metrics")?;
         let lag_collector = LagCollector::new().context("lag metrics")?;
         registry
             .register(Box::new(lag_collector.clone()))
@@ -88,6 +91,7 @@ impl Runtime {
             lag_collector,
         };
         runtime.start_lag_collector(args, &parts)?;
+        runtime.start_retention(args, &parts, retention);
         let reachability = runtime.probe_database(&parts);
         runtime.start_groups(args, groups, &parts, &reachability)?;
         Ok(runtime)
@@ -127,6 +131,27 @@ impl Runtime {
             Some(e) => Err(e),
             None => Ok(()),
         }
+    }
+
+    /// Retention on the database beside the groups, every `--retention-interval` (one consumer
+    /// of a database at a time works; the others find it busy and wait for their next turn).
+    fn start_retention(
+        &mut self,
+        args: &ConsumerSettings,
+        parts: &Parts,
+        metrics: RetentionMetrics,
+    ) {
+        if !args.retention.enabled() {
+            return;
+        }
+        let runner = Runner::new(crate::retention::rules(&args.retention), "consumer")
+            .batch_size(args.retention.batch_size)
+            .with_metrics(metrics);
+        self.background.push(tokio::spawn(runner.run_every(
+            parts.pool.clone(),
+            args.retention.interval,
+            self.stop.clone(),
+        )));
     }
 
     /// Every part stops when the process is asked to, or when one of them raises a fatal error.

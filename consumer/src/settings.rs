@@ -16,6 +16,7 @@ use sqlx::postgres::PgConnectOptions;
 use sqlx::PgPool;
 
 use crate::kafka::{GroupProtocol, MemberSettings};
+use crate::retention::RetentionSettings;
 use crate::transaction::CUSTOM_PLANS_UP_TO;
 
 /// How the runtime runs its groups.
@@ -227,6 +228,9 @@ pub struct ConsumerSettings {
         arg(long, env = "CONSUMER_RETRY_MAX_MS", default_value_t = 10_000)
     )]
     pub retry_max_ms: u64,
+    /// Retention of the groups' tables in this consumer's database.
+    #[cfg_attr(feature = "cli", command(flatten))]
+    pub retention: RetentionSettings,
 }
 
 impl Default for ConsumerSettings {
@@ -259,6 +263,7 @@ impl Default for ConsumerSettings {
             leave_after_database_unreachable_ms: 0,
             retry_base_ms: 100,
             retry_max_ms: 10_000,
+            retention: RetentionSettings::default(),
         }
     }
 }
@@ -363,7 +368,21 @@ impl ConsumerSettings {
                     .to_owned()
             },
         )?;
-        Ok(())
+        ensure(self.retention.batch_size > 0, || {
+            "retention.batch_size (--retention-batch-size) must be positive".to_owned()
+        })?;
+        ensure(
+            !self.retention.enabled() || self.statement_timeout_ms < 60_000,
+            || {
+                "statement_timeout_ms (--statement-timeout-ms) must be below 60000 while retention \
+                 runs: retention removes an order's progress only a minute after announcing it, \
+                 longer than any batch statement may run"
+                    .to_owned()
+            },
+        )?;
+        self.retention
+            .validate()
+            .map_err(|e| InvalidSettings(e.to_string()))
     }
 }
 

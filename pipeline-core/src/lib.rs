@@ -1,6 +1,7 @@
 //! What the outbox's relay, the consumer runtime and the operator command share: the event
 //! envelope and record headers, database and Kafka settings, the operations endpoint, telemetry,
-//! the overlap of shared transactions and crash points for fault-injection runs.
+//! the overlap of shared transactions, the retention runner that keeps tables flat, and crash
+//! points for fault-injection runs.
 //!
 //! The command-line forms of the settings (`clap`) come with the `cli` feature, for binaries.
 
@@ -11,4 +12,5 @@ pub mod kafka;
 pub mod ops_http;
 pub mod overlap;
 pub mod record;
+pub mod retention;
 pub mod telemetry;

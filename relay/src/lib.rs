@@ -54,6 +54,7 @@ pub mod mark;
 pub mod metrics;
 pub mod publish;
 pub mod release;
+pub mod retention;
 pub mod runtime;
 pub mod settings;
 pub mod vacuum;

@@ -1,11 +1,12 @@
 //! The relay as a whole, for a program to embed: it stands by until it holds the lease, then
-//! publishes ([`crate::active`]) and releases due delayed events ([`crate::release`]) while it
-//! keeps it; beside that, whether active or not, it reports the backlog ([`crate::backlog`]) and
+//! publishes ([`crate::active`]), releases due delayed events ([`crate::release`]) and removes
+//! what is past its retention window ([`crate::retention`]) while it keeps it; beside that, whether active or not, it reports the backlog ([`crate::backlog`]) and
 //! vacuums its queue table ([`crate::vacuum`]).
 
 use std::time::Duration;
 
 use anyhow::Context;
+use pipeline_core::retention::{RetentionMetrics, Runner};
 use prometheus::Registry;
 use rdkafka::producer::Producer;
 use sqlx::PgPool;
@@ -28,6 +29,7 @@ pub struct Relay {
     settings: RelaySettings,
     pool: PgPool,
     metrics: RelayMetrics,
+    retention: RetentionMetrics,
     producer: ProducerHandle,
 }
 
@@ -42,6 +44,8 @@ impl Relay {
         settings.validate()?;
         let metrics =
             RelayMetrics::register(registry).context("registering the relay's metrics")?;
+        let retention =
+            RetentionMetrics::register(registry).context("registering the retention metrics")?;
         let producer = ProducerHandle::create(
             &settings.kafka,
             &settings.producer_settings(),
@@ -51,6 +55,7 @@ impl Relay {
             settings,
             pool,
             metrics,
+            retention,
             producer,
         })
     }
@@ -67,6 +72,7 @@ impl Relay {
             settings,
             pool,
             metrics,
+            retention,
             mut producer,
         } = self;
         let beside = shutdown.child_token();
@@ -84,7 +90,15 @@ impl Relay {
                 beside.clone(),
             ))
         });
-        let result = take_turns(&settings, &pool, &mut producer, &metrics, &shutdown).await;
+        let result = take_turns(
+            &settings,
+            &pool,
+            &mut producer,
+            &metrics,
+            &retention,
+            &shutdown,
+        )
+        .await;
         beside.cancel();
         let _ = backlog.await;
         if let Some(vacuum) = vacuum {
@@ -114,6 +128,7 @@ async fn take_turns(
     pool: &PgPool,
     producer: &mut ProducerHandle,
     metrics: &RelayMetrics,
+    retention: &RetentionMetrics,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<()> {
     let mut elector = Elector::new(settings.lease_settings(), (*pool.connect_options()).clone());
@@ -140,6 +155,7 @@ async fn take_turns(
             metrics.clone(),
             stop_renewing.clone(),
         ));
+        let retaining = retain_while_active(settings, pool, retention, &stop_renewing);
         let (outcome, ()) = tokio::join!(
             async {
                 let outcome = run_active(settings, pool, producer, metrics, &lease, shutdown).await;
@@ -152,8 +168,49 @@ async fn take_turns(
             },
         );
         let _ = releasing.await;
+        if let Some(retaining) = retaining {
+            let _ = retaining.await;
+        }
         metrics.active.set(0);
         outcome?;
     }
     Ok(())
+}
+
+/// While this relay is active (until `stop`): runs retention on the outbox's database every
+/// `--retention-interval`, unless that is `0s`.
+fn retain_while_active(
+    settings: &RelaySettings,
+    pool: &PgPool,
+    metrics: &RetentionMetrics,
+    stop: &CancellationToken,
+) -> Option<tokio::task::JoinHandle<()>> {
+    if !settings.retention.enabled() {
+        return None;
+    }
+    let (settings, pool, metrics, stop) = (
+        settings.retention.clone(),
+        pool.clone(),
+        metrics.clone(),
+        stop.clone(),
+    );
+    Some(tokio::spawn(async move {
+        // Whether the groups share the database decides what is kept; asked again until known.
+        let groups_here = loop {
+            match crate::retention::groups_here(&pool).await {
+                Ok(here) => break here,
+                Err(e) => {
+                    tracing::warn!(error = %e, "retention waits: cannot read the outbox's database")
+                }
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(settings.interval.duration()) => {}
+            }
+        };
+        let runner = Runner::new(crate::retention::rules(&settings, groups_here), "relay")
+            .batch_size(settings.batch_size)
+            .with_metrics(metrics);
+        runner.run_every(pool, settings.interval, stop).await;
+    }))
 }

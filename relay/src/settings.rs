@@ -15,6 +15,7 @@ use sqlx::PgPool;
 use crate::backoff::RetryPolicy;
 use crate::lease::LeaseSettings;
 use crate::publish::ProducerSettings;
+use crate::retention::RetentionSettings;
 
 /// The lease key of [`RelaySettings::default`] (`outbox` in ASCII).
 pub const DEFAULT_LOCK_KEY: i64 = 0x6f75_7462_6f78;
@@ -156,6 +157,9 @@ pub struct RelaySettings {
         arg(long, env = "RELAY_MAX_ATTEMPTS", default_value_t = 5)
     )]
     pub max_attempts: i32,
+    /// Retention of published events and operator actions.
+    #[cfg_attr(feature = "cli", command(flatten))]
+    pub retention: RetentionSettings,
 }
 
 impl Default for RelaySettings {
@@ -181,6 +185,7 @@ impl Default for RelaySettings {
             slow_retry_after: 20,
             slow_retry_interval_ms: 300_000,
             max_attempts: 5,
+            retention: RetentionSettings::default(),
         }
     }
 }
@@ -273,7 +278,14 @@ impl RelaySettings {
             self.retry_base_ms > 0 && self.retry_base_ms <= self.retry_max_ms,
             "retry_base_ms (--retry-base-ms) must be positive and at most retry_max_ms \
              (--retry-max-ms)",
-        )
+        )?;
+        ensure(
+            self.retention.batch_size > 0,
+            "retention.batch_size (--retention-batch-size) must be positive",
+        )?;
+        self.retention
+            .validate()
+            .map_err(|e| InvalidSettings(e.to_string()))
     }
 }
 

@@ -151,6 +151,7 @@ pub async fn process_batches(
     let mut state = TransactionState {
         progress: start.progress,
         parked_orders: start.parked_orders,
+        horizon: start.horizon,
         ..TransactionState::default()
     };
     let mut fresh: Vec<Vec<(usize, Pending<'_>)>> = Vec::with_capacity(sorted_batches.len());

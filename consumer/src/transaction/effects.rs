@@ -20,6 +20,9 @@ pub(crate) struct TransactionState {
     pub(crate) advanced: HashMap<String, i64>,
     /// Orders with parked events.
     pub(crate) parked_orders: HashSet<String>,
+    /// The group's progress horizon (see `progress_horizon`): an order without progress may have
+    /// been forgotten if its events occurred before it.
+    pub(crate) horizon: Option<chrono::DateTime<chrono::Utc>>,
     pub(crate) effects: Vec<AppliedEffect>,
     /// Dead letters recorded so far, to publish before commit.
     pub(crate) letters: Vec<DeadLetter>,

@@ -66,7 +66,13 @@ pub(crate) async fn handle_event(
     p: &Pending<'_>,
 ) -> Result<Outcome, ProcessError> {
     let env = &p.event.envelope;
-    let last = state.progress.get(&env.aggregate_id).copied().unwrap_or(0);
+    let known = state.progress.get(&env.aggregate_id).copied();
+    if let (None, Some(horizon)) = (known, state.horizon) {
+        if env.occurred_at < horizon {
+            return forgotten(tx, group, report, env, horizon).await;
+        }
+    }
+    let last = known.unwrap_or(0);
     if let Step::Apply = step(env.sequence, last) {
         return match apply_one(tx, effects, &p.event).await? {
             Ok(()) => {
@@ -98,9 +104,12 @@ pub(crate) async fn handle_event(
     }
     report.out_of_sequence += 1;
     if let Step::Stale = step(env.sequence, last) {
+        // The dedupe rows did not know the event: a redelivery whose row retention removed, or
+        // another event with a sequence the order already passed. Neither is applied.
         tracing::warn!(
             last_applied = last,
-            "event sequence already applied under another event id; not applied"
+            "event sequence already applied (a redelivery past the dedupe window, or another \
+             event with that sequence); not applied"
         );
         set_outcomes(
             tx,
@@ -108,7 +117,10 @@ pub(crate) async fn handle_event(
             &[OutcomeChange::tracked(
                 env,
                 "stale",
-                format!("order already at sequence {last}"),
+                format!(
+                    "order already at sequence {last}: a redelivery past the dedupe window, or \
+                     another event with this sequence; not applied"
+                ),
             )],
         )
         .await?;
@@ -134,6 +146,39 @@ pub(crate) async fn handle_event(
     )
     .await?;
     Ok(Outcome::Parked)
+}
+
+/// An event of an order the group keeps no progress for, which occurred before the group's
+/// progress horizon: its order's progress may have been removed by retention, so it may have
+/// been applied already. It is flagged stale, never applied again.
+async fn forgotten(
+    tx: &mut Transaction<'_, Postgres>,
+    group: &str,
+    report: &mut BatchReport,
+    env: &Envelope,
+    horizon: DateTime<Utc>,
+) -> Result<Outcome, ProcessError> {
+    report.out_of_sequence += 1;
+    tracing::warn!(
+        %horizon,
+        occurred_at = %env.occurred_at,
+        "event of an order whose progress retention removed; flagged stale, not applied"
+    );
+    set_outcomes(
+        tx,
+        group,
+        &[OutcomeChange::tracked(
+            env,
+            "stale",
+            format!(
+                "no progress kept for this order, and the event occurred before the group's \
+                 progress horizon ({horizon}): a redelivery of an order retention forgot; not \
+                 applied"
+            ),
+        )],
+    )
+    .await?;
+    Ok(Outcome::Stale)
 }
 
 /// Applies parked events of `order` that now follow `last` without a gap. Returns the new last.

@@ -57,9 +57,19 @@ pub(crate) struct TransactionStart {
     pub(crate) progress: HashMap<String, i64>,
     /// The transaction's orders with parked events.
     pub(crate) parked_orders: HashSet<String>,
+    /// Orders whose last event was applied before this time may have had their progress
+    /// removed by retention (`progress_horizon`); None while the group's never was.
+    pub(crate) horizon: Option<DateTime<Utc>>,
 }
 
-type TransactionStartRow = (bool, Vec<Uuid>, Vec<String>, Vec<i64>, Vec<String>);
+type TransactionStartRow = (
+    bool,
+    Vec<Uuid>,
+    Vec<String>,
+    Vec<i64>,
+    Vec<String>,
+    Option<DateTime<Utc>>,
+);
 
 /// Transactions of at most this many messages plan their statements with their parameter values,
 /// by default (`--custom-plans-up-to`): none.
@@ -103,7 +113,7 @@ pub(crate) async fn start_transaction(
     let fence_topics: Vec<&str> = fences.iter().map(|f| f.topic.as_str()).collect();
     let fence_partitions: Vec<i32> = fences.iter().map(|f| f.partition).collect();
     let fence_owners: Vec<Uuid> = fences.iter().map(|f| f.owner).collect();
-    let (owned, new_ids, progress_orders, progress_seqs, parked): TransactionStartRow = sqlx::query_as(
+    let (owned, new_ids, progress_orders, progress_seqs, parked, horizon): TransactionStartRow = sqlx::query_as(
         "WITH want AS (
                  SELECT * FROM unnest($6::text[], $7::int[], $8::uuid[]) AS w(topic, partition, owner)),
              owner AS (
@@ -129,7 +139,9 @@ pub(crate) async fn start_transaction(
                     ARRAY(SELECT event_id FROM new),
                     COALESCE(p.orders, '{}'), COALESCE(p.seqs, '{}'),
                     ARRAY(SELECT DISTINCT order_id FROM parked_event
-                          WHERE group_name = $1 AND order_id = ANY($9))
+                          WHERE group_name = $1 AND order_id = ANY($9)),
+                    (SELECT forgotten_before FROM progress_horizon
+                     WHERE group_name = $1 AND isfinite(forgotten_before))
              FROM fence f,
                   LATERAL (SELECT array_agg(order_id ORDER BY order_id) AS orders,
                                   array_agg(last_sequence ORDER BY order_id) AS seqs
@@ -153,6 +165,7 @@ pub(crate) async fn start_transaction(
         new_ids: new_ids.into_iter().collect(),
         progress: progress_orders.into_iter().zip(progress_seqs).collect(),
         parked_orders: parked.into_iter().collect(),
+        horizon,
     })
 }
 

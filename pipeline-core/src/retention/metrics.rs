@@ -1,0 +1,83 @@
+//! Retention's Prometheus metrics, registered on the caller's registry.
+
+use prometheus::{
+    exponential_buckets, GaugeVec, Histogram, HistogramOpts, IntCounterVec, Opts, Registry,
+};
+
+/// Metrics of the retention runner of one process, labelled by table.
+#[derive(Clone)]
+pub struct RetentionMetrics {
+    /// `retention_rows_removed_total`: rows removed, by table.
+    pub removed: IntCounterVec,
+    /// `retention_run_duration_seconds`: one run over every table.
+    pub run_duration: Histogram,
+    /// `retention_oldest_row_age_seconds`: age of the oldest row a table keeps, after the last
+    /// run (tables that cannot tell it cheaply have no series).
+    pub oldest_age: GaugeVec,
+    /// `retention_window_seconds`: how long a table keeps its rows.
+    pub window: GaugeVec,
+    /// `retention_last_caught_up_timestamp_seconds`: when a run last left a table with nothing
+    /// older than its window but what is still needed (a swept table: when a pass ended).
+    pub caught_up: GaugeVec,
+    /// `retention_runs_skipped_total`: runs that found another runner at work on the database.
+    pub skipped: prometheus::IntCounter,
+}
+
+impl RetentionMetrics {
+    /// Registers the metrics on `registry`.
+    pub fn register(registry: &Registry) -> prometheus::Result<Self> {
+        let removed = IntCounterVec::new(
+            Opts::new(
+                "retention_rows_removed_total",
+                "Rows removed by retention, by table.",
+            ),
+            &["table"],
+        )?;
+        let run_duration = Histogram::with_opts(
+            HistogramOpts::new(
+                "retention_run_duration_seconds",
+                "Time one retention run takes over every table.",
+            )
+            .buckets(exponential_buckets(0.005, 2.0, 16)?),
+        )?;
+        let oldest_age = GaugeVec::new(
+            Opts::new(
+                "retention_oldest_row_age_seconds",
+                "Age of the oldest row a table keeps, after the last retention run.",
+            ),
+            &["table"],
+        )?;
+        let window = GaugeVec::new(
+            Opts::new(
+                "retention_window_seconds",
+                "How long a table keeps its rows.",
+            ),
+            &["table"],
+        )?;
+        let caught_up = GaugeVec::new(
+            Opts::new(
+                "retention_last_caught_up_timestamp_seconds",
+                "When a retention run last left the table with nothing removable older than its window.",
+            ),
+            &["table"],
+        )?;
+        let skipped = prometheus::IntCounter::new(
+            "retention_runs_skipped_total",
+            "Retention runs that found another runner at work on the database.",
+        )?;
+        registry.register(Box::new(removed.clone()))?;
+        registry.register(Box::new(run_duration.clone()))?;
+        registry.register(Box::new(oldest_age.clone()))?;
+        registry.register(Box::new(window.clone()))?;
+        registry.register(Box::new(caught_up.clone()))?;
+        registry.register(Box::new(skipped.clone()))?;
+        Ok(RetentionMetrics {
+            removed,
+            run_duration,
+            oldest_age,
+            window,
+            caught_up,
+            skipped,
+        })
+    }
+}

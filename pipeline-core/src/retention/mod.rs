@@ -1,0 +1,25 @@
+//! Retention: old rows removed in bounded steps so that tables stay flat however long the
+//! pipeline runs.
+//!
+//! Each table that grows has a [`Rule`]: how long its rows are kept (its [`Window`], at least
+//! its floor) and one SQL step that removes, past a cursor, at most a batch of rows older than
+//! the cutoff, keeping every row something still needs. A [`Runner`] applies a database's rules
+//! one step at a time, each step a short transaction of its own under a transaction-scoped
+//! advisory lock, so one runner works on a database at a time and no statement holds locks
+//! for long. The owners of the tables define their rules (the relay's for the outbox's tables,
+//! the consumer runtime's for the groups'); the operator command runs the same rules by hand.
+//!
+//! Layout: [`window`] (durations and their floors), [`rule`] (what a rule is and the SQL it runs),
+//! [`runner`] (steps, runs, the loop), [`state`] (what the runners record per table in
+//! `retention_state`, read by `pipeline retention status`), [`metrics`].
+
+pub mod metrics;
+pub mod rule;
+pub mod runner;
+pub mod state;
+pub mod window;
+
+pub use metrics::RetentionMetrics;
+pub use rule::{Rule, Step};
+pub use runner::{Report, Runner, TableReport};
+pub use window::{BelowFloor, Window};

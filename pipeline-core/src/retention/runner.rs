@@ -1,0 +1,284 @@
+//! Running a database's rules: one bounded step at a time, each its own short transaction
+//! under a transaction-scoped advisory lock, so only one runner works on a database at once
+//! (whoever runs it: the relay, a consumer, or an operator by hand) and a runner that dies
+//! holds nothing.
+
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+use super::metrics::RetentionMetrics;
+use super::rule::Rule;
+use super::state::{self, Recorded};
+use super::window::Window;
+
+/// The advisory lock every retention runner of a database takes (`retain` in ASCII).
+pub const RETENTION_LOCK_KEY: i64 = 0x7265_7461_696e;
+
+/// Longest a step waits for a row lock (a consumer's batch holding an order's progress row, say)
+/// before it gives up; the next run tries again.
+const STEP_LOCK_TIMEOUT: &str = "1s";
+
+/// Pause between runs while a table is not caught up yet (a large backlog is worked through in
+/// runs of bounded size, back to back but for this pause).
+const CATCHING_UP_PAUSE: Duration = Duration::from_secs(1);
+
+/// Applies a set of rules to one database.
+#[derive(Clone)]
+pub struct Runner {
+    rules: Vec<Rule>,
+    /// Most rows a step examines.
+    batch_size: i64,
+    /// Most steps a run takes per table in time order.
+    max_steps: u32,
+    /// Most steps a run takes per swept table.
+    sweep_steps: u32,
+    /// Who runs it, as recorded.
+    by: String,
+    metrics: Option<RetentionMetrics>,
+}
+
+/// What one run did.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// Another runner held the database: this run did nothing.
+    pub skipped: bool,
+    /// Removed nothing for good: every step was rolled back, and reported what it would remove.
+    pub dry_run: bool,
+    /// Each table's part.
+    pub tables: Vec<TableReport>,
+    /// Time the run took, in seconds.
+    pub seconds: f64,
+}
+
+/// One table's part of a run.
+#[derive(Debug, Clone, Serialize)]
+pub struct TableReport {
+    /// The table.
+    pub table: String,
+    /// Its window.
+    pub window: String,
+    /// Rows older than this were removable.
+    pub cutoff: DateTime<Utc>,
+    /// Rows removed (or, in a dry run, that would be).
+    pub removed: u64,
+    /// Nothing removable older than the cutoff is left (a swept table: its pass ended).
+    pub caught_up: bool,
+    /// The oldest row kept, where the table tells it cheaply.
+    pub oldest_kept: Option<DateTime<Utc>>,
+    /// The table is swept a few batches a run (see [`Rule::sweep`]).
+    pub swept: bool,
+}
+
+impl Runner {
+    /// A runner of `rules`, recorded as run by `by`, with batches of 5,000 rows.
+    pub fn new(rules: Vec<Rule>, by: impl Into<String>) -> Self {
+        Runner {
+            rules,
+            batch_size: 5_000,
+            max_steps: 200,
+            sweep_steps: 20,
+            by: by.into(),
+            metrics: None,
+        }
+    }
+
+    /// Most rows one step examines (and so removes).
+    pub fn batch_size(mut self, rows: i64) -> Self {
+        self.batch_size = rows.max(1);
+        self
+    }
+
+    /// Most steps one run takes per table (a swept table takes a tenth of it).
+    pub fn max_steps(mut self, steps: u32) -> Self {
+        self.max_steps = steps.max(1);
+        self.sweep_steps = (steps / 10).max(1);
+        self
+    }
+
+    /// Report on `metrics`.
+    pub fn with_metrics(mut self, metrics: RetentionMetrics) -> Self {
+        for rule in &self.rules {
+            metrics
+                .window
+                .with_label_values(&[rule.table])
+                .set(rule.window.duration().as_secs_f64());
+        }
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// The rules.
+    pub fn rules(&self) -> &[Rule] {
+        &self.rules
+    }
+
+    /// One run over every rule as if the time were `now`: each table until it is caught up or
+    /// its steps for this run are spent. A dry run rolls every step back.
+    pub async fn run_once(
+        &self,
+        pool: &PgPool,
+        now: DateTime<Utc>,
+        dry_run: bool,
+    ) -> Result<Report, sqlx::Error> {
+        let started = Instant::now();
+        let mut tables = Vec::with_capacity(self.rules.len());
+        for rule in &self.rules {
+            match self.run_rule(pool, rule, now, dry_run).await? {
+                Some(t) => tables.push(t),
+                None => {
+                    if let Some(m) = &self.metrics {
+                        m.skipped.inc();
+                    }
+                    return Ok(Report {
+                        skipped: true,
+                        dry_run,
+                        tables,
+                        seconds: started.elapsed().as_secs_f64(),
+                    });
+                }
+            }
+        }
+        let seconds = started.elapsed().as_secs_f64();
+        if let (Some(m), false) = (&self.metrics, dry_run) {
+            m.run_duration.observe(seconds);
+        }
+        Ok(Report {
+            skipped: false,
+            dry_run,
+            tables,
+            seconds,
+        })
+    }
+
+    /// One table's part of a run; `None` when another runner holds the database.
+    async fn run_rule(
+        &self,
+        pool: &PgPool,
+        rule: &Rule,
+        now: DateTime<Utc>,
+        dry_run: bool,
+    ) -> Result<Option<TableReport>, sqlx::Error> {
+        let cutoff = rule.cutoff(now);
+        let mut cursor = if rule.sweep {
+            state::cursor(pool, rule.table).await?
+        } else {
+            None
+        };
+        let steps = if rule.sweep {
+            self.sweep_steps
+        } else {
+            self.max_steps
+        };
+        let mut removed = 0u64;
+        let mut caught_up = false;
+        for _ in 0..steps {
+            let mut tx = pool.begin().await?;
+            let held: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1)")
+                .bind(RETENTION_LOCK_KEY)
+                .fetch_one(&mut *tx)
+                .await?;
+            if !held {
+                return Ok(None);
+            }
+            sqlx::query(&format!("SET LOCAL lock_timeout = '{STEP_LOCK_TIMEOUT}'"))
+                .execute(&mut *tx)
+                .await?;
+            let step = rule
+                .step(&mut tx, cutoff, cursor.as_deref(), self.batch_size)
+                .await?;
+            if dry_run {
+                tx.rollback().await?;
+            } else {
+                tx.commit().await?;
+                if let Some(m) = &self.metrics {
+                    m.removed
+                        .with_label_values(&[rule.table])
+                        .inc_by(step.removed);
+                }
+            }
+            removed += step.removed;
+            if step.done {
+                caught_up = true;
+                cursor = None;
+                break;
+            }
+            cursor = step.cursor;
+        }
+        let oldest = rule.oldest(&mut *pool.acquire().await?).await?;
+        if !dry_run {
+            state::record(
+                pool,
+                &Recorded {
+                    table: rule.table,
+                    window: rule.window,
+                    cursor: cursor.as_deref(),
+                    removed,
+                    caught_up,
+                    oldest,
+                    by: &self.by,
+                },
+            )
+            .await?;
+            if let Some(m) = &self.metrics {
+                if caught_up {
+                    m.caught_up
+                        .with_label_values(&[rule.table])
+                        .set(Utc::now().timestamp_millis() as f64 / 1000.0);
+                }
+                if let Some(at) = oldest {
+                    let age = (Utc::now() - at).num_milliseconds().max(0) as f64 / 1000.0;
+                    m.oldest_age.with_label_values(&[rule.table]).set(age);
+                }
+            }
+        }
+        if removed > 0 {
+            tracing::info!(
+                table = rule.table,
+                removed,
+                caught_up,
+                dry_run,
+                window = %rule.window,
+                "retention removed old rows"
+            );
+        }
+        Ok(Some(TableReport {
+            table: rule.table.to_owned(),
+            window: rule.window.to_string(),
+            cutoff,
+            removed,
+            caught_up,
+            oldest_kept: oldest,
+            swept: rule.sweep,
+        }))
+    }
+
+    /// Runs every `every` until `shutdown`; again after a short pause while a table is not
+    /// caught up. A failed run is logged and tried again next time.
+    pub async fn run_every(self, pool: PgPool, every: Window, shutdown: CancellationToken) {
+        let mut pause = Duration::ZERO;
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(pause) => {}
+            }
+            let run = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                run = self.run_once(&pool, Utc::now(), false) => run,
+            };
+            pause = match run {
+                Ok(r) if !r.skipped && r.tables.iter().any(|t| !t.caught_up && !t.swept) => {
+                    CATCHING_UP_PAUSE
+                }
+                Ok(_) => every.duration(),
+                Err(e) => {
+                    tracing::warn!(error = %e, "retention run failed; trying again next time");
+                    every.duration()
+                }
+            };
+        }
+    }
+}

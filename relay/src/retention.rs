@@ -1,0 +1,174 @@
+//! Retention of the outbox's tables, run by the active relay: published events (with their
+//! delivery and attempts) and operator actions older than their window are removed in bounded
+//! steps. Events not published (pending, retrying, failed), delayed events and the relay's
+//! queue are never removed; nor, where the groups share the outbox's database, an event an open
+//! dead letter or a parked event points to.
+//!
+//! The outbox is removed from its old end in id order (ids follow creation time): each step
+//! reads the next batch of ids past the last one it examined, and stops at the first row
+//! younger than the window. Whole pages empty out at the old end, which vacuum returns for new
+//! rows, so the table stays flat. Partitioning by time would drop old rows more cheaply still,
+//! but the outbox's unique keys (event id, business fact, aggregate sequence) would each have
+//! to include the partition key, and would no longer hold across partitions.
+
+use pipeline_core::retention::{BelowFloor, Rule, Window};
+use sqlx::PgPool;
+
+/// How long the outbox's database keeps what the relay does not need any more.
+#[derive(Debug, Clone)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
+pub struct RetentionSettings {
+    /// How often the active relay runs retention on the outbox's database (`0s`: never; run
+    /// it with `pipeline retention run` then).
+    #[cfg_attr(
+        feature = "cli",
+        arg(
+            long = "retention-interval",
+            env = "RELAY_RETENTION_INTERVAL",
+            default_value = "30s"
+        )
+    )]
+    pub interval: Window,
+    /// Most rows one retention step examines (each step is a transaction of its own).
+    #[cfg_attr(
+        feature = "cli",
+        arg(long = "retention-batch-size", env = "RELAY_RETENTION_BATCH_SIZE", default_value_t = 5000,
+            value_parser = clap::value_parser!(i64).range(1..=100_000))
+    )]
+    pub batch_size: i64,
+    /// How long a published event (its outbox row, delivery and attempts) is kept. Appending
+    /// the same business fact (business key and event type) again within this window is a
+    /// no-op; after it, a new event. Floor: 1m.
+    #[cfg_attr(
+        feature = "cli",
+        arg(
+            long = "retain-published",
+            env = "RELAY_RETAIN_PUBLISHED",
+            default_value = "7d"
+        )
+    )]
+    pub published: Window,
+    /// How long operator actions are kept in the outbox's database (the audit trail). Floor: 30d.
+    #[cfg_attr(
+        feature = "cli",
+        arg(
+            long = "retain-operator-actions",
+            env = "RELAY_RETAIN_OPERATOR_ACTIONS",
+            default_value = "365d"
+        )
+    )]
+    pub operator_actions: Window,
+}
+
+impl Default for RetentionSettings {
+    fn default() -> Self {
+        RetentionSettings {
+            interval: Window::secs(30),
+            batch_size: 5000,
+            published: Window::days(7),
+            operator_actions: Window::days(365),
+        }
+    }
+}
+
+/// Least `--retain-published`.
+pub const PUBLISHED_FLOOR: Window = Window::secs(60);
+/// Least `--retain-operator-actions`.
+pub const OPERATOR_ACTIONS_FLOOR: Window = Window::days(30);
+
+impl RetentionSettings {
+    /// Refuses windows below their floors.
+    pub fn validate(&self) -> Result<(), BelowFloor> {
+        self.published.at_least(
+            "--retain-published",
+            PUBLISHED_FLOOR,
+            "an append retried within a minute (a client's retry of the same request) must \
+             still find its business fact and add nothing",
+        )?;
+        self.operator_actions.at_least(
+            "--retain-operator-actions",
+            OPERATOR_ACTIONS_FLOOR,
+            "who did what to which event stays on record for at least a month",
+        )?;
+        Ok(())
+    }
+
+    /// Whether the relay runs retention at all.
+    pub fn enabled(&self) -> bool {
+        !self.interval.duration().is_zero()
+    }
+}
+
+/// The outbox database's rules with these windows. `groups_here`: the groups' tables
+/// (`dead_letter`, `parked_event`) are in the same database, so events they point to are kept.
+pub fn rules(settings: &RetentionSettings, groups_here: bool) -> Vec<Rule> {
+    vec![
+        Rule {
+            table: "outbox",
+            window: settings.published,
+            keeps: "events not published (pending, retrying, failed) and delayed events; where \
+                    the groups share the database, events an open dead letter or a parked event \
+                    points to",
+            step_sql: if groups_here {
+                PUBLISHED_STEP_WITH_GROUPS
+            } else {
+                PUBLISHED_STEP
+            },
+            oldest_sql: Some("SELECT (SELECT created_at FROM outbox ORDER BY id LIMIT 1)"),
+            sweep: false,
+        },
+        pipeline_core::retention::rule::operator_actions(settings.operator_actions),
+    ]
+}
+
+/// Whether `pool`'s database also holds the groups' tables.
+pub async fn groups_here(pool: &PgPool) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT to_regclass('dead_letter') IS NOT NULL AND to_regclass('parked_event') IS NOT NULL",
+    )
+    .fetch_one(pool)
+    .await
+}
+
+/// Published events older than the cutoff, with their delivery and attempts, from the oldest
+/// id on. An event that is not published has no delivery row and is passed over.
+const PUBLISHED_STEP: &str = "
+WITH batch AS (
+    SELECT id, created_at FROM outbox WHERE id > COALESCE($2::bigint, 0) ORDER BY id LIMIT $3),
+old AS (
+    SELECT id FROM batch WHERE created_at < $1),
+doomed AS (
+    SELECT d.id FROM outbox_delivery d JOIN old USING (id) WHERE d.published_at < $1),
+attempts AS (
+    DELETE FROM outbox_attempt a USING doomed WHERE a.event = doomed.id),
+deliveries AS (
+    DELETE FROM outbox_delivery d USING doomed WHERE d.id = doomed.id),
+removed AS (
+    DELETE FROM outbox o USING doomed WHERE o.id = doomed.id RETURNING o.id)
+SELECT (SELECT count(*) FROM removed),
+       (SELECT max(id) FROM old)::text,
+       (SELECT count(*) FROM old) < $3";
+
+/// [`PUBLISHED_STEP`], keeping events an open dead letter or a parked event of a group in the
+/// same database points to.
+const PUBLISHED_STEP_WITH_GROUPS: &str = "
+WITH batch AS (
+    SELECT id, event_id, created_at FROM outbox
+    WHERE id > COALESCE($2::bigint, 0) ORDER BY id LIMIT $3),
+old AS (
+    SELECT id, event_id FROM batch WHERE created_at < $1),
+doomed AS (
+    SELECT d.id FROM outbox_delivery d JOIN old USING (id)
+    WHERE d.published_at < $1
+      AND NOT EXISTS (SELECT 1 FROM dead_letter l
+                      WHERE l.event_id = old.event_id AND l.status = 'open')
+      AND NOT EXISTS (SELECT 1 FROM parked_event p WHERE p.event_id = old.event_id)),
+attempts AS (
+    DELETE FROM outbox_attempt a USING doomed WHERE a.event = doomed.id),
+deliveries AS (
+    DELETE FROM outbox_delivery d USING doomed WHERE d.id = doomed.id),
+removed AS (
+    DELETE FROM outbox o USING doomed WHERE o.id = doomed.id RETURNING o.id)
+SELECT (SELECT count(*) FROM removed),
+       (SELECT max(id) FROM old)::text,
+       (SELECT count(*) FROM old) < $3";
