@@ -32,7 +32,7 @@ pub struct RetentionSettings {
     /// Most rows one retention step examines (each step is a transaction of its own).
     #[cfg_attr(
         feature = "cli",
-        arg(long = "retention-batch-size", env = "RELAY_RETENTION_BATCH_SIZE", default_value_t = 5000,
+        arg(id = "retention_batch_size", long = "retention-batch-size", env = "RELAY_RETENTION_BATCH_SIZE", default_value_t = 5000,
             value_parser = clap::value_parser!(i64).range(1..=100_000))
     )]
     pub batch_size: i64,
