@@ -96,6 +96,47 @@ pub enum Command {
     },
     /// Move a stopped group (`--group G`) back so it reads old events again.
     Reprocess(ReprocessArgs),
+    /// What retention keeps and last removed in each database; run it by hand.
+    Retention {
+        /// What to do.
+        #[command(subcommand)]
+        action: RetentionAction,
+    },
+}
+
+/// `pipeline retention …`
+#[derive(Debug, Subcommand)]
+pub enum RetentionAction {
+    /// Each table's window, what it keeps whatever its age, and its runner's last run.
+    Status,
+    /// Run every database's retention now, to the end of what is removable (or, with
+    /// --dry-run, say what it would remove and remove nothing).
+    Run(RetentionRunArgs),
+}
+
+/// `pipeline retention run`
+#[derive(Debug, clap::Args)]
+pub struct RetentionRunArgs {
+    /// Remove nothing: every step is rolled back, and the counts say what it would remove.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Who acts (default: $USER).
+    #[arg(long, env = "PIPELINE_ACTOR")]
+    pub actor: Option<String>,
+    /// Why: kept with the run (not needed with --dry-run).
+    #[arg(long)]
+    pub note: Option<String>,
+}
+
+impl RetentionRunArgs {
+    /// The actor: the flag, else `$PIPELINE_ACTOR`, else `$USER`.
+    pub fn actor(&self) -> Result<String, BadInput> {
+        Change {
+            actor: self.actor.clone(),
+            note: String::new(),
+        }
+        .actor()
+    }
 }
 
 /// Who makes a change and why; recorded with it and shown by `trace`.

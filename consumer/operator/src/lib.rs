@@ -7,7 +7,8 @@
 //! - [`trace`]: the history of an order's events across the outbox, the relay and every group;
 //! - [`dead_letters`]: list, show, replay, skip, discard;
 //! - [`requeue`]: failed outbox events back to pending;
-//! - [`reprocess`]: a group's offsets moved back, its dedupe rows kept or cleared.
+//! - [`reprocess`]: a group's offsets moved back, its dedupe rows kept or cleared;
+//! - [`retention`]: each table's window and last run; a run by hand, or a dry run.
 //!
 //! Around them: [`cli`] (flags and environment), [`targets`] (what the commands act on: the
 //! outbox's database and each group's, the known groups and their topics), [`output`] (tables
@@ -42,6 +43,7 @@ pub mod error;
 pub mod output;
 pub mod reprocess;
 pub mod requeue;
+pub mod retention;
 pub mod status;
 pub mod targets;
 pub mod trace;
@@ -113,6 +115,7 @@ pub async fn run(cli: Cli, groups: &Groups) -> anyhow::Result<()> {
                 Ok(())
             }
         }
+        Command::Retention { action } => retention::run(&targets, &action, json).await,
         Command::Reprocess(args) => {
             let done = reprocess::reprocess(&targets, &args).await?;
             if json {

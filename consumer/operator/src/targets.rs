@@ -54,13 +54,13 @@ impl Targets {
     /// The outbox's database.
     pub async fn outbox(&self) -> anyhow::Result<PgPool> {
         let url = self.args.database_url.clone();
-        self.pool(&url).await
+        self.pool_of(&url).await
     }
 
     /// The database of `group` (a name without the prefix).
     pub async fn group(&self, group: &str) -> anyhow::Result<PgPool> {
         let url = self.group_url(group).to_owned();
-        self.pool(&url).await
+        self.pool_of(&url).await
     }
 
     /// The URL of `group`'s database.
@@ -110,7 +110,7 @@ impl Targets {
         urls.dedup();
         let mut found = BTreeSet::new();
         for url in urls {
-            let pool = self.pool(&url).await?;
+            let pool = self.pool_of(&url).await?;
             let names: Vec<String> = sqlx::query_scalar(
                 "SELECT DISTINCT group_name FROM partition_owner WHERE starts_with(group_name, $1)",
             )
@@ -225,7 +225,8 @@ impl Targets {
         .context("asking Kafka about the group")?
     }
 
-    async fn pool(&self, url: &str) -> anyhow::Result<PgPool> {
+    /// The database at `url` (one pool per URL, opened on first use).
+    pub async fn pool_of(&self, url: &str) -> anyhow::Result<PgPool> {
         let mut pools = self.pools.lock().await;
         if let Some(pool) = pools.get(url) {
             return Ok(pool.clone());

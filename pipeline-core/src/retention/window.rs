@@ -47,7 +47,16 @@ impl Window {
 
 impl fmt::Display for Window {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", humantime::format_duration(self.0))
+        // The largest unit that divides it: 7d, 36h, 90m, 45s (humantime's own form spells a
+        // year of days as months).
+        let secs = self.0.as_secs();
+        match secs {
+            0 => write!(f, "0s"),
+            s if s % 86_400 == 0 => write!(f, "{}d", s / 86_400),
+            s if s % 3_600 == 0 => write!(f, "{}h", s / 3_600),
+            s if s % 60 == 0 => write!(f, "{}m", s / 60),
+            s => write!(f, "{s}s"),
+        }
     }
 }
 
@@ -90,6 +99,9 @@ mod tests {
         assert!("7".parse::<Window>().is_err());
         assert!("-1d".parse::<Window>().is_err());
         assert!("forever".parse::<Window>().is_err());
+        assert_eq!(Window::days(365).to_string(), "365d");
+        assert_eq!(Window::secs(5_400).to_string(), "90m");
+        assert_eq!(Window::secs(61).to_string(), "61s");
     }
 
     #[test]

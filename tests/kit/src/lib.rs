@@ -7,6 +7,7 @@
 //! - [`TestEnv`] (`env`): one isolated environment and the binaries started in it;
 //! - [`Service`] (`service`): a running binary, its log and its signals;
 //! - [`db`]: test databases (the server, their URLs, making and dropping them);
+//! - [`history`]: outbox rows of a given age, written as the library and the relay would;
 //! - [`kafka`]: the broker, consumer groups' committed lag, and reading a topic;
 //! - [`wait_until`] (`wait`): waiting for a condition with a deadline;
 //! - [`scrape_sum`] (`metrics`): reading a binary's `/metrics`.
@@ -19,6 +20,7 @@
 
 pub mod db;
 mod env;
+pub mod history;
 pub mod kafka;
 mod metrics;
 mod service;
