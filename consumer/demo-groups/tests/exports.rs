@@ -237,3 +237,41 @@ async fn the_jobs_waiting_are_the_pending_and_processing_ones_with_the_oldest_ag
     assert_eq!(jobs, 2, "the finished job does not wait");
     assert!((600.0..660.0).contains(&oldest), "oldest {oldest}");
 }
+
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
+async fn the_sweep_removes_jobs_expired_past_their_retention_and_nothing_unfinished(pool: PgPool) {
+    let dir = temp_dir();
+    let mut jobs = Vec::new();
+    for (state, expired_days_ago) in [
+        ("expired", 40),
+        ("expired", 5),
+        ("failed", 40),
+        ("pending", 40),
+        ("processing", 40),
+    ] {
+        let id = job(&pool, serde_json::json!({}), state).await;
+        sqlx::query(
+            "UPDATE export_job SET expires_at = now() - make_interval(days => $2),
+                                   created_at = now() - interval '60 days'
+             WHERE id = $1",
+        )
+        .bind(id)
+        .bind(expired_days_ago)
+        .execute(&pool)
+        .await
+        .expect("age");
+        jobs.push(id);
+    }
+    demo_groups::export::worker::sweep(&pool, &settings(dir))
+        .await
+        .expect("sweep");
+    let left: Vec<(Uuid, String)> = sqlx::query_as("SELECT id, state FROM export_job ORDER BY id")
+        .fetch_all(&pool)
+        .await
+        .expect("left");
+    // Expired 40 days ago: gone, whether the job was marked expired before or by this sweep;
+    // expired 5 days ago: kept (30 days); unfinished jobs: kept whatever their age.
+    let ids: Vec<Uuid> = left.iter().map(|(id, _)| *id).collect();
+    assert_eq!(ids, vec![jobs[1], jobs[3], jobs[4]]);
+    assert_eq!(left[0].1, "expired");
+}

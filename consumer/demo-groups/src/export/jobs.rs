@@ -211,6 +211,23 @@ pub async fn mark_expired(pool: &PgPool, ids: &[Uuid]) -> Result<u64, sqlx::Erro
     Ok(done.rows_affected())
 }
 
+/// Removes at most `limit` jobs that expired more than `kept` ago (their files are gone); the
+/// oldest first, through the expiry index. Returns how many.
+pub async fn remove_expired(pool: &PgPool, kept: Duration, limit: i64) -> Result<u64, sqlx::Error> {
+    let done = sqlx::query(
+        "DELETE FROM export_job WHERE id IN (
+             SELECT id FROM export_job
+             WHERE state = 'expired'
+               AND expires_at < clock_timestamp() - make_interval(secs => $1::float8 / 1000)
+             ORDER BY expires_at LIMIT $2)",
+    )
+    .bind(millis(kept))
+    .bind(limit)
+    .execute(pool)
+    .await?;
+    Ok(done.rows_affected())
+}
+
 /// Jobs submitted and not finished (pending or processing), and the age in seconds of the
 /// oldest of them (0 when there is none).
 pub async fn waiting(pool: &PgPool) -> Result<(i64, f64), sqlx::Error> {

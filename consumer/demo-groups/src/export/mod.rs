@@ -84,6 +84,16 @@ pub struct ExportSettings {
         default_value_t = 10_000
     )]
     pub sweep_interval_ms: u64,
+    /// How long an expired export's job row is kept (its file is already gone), in days: the
+    /// sweep then removes it. Jobs not finished, and finished ones not yet expired, are never
+    /// removed.
+    #[arg(
+        long = "export-retain-days",
+        env = "EXPORT_RETAIN_DAYS",
+        default_value_t = 30,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    pub retain_days: u64,
 }
 
 impl Default for ExportSettings {
@@ -96,6 +106,7 @@ impl Default for ExportSettings {
             statement_timeout_seconds: 3_600,
             poll_ms: 200,
             sweep_interval_ms: 10_000,
+            retain_days: 30,
         }
     }
 }
@@ -104,6 +115,11 @@ impl ExportSettings {
     /// The lease as a duration.
     pub fn lease(&self) -> Duration {
         Duration::from_secs(self.lease_seconds)
+    }
+
+    /// How long an expired job's row is kept.
+    pub fn retain(&self) -> Duration {
+        Duration::from_secs(self.retain_days.saturating_mul(86_400))
     }
 
     /// The time to live of a finished export.

@@ -212,8 +212,9 @@ async fn fail(
 }
 
 /// Removes the files of jobs whose time is up and marks them expired (file first, so a crash in
-/// between leaves a job the next sweep finishes), then temporary files untouched for longer than
-/// a lease. Returns how many jobs expired.
+/// between leaves a job the next sweep finishes), then the rows of jobs expired for longer than
+/// `--export-retain-days`, then temporary files untouched for longer than a lease. Returns how
+/// many jobs expired.
 pub async fn sweep(pool: &PgPool, settings: &ExportSettings) -> anyhow::Result<u64> {
     let mut expired = 0;
     loop {
@@ -241,6 +242,20 @@ pub async fn sweep(pool: &PgPool, settings: &ExportSettings) -> anyhow::Result<u
         tracing::info!(exports = marked, "expired exports removed");
         expired += marked;
         if ids.len() < usize::try_from(SWEEP_BATCH).unwrap_or(usize::MAX) {
+            break;
+        }
+    }
+    loop {
+        let removed = jobs::remove_expired(pool, settings.retain(), SWEEP_BATCH)
+            .await
+            .context("removing expired export jobs")?;
+        if removed > 0 {
+            tracing::info!(
+                jobs = removed,
+                "expired export jobs past their retention removed"
+            );
+        }
+        if removed < u64::try_from(SWEEP_BATCH).unwrap_or(u64::MAX) {
             break;
         }
     }
