@@ -58,6 +58,11 @@ pub struct CheckResults {
     pub published_missing_from_topic: i64,
     /// Partitions a group had not caught up on when the drain gave up (empty when drained).
     pub undrained_partitions: Vec<String>,
+    /// Rows retention removed during the run, by table (`retention_state`).
+    pub retention_removed: BTreeMap<String, i64>,
+    /// Events the groups flagged stale (redeliveries their dedupe rows no longer knew, caught by
+    /// their orders' progress), over every group.
+    pub stale: i64,
     /// Up to 20 examples of each failure, for the investigation.
     pub examples: BTreeMap<String, Vec<String>>,
 }
@@ -131,6 +136,17 @@ pub async fn database_checks(
         results.parked += counts.parked;
         let _ = results.by_group.insert(group.clone(), counts);
     }
+    results.retention_removed =
+        sqlx::query_as::<_, (String, i64)>("SELECT table_name, total_removed FROM retention_state")
+            .fetch_all(pool)
+            .await?
+            .into_iter()
+            .collect();
+    results.stale = count(
+        pool,
+        "SELECT count(*) FROM group_transition WHERE transition = 'stale'",
+    )
+    .await?;
     results.examples = super::examples::collect(pool, groups).await?;
     Ok(results)
 }

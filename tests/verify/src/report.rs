@@ -40,6 +40,9 @@ pub struct RunSettings {
     pub skipped_kinds: Vec<FaultKind>,
     pub consumer_session_timeout_ms: u64,
     pub consumer_fetch_wait_max_ms: u64,
+    /// The consumers' dedupe window (`--retain-dedupe`) and how often they run retention.
+    pub consumer_retain_dedupe: &'static str,
+    pub consumer_retention_interval: &'static str,
     /// Each consumer group's protocol and processes.
     pub consumer_groups: Vec<ConsumerGroupSetup>,
     /// The run's Apache Kafka cluster.
@@ -138,6 +141,8 @@ impl Report {
                 skipped_kinds: settings.skip.clone(),
                 consumer_session_timeout_ms: SESSION_TIMEOUT_MS,
                 consumer_fetch_wait_max_ms: settings.consumer_fetch_wait_ms,
+                consumer_retain_dedupe: crate::topology::RETAIN_DEDUPE,
+                consumer_retention_interval: crate::topology::RETENTION_INTERVAL,
                 consumer_groups: group_protocols(settings.seed)
                     .into_iter()
                     .map(|(group, protocol)| ConsumerGroupSetup {
@@ -427,6 +432,20 @@ impl Report {
                     .map_or("-".to_owned(), |v| v.to_string()),
             ),
             ("drain after load", secs(self.drain_seconds)),
+            (
+                "retention: dedupe rows removed / stale",
+                self.checks.as_ref().map_or("-".to_owned(), |c| {
+                    format!(
+                        "{} (window {}) / {}",
+                        c.retention_removed
+                            .get("processed_message")
+                            .copied()
+                            .unwrap_or(0),
+                        self.settings.consumer_retain_dedupe,
+                        c.stale
+                    )
+                }),
+            ),
         ]);
         for (label, n) in &self.unplanned_exits {
             rows.push(("unplanned exit", format!("{label} × {n}")));

@@ -37,6 +37,12 @@ pub const ORDER_SERVICE: &str = "order-service";
 pub const MEMBERS_PER_GROUP: usize = 2;
 /// Database connections of each consumer process (one group, half of its partitions).
 const CONSUMER_MAX_CONNECTIONS: u32 = 8;
+/// The consumers' dedupe window in the run: the least the setting allows, so that retention
+/// removes dedupe rows all through the run and redeliveries past it must be caught as stale by
+/// their orders' progress. The effect history (what the checks read) keeps its default window.
+pub const RETAIN_DEDUPE: &str = "1m";
+/// How often the consumers run retention in the run.
+pub const RETENTION_INTERVAL: &str = "5s";
 
 /// The group a consumer process runs, and on which protocol.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -319,6 +325,10 @@ impl Topology {
             &self.consumer_fetch_wait_ms.to_string(),
             "--lag-interval-ms",
             "0",
+            "--retention-interval",
+            RETENTION_INTERVAL,
+            "--retain-dedupe",
+            RETAIN_DEDUPE,
         ]);
         Ok(ProcessSpec {
             label: member.label.clone(),
