@@ -314,6 +314,8 @@ pub async fn connect(db: &DbArgs, settings: &RelaySettings) -> anyhow::Result<Pg
 
 #[cfg(test)]
 mod tests {
+    use pipeline_core::retention::Window;
+
     use super::*;
 
     /// With the default settings an event Kafka refuses for good (message too large, invalid
@@ -350,5 +352,11 @@ mod tests {
             .0
             .contains("--standby-retry-ms"));
         assert!(refused(|s| s.linger_ms = 40_000).0.contains("--linger-ms"));
+        assert!(refused(|s| s.retention.published = Window::secs(10))
+            .0
+            .contains("--retain-published is 10s, below its floor of 1m"));
+        assert!(refused(|s| s.retention.operator_actions = Window::days(1))
+            .0
+            .contains("--retain-operator-actions"));
     }
 }
