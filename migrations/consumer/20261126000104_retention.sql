@@ -32,6 +32,12 @@ CREATE TABLE IF NOT EXISTS progress_horizon (
 
 -- Rows are removed from the old end of these tables as fast as they are added at the new end:
 -- vacuum them after 2 % of their rows changed (instead of 20 %), so the space of removed rows
--- is reused by new ones before the tables grow.
-ALTER TABLE processed_message SET (autovacuum_vacuum_scale_factor = 0.02, autovacuum_vacuum_threshold = 10000);
-ALTER TABLE applied_effect SET (autovacuum_vacuum_scale_factor = 0.02, autovacuum_vacuum_threshold = 10000);
+-- is reused by new ones before the tables grow. Vacuum leaves their empty last pages in place
+-- (new rows reuse them): giving them back takes an ACCESS EXCLUSIVE lock that every batch
+-- transaction would wait behind.
+ALTER TABLE processed_message SET (autovacuum_vacuum_scale_factor = 0.02,
+                                   autovacuum_vacuum_threshold = 10000, vacuum_truncate = false);
+ALTER TABLE applied_effect SET (autovacuum_vacuum_scale_factor = 0.02,
+                                autovacuum_vacuum_threshold = 10000, vacuum_truncate = false);
+ALTER TABLE order_progress SET (vacuum_truncate = false);
+ALTER TABLE group_transition SET (vacuum_truncate = false);

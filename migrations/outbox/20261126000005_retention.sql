@@ -21,6 +21,13 @@ CREATE TABLE IF NOT EXISTS retention_state (
 
 -- Rows are removed from the old end of these tables as fast as they are added at the new end:
 -- vacuum them after 2 % of their rows changed (instead of 20 %), so the space of removed rows
--- is reused by new ones before the tables grow.
-ALTER TABLE outbox SET (autovacuum_vacuum_scale_factor = 0.02, autovacuum_vacuum_threshold = 10000);
-ALTER TABLE outbox_delivery SET (autovacuum_vacuum_scale_factor = 0.02, autovacuum_vacuum_threshold = 10000);
+-- is reused by new ones before the tables grow. Vacuum leaves their empty last pages in place
+-- (new rows reuse them): giving them back takes an ACCESS EXCLUSIVE lock that the relay's marks
+-- and the writers' inserts would wait behind. The relay's queue table is truncated only by the
+-- relay's own vacuum, once a backlog grew it (relay/src/vacuum.rs).
+ALTER TABLE outbox SET (autovacuum_vacuum_scale_factor = 0.02, autovacuum_vacuum_threshold = 10000,
+                        vacuum_truncate = false);
+ALTER TABLE outbox_delivery SET (autovacuum_vacuum_scale_factor = 0.02,
+                                 autovacuum_vacuum_threshold = 10000, vacuum_truncate = false);
+ALTER TABLE outbox_attempt SET (vacuum_truncate = false);
+ALTER TABLE outbox_unpublished SET (vacuum_truncate = false);

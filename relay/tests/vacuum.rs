@@ -1,12 +1,13 @@
 //! The relay's queue table stays small: published events leave dead rows behind, and the relay's
-//! vacuum gives their pages back, so a claim does not read them. Needs `DATABASE_URL` (see
+//! vacuum frees them for new events; a table grown by a backlog is given back its pages, so a
+//! claim does not read them. Needs `DATABASE_URL` (see
 //! `claim.rs`).
 
 mod common;
 
 use relay::claim::claim_batch;
 use relay::mark::{mark_published, Published};
-use relay::vacuum::vacuum_once;
+use relay::vacuum::{vacuum_once, SHRINK_ABOVE_PAGES};
 use sqlx::PgPool;
 
 async fn enqueue_orders(pool: &PgPool, prefix: &str, orders: usize) {
@@ -37,35 +38,58 @@ async fn queue_pages(pool: &PgPool) -> i64 {
     .expect("relation size")
 }
 
+/// Claims and marks published every pending event, as the relay does.
+async fn publish_all(pool: &PgPool, lease: &relay::lease::Lease) {
+    loop {
+        let claimed = claim_batch(pool, 5000).await.expect("claim");
+        if claimed.is_empty() {
+            return;
+        }
+        let published: Vec<Published> = claimed
+            .iter()
+            .enumerate()
+            .map(|(i, e)| Published {
+                id: e.id,
+                partition: 0,
+                offset: i as i64,
+            })
+            .collect();
+        let marked = mark_published(pool, lease.fence(), &published)
+            .await
+            .expect("mark");
+        assert_eq!(marked, published.len() as u64);
+    }
+}
+
 #[sqlx::test(migrator = "outbox::MIGRATOR")]
-async fn vacuum_gives_back_the_pages_of_published_events(pool: PgPool) {
+async fn vacuum_frees_the_rows_of_published_events_and_shrinks_only_a_grown_table(pool: PgPool) {
     let (_elector, lease) = common::hold_lease(&pool).await;
     enqueue_orders(&pool, "first", 3000).await;
-    let claimed = claim_batch(&pool, 5000).await.expect("claim");
-    assert_eq!(claimed.len(), 3000);
-    let published: Vec<Published> = claimed
-        .iter()
-        .enumerate()
-        .map(|(i, e)| Published {
-            id: e.id,
-            partition: 0,
-            offset: i as i64,
-        })
-        .collect();
-    assert_eq!(
-        mark_published(&pool, lease.fence(), &published)
-            .await
-            .expect("mark"),
-        3000
-    );
+    publish_all(&pool, &lease).await;
     let pending: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_unpublished")
         .fetch_one(&pool)
         .await
         .expect("count");
     assert_eq!(pending, 0);
-    // Every row is gone, but its page is still there for a claim to read.
-    assert!(queue_pages(&pool).await > 5);
+    let small = queue_pages(&pool).await;
+    assert!(small > 5 && small <= SHRINK_ABOVE_PAGES, "{small} pages");
 
+    // A small table keeps its pages (no ACCESS EXCLUSIVE lock for claims and writers to queue
+    // behind); its dead rows are freed, so new events fill the same pages.
+    vacuum_once(&pool).await.expect("vacuum");
+    assert_eq!(queue_pages(&pool).await, small);
+    enqueue_orders(&pool, "again", 3000).await;
+    assert_eq!(
+        queue_pages(&pool).await,
+        small,
+        "the freed pages are reused"
+    );
+    publish_all(&pool, &lease).await;
+
+    // A backlog grows the table past the threshold: once drained, its pages are given back.
+    enqueue_orders(&pool, "backlog", 20_000).await;
+    publish_all(&pool, &lease).await;
+    assert!(queue_pages(&pool).await > SHRINK_ABOVE_PAGES);
     vacuum_once(&pool).await.expect("vacuum");
     assert_eq!(queue_pages(&pool).await, 0);
 
