@@ -111,20 +111,11 @@ pub(crate) async fn handle_event(
             "event sequence already applied (a redelivery past the dedupe window, or another \
              event with that sequence); not applied"
         );
-        set_outcomes(
-            tx,
-            group,
-            &[OutcomeChange::tracked(
-                env,
-                "stale",
-                format!(
-                    "order already at sequence {last}: a redelivery past the dedupe window, or \
-                     another event with this sequence; not applied"
-                ),
-            )],
-        )
-        .await?;
-        return Ok(Outcome::Stale);
+        let detail = format!(
+            "order already at sequence {last}: a redelivery past the dedupe window, or another \
+             event with this sequence; not applied"
+        );
+        return stale(tx, group, env, detail).await;
     }
     tracing::warn!(
         expected = last + 1,
@@ -164,20 +155,21 @@ async fn forgotten(
         occurred_at = %env.occurred_at,
         "event of an order whose progress retention removed; flagged stale, not applied"
     );
-    set_outcomes(
-        tx,
-        group,
-        &[OutcomeChange::tracked(
-            env,
-            "stale",
-            format!(
-                "no progress kept for this order, and the event occurred before the group's \
-                 progress horizon ({horizon}): a redelivery of an order retention forgot; not \
-                 applied"
-            ),
-        )],
-    )
-    .await?;
+    let detail = format!(
+        "no progress kept for this order, and the event occurred before the group's progress \
+         horizon ({horizon}): a redelivery of an order retention forgot; not applied"
+    );
+    stale(tx, group, env, detail).await
+}
+
+/// Records a `stale` step of the event's history, saying why: it is not applied.
+async fn stale(
+    tx: &mut Transaction<'_, Postgres>,
+    group: &str,
+    env: &Envelope,
+    detail: String,
+) -> Result<Outcome, ProcessError> {
+    set_outcomes(tx, group, &[OutcomeChange::tracked(env, "stale", detail)]).await?;
     Ok(Outcome::Stale)
 }
 
