@@ -1,13 +1,21 @@
-//! A database filled under the schema before retention (a month of history, today's work,
-//! dead letters, parked events) migrates, on a real PostgreSQL (`DATABASE_URL`), without
-//! copying or losing a row and with every guarantee's key in force; retention then removes the
-//! month-old history and nothing else.
+//! Retention by hand and on an existing database, on a real PostgreSQL (`DATABASE_URL`):
+//! `pipeline retention` (status, dry run, a run recorded with who and why, bad input refused);
+//! and a database filled under the schema before retention (a month of history, today's work,
+//! dead letters, parked events) migrates without copying or losing a row and with every
+//! guarantee's key in force, after which retention removes the month-old history and nothing
+//! else.
 
 use std::borrow::Cow;
 
 use chrono::Utc;
+use clap::Parser;
+use consumer::Groups;
+use operator::cli::Cli;
+use operator::error::exit_code;
 use pipeline_core::retention::Runner;
-use pipeline_testkit::db::{create_database, drop_database, server_url};
+use pipeline_testkit::db::{
+    create_database, database_url, drop_database, migrated_database, server_url,
+};
 use pipeline_testkit::history::{append, attempt, publish};
 use sqlx::migrate::Migrator;
 use sqlx::PgPool;
@@ -214,4 +222,88 @@ async fn a_database_filled_before_retention_migrates_with_every_row_and_guarante
     );
     pool.close().await;
     drop_database(&server, &name).await.expect("drop");
+}
+
+/// Runs `pipeline args…` in-process against `pool`'s database.
+async fn pipeline(pool: &PgPool, args: &[&str]) -> anyhow::Result<()> {
+    let url = database_url(pool);
+    let argv = ["pipeline", "--database-url", &url]
+        .into_iter()
+        .map(str::to_owned)
+        .chain(args.iter().map(|a| (*a).to_owned()));
+    let cli = Cli::try_parse_from(argv).expect("arguments");
+    operator::run(cli, &Groups::new()).await
+}
+
+#[tokio::test]
+async fn pipeline_retention_shows_dry_runs_and_runs_with_who_and_why() {
+    let (name, pool) = migrated_database("operator_retention")
+        .await
+        .expect("database");
+    let old = append(&pool, 100, 30).await;
+    publish(&pool, &old, 30).await;
+    let _fresh = append(&pool, 10, 0).await;
+
+    pipeline(&pool, &["retention", "status"])
+        .await
+        .expect("status");
+    pipeline(&pool, &["retention", "run", "--dry-run"])
+        .await
+        .expect("dry run");
+    assert_eq!(count(&pool, "SELECT count(*) FROM outbox").await, 110);
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM operator_action").await,
+        0
+    );
+
+    // A run that changes something says why.
+    let e = pipeline(&pool, &["retention", "run"])
+        .await
+        .expect_err("no note");
+    assert_eq!(exit_code(&e), 2, "{e:#}");
+    assert!(e.to_string().contains("--note"), "{e:#}");
+    let e = pipeline(
+        &pool,
+        &["retention", "run", "--note", "  ", "--actor", "ops"],
+    )
+    .await
+    .expect_err("blank note");
+    assert_eq!(exit_code(&e), 2, "{e:#}");
+
+    pipeline(
+        &pool,
+        &[
+            "retention",
+            "run",
+            "--note",
+            "disk filling up",
+            "--actor",
+            "ops",
+        ],
+    )
+    .await
+    .expect("run");
+    assert_eq!(count(&pool, "SELECT count(*) FROM outbox").await, 10);
+    let (actor, reason, removed): (String, String, i64) = sqlx::query_as(
+        "SELECT actor, reason, (detail -> 'removed' ->> 'outbox')::bigint FROM operator_action
+         WHERE action = 'retention.run'",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("recorded");
+    assert_eq!(
+        (actor.as_str(), reason.as_str(), removed),
+        ("ops", "disk filling up", 100)
+    );
+    let by: String =
+        sqlx::query_scalar("SELECT updated_by FROM retention_state WHERE table_name = 'outbox'")
+            .fetch_one(&pool)
+            .await
+            .expect("state");
+    assert_eq!(by, "pipeline retention run by ops");
+    pipeline(&pool, &["retention", "status"])
+        .await
+        .expect("status");
+    pool.close().await;
+    drop_database(&server_url(), &name).await.expect("drop");
 }
