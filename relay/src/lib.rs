@@ -56,6 +56,7 @@ pub mod publish;
 pub mod release;
 pub mod retention;
 pub mod runtime;
+pub mod schedule;
 pub mod settings;
 pub mod vacuum;
 

@@ -34,6 +34,7 @@ pub struct RelayMetrics {
     pub lease_vacant: Gauge,
     pub fenced: IntCounter,
     pub delayed_released: IntCounter,
+    pub schedule_occurrences: IntCounterVec,
     pub delayed_due: IntGauge,
     pub delayed_overdue: Gauge,
 }
@@ -173,6 +174,15 @@ impl RelayMetrics {
                 "outbox_delayed_released_total",
                 "Delayed events this relay released into the outbox once due",
             )?,
+            schedule_occurrences: IntCounterVec::new(
+                Opts::new(
+                    "outbox_schedule_occurrences_total",
+                    "Occurrences of recurring schedules this relay materialised, by outcome: \
+                     fired (appended as a delayed event) or skipped (passed over by the \
+                     schedule's missed-occurrence policy)",
+                ),
+                &["outcome"],
+            )?,
             delayed_due: IntGauge::new(
                 "outbox_delayed_due",
                 "Delayed events that are due and not yet released into the outbox (0 while a \
@@ -192,6 +202,10 @@ impl RelayMetrics {
         registry.register(Box::new(m.lease_vacant.clone()))?;
         registry.register(Box::new(m.fenced.clone()))?;
         registry.register(Box::new(m.delayed_released.clone()))?;
+        registry.register(Box::new(m.schedule_occurrences.clone()))?;
+        for outcome in ["fired", "skipped"] {
+            let _ = m.schedule_occurrences.with_label_values(&[outcome]);
+        }
         registry.register(Box::new(m.delayed_due.clone()))?;
         registry.register(Box::new(m.delayed_overdue.clone()))?;
         for reason in TakeoverReason::ALL {

@@ -7,13 +7,14 @@
 
 use std::time::Duration;
 
-use outbox::OUTBOX_CHANNEL;
+use outbox::{Outbox, OUTBOX_CHANNEL};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 use crate::lease::{Fence, Lease};
 use crate::mark::MarkError;
 use crate::metrics::RelayMetrics;
+use crate::schedule::materialise_step;
 
 /// Releases up to `limit` due delayed events into the outbox in one statement, oldest due first,
 /// and returns how many it released.
@@ -100,8 +101,9 @@ const RELEASE_SQL: &str = "WITH lease AS (
          RETURNING 1)
  SELECT EXISTS (SELECT 1 FROM lease), (SELECT count(*) FROM moved)";
 
-/// While `lease` is held and until `stop`: releases due delayed events every `every`, at once
-/// again while a release finds a full batch (`limit`).
+/// While `lease` is held and until `stop`: every `every`, materialises the due occurrences of
+/// recurring schedules ([`materialise_step`]), then releases due delayed events, at once again
+/// while a release finds a full batch (`limit`).
 pub async fn release_while_active(
     pool: PgPool,
     lease: Lease,
@@ -114,6 +116,25 @@ pub async fn release_while_active(
     loop {
         if stop.is_cancelled() || !lease.is_live() {
             return;
+        }
+        match materialise_step(&pool, &Outbox::default(), lease.fence()).await {
+            Ok(done) => {
+                for m in done {
+                    metrics
+                        .schedule_occurrences
+                        .with_label_values(&["fired"])
+                        .inc_by(m.fired.len() as u64);
+                    metrics
+                        .schedule_occurrences
+                        .with_label_values(&["skipped"])
+                        .inc_by(m.skipped as u64);
+                }
+            }
+            Err(MarkError::LeaseLost(epoch)) => {
+                tracing::warn!(epoch, "materialising schedules refused: lease lost");
+                return;
+            }
+            Err(e) => tracing::warn!(error = %e, "materialising schedules failed; retrying"),
         }
         let wait = match release_due(&pool, lease.fence(), limit).await {
             Ok(n) => {

@@ -58,8 +58,11 @@
 //! produces it: key, payload, headers and envelope). [`Outbox`] carries the settings; the free
 //! functions use the defaults.
 //!
-//! This crate brings no HTTP server or client: sqlx, serde_json, uuid, chrono and thiserror
-//! only.
+//! Recurring schedules ([`schedule`]): a cron expression in a time zone, each occurrence of which
+//! the active relay appends once, as a delayed event due at the occurrence's time.
+//!
+//! This crate brings no HTTP server or client: sqlx, serde, uuid, chrono (with chrono-tz), cron
+//! and thiserror only.
 
 #![warn(missing_docs)]
 
@@ -70,6 +73,7 @@ use uuid::Uuid;
 mod append;
 mod check;
 mod delay;
+pub mod schedule;
 
 pub use check::{
     OutboxSettings, DEFAULT_MAX_MESSAGE_BYTES, MAX_AGGREGATE_ID_BYTES, MAX_BUSINESS_KEY_BYTES,
