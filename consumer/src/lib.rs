@@ -60,7 +60,7 @@
 //! dead letter at all while the database or an outside dependency is down
 //! ([`HandlerError::Unavailable`]); ownership fencing, so a member that lost its partitions
 //! (frozen, or cut off from its database) applies nothing; rebalance-safe commits; shared
-//! transactions; metrics and lag.
+//! transactions; an optional rate limit; metrics and lag.
 //!
 //! The runtime serves no HTTP endpoint and applies no migration: the program serves the registry
 //! it passed (`pipeline_core::ops_http` offers `/metrics`, `/healthz` and `/readyz`) and applies
@@ -84,6 +84,8 @@
 //! Beside the path: [`settings`], what [`run`] takes ([`ConsumerSettings`]) and the database
 //! sessions it needs ([`connect`]); [`runtime`], the composition root that [`run`] starts;
 //! [`retention`], the rules that keep the groups' tables flat, run beside the groups;
+//! [`rate_limit`], a group's cap on the events it applies (a token bucket the partition tasks
+//! take from before each batch);
 //! [`operator`], what the operator command (consumer/operator) needs: dead-letter resolution with
 //! a group's handler; [`metrics`]; and [`backoff`], the retry delays.
 //!
@@ -112,6 +114,7 @@ pub mod kafka;
 pub mod metrics;
 pub mod operator;
 pub mod partition;
+pub mod rate_limit;
 pub mod retention;
 pub mod runtime;
 pub mod settings;
@@ -122,11 +125,13 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 pub use crate::handlers::{Event, Groups, Handler, HandlerError, HandlerTransaction, UnknownGroup};
+pub use crate::rate_limit::RateLimit;
 pub use crate::runtime::Runtime;
 pub use crate::settings::{connect, session_options, ConsumerSettings, InvalidSettings};
 
 /// The consumer library's migrations: what any group needs besides its own effect tables
-/// (dedupe rows, progress, parked events, dead letters, effect history, partition ownership).
+/// (dedupe rows, progress, parked events, dead letters, effect history, partition ownership,
+/// retention's state, the groups' rate limits).
 /// Apply them only where the program is meant to set up the database.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate::Migrator {
     ignore_missing: true,

@@ -1,8 +1,8 @@
 //! The consumer's Prometheus metrics, registered on a registry passed in.
 
 use prometheus::{
-    exponential_buckets, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry,
+    exponential_buckets, CounterVec, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec,
+    IntGauge, IntGaugeVec, Opts, Registry,
 };
 
 /// Values of the `outcome` label of `consumer_messages_total`.
@@ -59,6 +59,15 @@ pub struct ConsumerMetrics {
     /// `consumer_database_departures_total`: times this member left its group because its
     /// database was out of reach for longer than the limit.
     pub database_departures: IntCounterVec,
+    /// `consumer_rate_limit_events_per_second`: the group's rate limit in this process, in
+    /// events per second (a series only for limited groups; see [`crate::rate_limit`]).
+    pub rate_limit: GaugeVec,
+    /// `consumer_rate_limit_delayed_events_total`: events whose batch waited for the group's
+    /// rate limit before its transaction.
+    pub rate_limit_delayed: IntCounterVec,
+    /// `consumer_rate_limit_wait_seconds_total`: time partition batches waited for the group's
+    /// rate limit.
+    pub rate_limit_wait: CounterVec,
 }
 
 impl ConsumerMetrics {
@@ -169,6 +178,27 @@ impl ConsumerMetrics {
                 ),
                 &["group"],
             )?,
+            rate_limit: GaugeVec::new(
+                Opts::new(
+                    "consumer_rate_limit_events_per_second",
+                    "The group's rate limit in this process, in events per second",
+                ),
+                &["group"],
+            )?,
+            rate_limit_delayed: IntCounterVec::new(
+                Opts::new(
+                    "consumer_rate_limit_delayed_events_total",
+                    "Events whose batch waited for the group's rate limit before its transaction",
+                ),
+                &["group"],
+            )?,
+            rate_limit_wait: CounterVec::new(
+                Opts::new(
+                    "consumer_rate_limit_wait_seconds_total",
+                    "Time partition batches waited for the group's rate limit",
+                ),
+                &["group"],
+            )?,
         };
         registry.register(Box::new(m.messages.clone()))?;
         registry.register(Box::new(m.out_of_sequence.clone()))?;
@@ -185,6 +215,9 @@ impl ConsumerMetrics {
         registry.register(Box::new(m.batch_retries.clone()))?;
         registry.register(Box::new(m.database_reachable.clone()))?;
         registry.register(Box::new(m.database_departures.clone()))?;
+        registry.register(Box::new(m.rate_limit.clone()))?;
+        registry.register(Box::new(m.rate_limit_delayed.clone()))?;
+        registry.register(Box::new(m.rate_limit_wait.clone()))?;
         Ok(m)
     }
 
@@ -203,5 +236,7 @@ impl ConsumerMetrics {
         let _ = self.shared_transaction_failures.with_label_values(&[group]);
         let _ = self.assigned_partitions.with_label_values(&[group]);
         let _ = self.database_departures.with_label_values(&[group]);
+        let _ = self.rate_limit_delayed.with_label_values(&[group]);
+        let _ = self.rate_limit_wait.with_label_values(&[group]);
     }
 }

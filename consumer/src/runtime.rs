@@ -1,6 +1,7 @@
 //! The composition root: one type whose start-up is a sequence of named steps, in the order of
-//! the data's path (dead-letter topics, metrics on the caller's registry, the database probe and
-//! lag collector and retention beside the groups, then each group's poll thread), and whose [`Runtime::wait`]
+//! the data's path (the groups' rate limits recorded, dead-letter topics, metrics on the caller's
+//! registry, the database probe and lag collector and retention beside the groups, then each
+//! group's poll thread), and whose [`Runtime::wait`]
 //! joins everything it started. It serves no HTTP endpoint: the program serves the registry
 //! (e.g. with `pipeline_core::ops_http`).
 
@@ -19,6 +20,7 @@ use crate::handlers::Groups;
 use crate::kafka::{probe, run_collector, run_member, LagCollector, Reachability};
 use crate::metrics::ConsumerMetrics;
 use crate::partition::{FatalSignal, TaskContext};
+use crate::rate_limit::{self, GroupRateLimiter};
 use crate::settings::ConsumerSettings;
 use crate::transaction::{DeadLetterSink, SharedTransactionSettings, SharedTransactions};
 
@@ -62,7 +64,9 @@ impl Runtime {
         }
         let args = &settings;
         check_groups(args, groups)?;
+        args.check_rate_limits()?;
         check_sessions(&pool).await?;
+        record_rate_limits(args, &pool).await?;
         let options = (*pool.connect_options()).clone();
         let dead_letters = dead_letter_sink(args).await?;
         let metrics = ConsumerMetrics::register(registry).context("registering metrics")?;
@@ -249,6 +253,14 @@ impl Runtime {
                         self.stop.clone(),
                     ))
                 });
+            let rate_limit = args
+                .rate_limit(group)
+                .and_then(|limit| GroupRateLimiter::new(limit, &parts.metrics, &name))
+                .map(Arc::new);
+            let max_batch = match &rate_limit {
+                Some(limit) => args.max_batch.min(limit.max_batch()),
+                None => args.max_batch,
+            };
             let context = TaskContext {
                 pool: parts.pool.clone(),
                 handler,
@@ -256,12 +268,13 @@ impl Runtime {
                 metrics: parts.metrics.clone(),
                 finished: finished_tx,
                 fatal: self.fatal.clone(),
-                max_batch: args.max_batch,
+                max_batch,
                 custom_plans_up_to: args.custom_plans_up_to,
                 retry_base: Duration::from_millis(args.retry_base_ms),
                 retry_max: Duration::from_millis(args.retry_max_ms),
                 retry_budget: Duration::from_millis(args.retry_budget_ms),
                 shared_transactions,
+                rate_limit,
             };
             if let Some(task) = groups.beside_task(group, parts.pool.clone(), self.stop.clone())? {
                 self.background.push(tokio::spawn(task));
@@ -302,6 +315,23 @@ fn check_groups(args: &ConsumerSettings, groups: &Groups) -> anyhow::Result<()> 
     );
     for name in &args.groups {
         let _ = groups.handler(name, name.clone())?;
+    }
+    Ok(())
+}
+
+/// Records each group's rate limit in this process, or that it has none, for `pipeline status`
+/// (see [`rate_limit::record`]).
+async fn record_rate_limits(args: &ConsumerSettings, pool: &PgPool) -> anyhow::Result<()> {
+    for group in &args.groups {
+        let name = format!("{}{group}", args.group_prefix);
+        rate_limit::record(pool, &name, args.rate_limit(group))
+            .await
+            .with_context(|| {
+                format!(
+                    "recording the rate limit of group {group} (table group_rate_limit of \
+                     consumer::MIGRATOR)"
+                )
+            })?;
     }
     Ok(())
 }

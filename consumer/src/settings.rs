@@ -16,6 +16,7 @@ use sqlx::postgres::PgConnectOptions;
 use sqlx::PgPool;
 
 use crate::kafka::{GroupProtocol, MemberSettings};
+use crate::rate_limit::RateLimit;
 use crate::retention::RetentionSettings;
 use crate::transaction::CUSTOM_PLANS_UP_TO;
 
@@ -228,6 +229,20 @@ pub struct ConsumerSettings {
         arg(long, env = "CONSUMER_RETRY_MAX_MS", default_value_t = 10_000)
     )]
     pub retry_max_ms: u64,
+    /// A group's cap on the events it applies, as GROUP=N/s or GROUP=N/min; repeatable, at
+    /// most one per group. It holds in each process that runs the group (M processes apply up
+    /// to M × N); a limited group's batches hold at most a tenth of a second's events. Events
+    /// wait in Kafka meanwhile: the lag grows. Empty: no group is limited.
+    #[cfg_attr(
+        feature = "cli",
+        arg(
+            long = "rate-limit",
+            env = "CONSUMER_RATE_LIMITS",
+            value_delimiter = ',',
+            value_name = "GROUP=N/s"
+        )
+    )]
+    pub rate_limits: Vec<RateLimit>,
     /// Retention of the groups' tables in this consumer's database.
     #[cfg_attr(feature = "cli", command(flatten))]
     pub retention: RetentionSettings,
@@ -263,6 +278,7 @@ impl Default for ConsumerSettings {
             leave_after_database_unreachable_ms: 0,
             retry_base_ms: 100,
             retry_max_ms: 10_000,
+            rate_limits: Vec::new(),
             retention: RetentionSettings::default(),
         }
     }
@@ -380,9 +396,40 @@ impl ConsumerSettings {
                     .to_owned()
             },
         )?;
+        self.check_rate_limits()?;
         self.retention
             .validate()
             .map_err(|e| InvalidSettings(e.to_string()))
+    }
+
+    /// Refuses rate limits that cannot work (zero, too high, no group), two for one group, and,
+    /// when `groups` names the groups to run, a limit for a group this process does not run.
+    pub fn check_rate_limits(&self) -> Result<(), InvalidSettings> {
+        for (i, limit) in self.rate_limits.iter().enumerate() {
+            limit
+                .check()
+                .map_err(|e| InvalidSettings(format!("rate_limits (--rate-limit): {e}")))?;
+            if self.rate_limits[..i].iter().any(|l| l.group == limit.group) {
+                return Err(InvalidSettings(format!(
+                    "rate_limits (--rate-limit): group {} has two limits; give it one",
+                    limit.group
+                )));
+            }
+            if !self.groups.is_empty() && !self.groups.contains(&limit.group) {
+                return Err(InvalidSettings(format!(
+                    "rate_limits (--rate-limit {limit}): this process does not run group {} \
+                     (it runs {})",
+                    limit.group,
+                    self.groups.join(", ")
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The rate limit of `group` (a name `groups` holds), if it has one.
+    pub fn rate_limit(&self, group: &str) -> Option<&RateLimit> {
+        self.rate_limits.iter().find(|l| l.group == group)
     }
 }
 
@@ -456,6 +503,52 @@ mod tests {
             |s| s.dead_letter_topic = "dlq".to_owned(),
             "dead_letter_topic",
         );
+    }
+
+    #[test]
+    fn rate_limits_that_cannot_work_are_refused() {
+        let valid = ConsumerSettings {
+            groups: vec!["inventory".to_owned(), "notification".to_owned()],
+            topics: vec!["events".to_owned()],
+            rate_limits: vec![
+                RateLimit::per_second("inventory", 200),
+                RateLimit::per_minute("notification", 30),
+            ],
+            ..ConsumerSettings::default()
+        };
+        valid.validate().expect("valid limits");
+        assert_eq!(
+            valid.rate_limit("inventory"),
+            Some(&RateLimit::per_second("inventory", 200))
+        );
+        assert_eq!(valid.rate_limit("export"), None);
+        let refused = |change: fn(&mut ConsumerSettings), expected: &str| {
+            let mut settings = valid.clone();
+            change(&mut settings);
+            let error = settings.validate().expect_err(expected).to_string();
+            assert!(error.contains("--rate-limit"), "{error}");
+            assert!(error.contains(expected), "{error}");
+        };
+        refused(|s| s.rate_limits[0].events = 0, "zero");
+        refused(
+            |s| s.rate_limits[0] = RateLimit::per_second("inventory", 2_000_000),
+            "above 1000000/s",
+        );
+        refused(
+            |s| s.rate_limits[1] = RateLimit::per_second("inventory", 10),
+            "two limits",
+        );
+        refused(
+            |s| s.rate_limits[1] = RateLimit::per_second("export", 10),
+            "does not run group export",
+        );
+        refused(|s| s.rate_limits[1].group = String::new(), "names no group");
+        // With no group named the process runs every registered one: the runtime checks the
+        // names once it knows them.
+        let mut every_group = valid.clone();
+        every_group.groups.clear();
+        every_group.rate_limits[1] = RateLimit::per_second("export", 10);
+        every_group.validate().expect("checked at start");
     }
 
     #[test]

@@ -114,6 +114,7 @@ async fn a_dependency_that_is_down_makes_the_partition_wait_and_resume_by_itself
         // and dead-lettered by now; a dependency that is down must not.
         retry_budget: Duration::from_millis(100),
         shared_transactions: None,
+        rate_limit: None,
     };
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let stop = CancellationToken::new();

@@ -9,6 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::handlers::Handler;
 use crate::metrics::ConsumerMetrics;
+use crate::rate_limit::GroupRateLimiter;
 use crate::transaction::{DeadLetterSink, SharedTransactions};
 
 /// A finished offset: a batch's transaction committed, so the member may commit `next_offset`
@@ -62,7 +63,7 @@ pub struct TaskContext {
     pub finished: mpsc::Sender<FinishedOffset>,
     /// Raised on an error no retry fixes, to stop the whole process.
     pub fatal: FatalSignal,
-    /// Most messages in one batch.
+    /// Most messages in one batch (with a rate limit, at most its bucket's size).
     pub max_batch: usize,
     /// Transactions of at most this many messages plan with their values.
     pub custom_plans_up_to: usize,
@@ -76,4 +77,7 @@ pub struct TaskContext {
     pub retry_budget: Duration,
     /// When set, batches go through the group's shared transactions (see [`SharedTransactions`]).
     pub shared_transactions: Option<Arc<SharedTransactions>>,
+    /// When set, the group's rate limit in this process: each batch takes a token per message
+    /// before its transaction.
+    pub rate_limit: Option<Arc<GroupRateLimiter>>,
 }

@@ -5,6 +5,9 @@
 //! keeping its order. When the database answers but a batch keeps failing past the retry budget,
 //! the batch is retried one message at a time, and a message that still fails alone past the
 //! budget is dead-lettered, so one bad message never blocks its partition for longer than that.
+//!
+//! With a rate limit, each batch first takes a token per message it has not paid for yet (a
+//! retried batch pays once), waiting for them unless the task is stopped meanwhile.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -36,6 +39,8 @@ pub struct PartitionTask {
     isolate_through: Option<i64>,
     failing_since: Option<(Instant, DateTime<Utc>)>,
     attempts: u32,
+    /// Offsets up to this one have taken their tokens from the group's rate limit.
+    paid_through: Option<i64>,
 }
 
 impl PartitionTask {
@@ -66,6 +71,7 @@ impl PartitionTask {
             isolate_through: None,
             failing_since: None,
             attempts: 0,
+            paid_through: None,
         }
     }
 
@@ -126,6 +132,9 @@ impl PartitionTask {
         let limit = if isolating { 1 } else { self.context.max_batch };
         let batch: Arc<Vec<InboundMessage>> =
             Arc::new(self.pending.iter().take(limit).cloned().collect());
+        if self.context.rate_limit.is_some() && !self.pay(&batch).await {
+            return false;
+        }
         let ctx = TransactionContext {
             pool: &self.context.pool,
             handler: self.context.handler.as_ref(),
@@ -209,6 +218,27 @@ impl PartitionTask {
                 false
             }
         }
+    }
+
+    /// Takes the group's rate-limit tokens for the messages of `batch` not paid for yet; false
+    /// when the task was stopped while it waited.
+    async fn pay(&mut self, batch: &[InboundMessage]) -> bool {
+        let Some(limit) = &self.context.rate_limit else {
+            return true;
+        };
+        let paid = self.paid_through;
+        let unpaid = batch
+            .iter()
+            .filter(|m| paid.is_none_or(|through| m.offset > through))
+            .count();
+        if unpaid == 0 {
+            return true;
+        }
+        if !limit.acquire(unpaid, &self.stop).await {
+            return false;
+        }
+        self.paid_through = batch.last().map(|m| m.offset);
+        true
     }
 
     fn fatal(&self, e: sqlx::Error) -> bool {
