@@ -1,6 +1,6 @@
-//! `pipeline status`: the outbox's queue, the relay lease, and each group's lag, dead letters
-//! and parked orders. Every count stops at [`CAP`] and every read uses an index, so the command
-//! costs the same on a database of a thousand events and one of a billion.
+//! `pipeline status`: the outbox's queue, the relay lease, and each group's lag, rate limit, dead
+//! letters and parked orders. Every count stops at [`CAP`] and every read uses an index, so the
+//! command costs the same on a database of a thousand events and one of a billion.
 
 use std::time::Duration;
 
@@ -67,6 +67,11 @@ pub struct GroupStatus {
     pub lag_seconds: Option<f64>,
     /// Partitions holding data where the group has not committed yet.
     pub uncommitted_partitions: Option<usize>,
+    /// The group's rate limit per consumer process (`200/s`, `30/min`), as its last started
+    /// process recorded it; `None`: not limited.
+    pub rate_limit: Option<String>,
+    /// The same limit in events per second.
+    pub rate_limit_events_per_second: Option<f64>,
     /// Open dead letters (up to [`CAP`]).
     pub dead_letters_open: i64,
     /// Orders with parked events (up to [`CAP`] parked events read).
@@ -144,11 +149,19 @@ pub async fn read(targets: &Targets) -> anyhow::Result<Status> {
 async fn group_status(targets: &Targets, group: &str) -> anyhow::Result<GroupStatus> {
     let pool = targets.group(group).await?;
     let name = targets.qualified(group);
-    let (dead_letters_open, orders_parked): (i64, i64) = sqlx::query_as(
+    let (dead_letters_open, orders_parked, rate_limit, rate_limit_events_per_second): (
+        i64,
+        i64,
+        Option<String>,
+        Option<f64>,
+    ) = sqlx::query_as(
         "SELECT (SELECT count(*) FROM (SELECT 1 FROM dead_letter
                                        WHERE group_name = $1 AND status = 'open' LIMIT $2) x),
                 (SELECT count(DISTINCT order_id) FROM (SELECT order_id FROM parked_event
-                                                       WHERE group_name = $1 LIMIT $2) x)",
+                                                       WHERE group_name = $1 LIMIT $2) x),
+                l.rate, l.events_per_second
+         FROM (SELECT 1) one
+         LEFT JOIN group_rate_limit l ON l.group_name = $1",
     )
     .bind(&name)
     .bind(CAP)
@@ -184,6 +197,8 @@ async fn group_status(targets: &Targets, group: &str) -> anyhow::Result<GroupSta
         lag_messages: None,
         lag_seconds: None,
         uncommitted_partitions: None,
+        rate_limit,
+        rate_limit_events_per_second,
         dead_letters_open,
         orders_parked,
         kafka_error: None,
@@ -273,6 +288,7 @@ pub fn print(status: &Status) {
         "lag (messages)",
         "lag (age)",
         "uncommitted partitions",
+        "rate limit (per member)",
         "dead letters open",
         "orders parked",
     ]);
@@ -283,6 +299,7 @@ pub fn print(status: &Status) {
             cell(g.lag_messages),
             cell(g.lag_seconds.map(age)),
             cell(g.uncommitted_partitions),
+            g.rate_limit.clone().unwrap_or_else(|| "none".to_owned()),
             capped(g.dead_letters_open, CAP),
             capped(g.orders_parked, CAP),
         ]);
