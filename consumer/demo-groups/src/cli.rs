@@ -2,6 +2,7 @@
 //! variable.
 
 use std::net::SocketAddr;
+use std::num::NonZeroU32;
 
 use clap::{Parser, Subcommand};
 use consumer::ConsumerSettings;
@@ -46,7 +47,8 @@ pub enum Command {
 }
 
 /// Arguments of `consumer run`: the groups' database and ops endpoint, the runtime's settings,
-/// and the settings of the `export` group (used when it is one of the groups run).
+/// the notification dispatcher's send limit and the settings of the `export` group (each used
+/// when its group is one of the groups run).
 #[derive(Debug, clap::Args)]
 pub struct RunCommand {
     /// The groups' database (with `--migrate`, the consumer library's tables and the groups'
@@ -59,9 +61,36 @@ pub struct RunCommand {
     /// What `consumer::run` takes.
     #[command(flatten)]
     pub run: ConsumerSettings,
+    /// Most calls per second the `notification` group's dispatcher makes to its sender (in each
+    /// process running the group); notifications wait in their table meanwhile. None given: as
+    /// fast as the sender answers.
+    #[arg(
+        long,
+        env = "NOTIFICATION_SENDS_PER_SECOND",
+        value_name = "N",
+        value_parser = parse_sends_per_second
+    )]
+    pub notification_sends_per_second: Option<NonZeroU32>,
     /// The `export` group's directory, lease, retries and expiry.
     #[command(flatten)]
     pub export: ExportSettings,
+}
+
+/// A whole number of sends per second, from 1.
+fn parse_sends_per_second(s: &str) -> Result<NonZeroU32, String> {
+    match s.trim().parse::<i64>() {
+        Ok(0) => Err(
+            "a limit of zero would send nothing; to send without a limit, leave the \
+                      flag out"
+                .to_owned(),
+        ),
+        Ok(n) if n < 0 => Err("a limit cannot be negative".to_owned()),
+        Ok(n) => u32::try_from(n)
+            .ok()
+            .and_then(NonZeroU32::new)
+            .ok_or_else(|| format!("{n} sends a second is too many for a limit")),
+        Err(_) => Err(format!("`{s}` is not a whole number of sends a second")),
+    }
 }
 
 /// Arguments of `consumer report`.

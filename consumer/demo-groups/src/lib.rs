@@ -38,13 +38,14 @@ pub const SCHEMA: [&Migrator; 2] = [&consumer::MIGRATOR, &DEMO_GROUPS_MIGRATOR];
 /// The demonstration's groups, by name:
 /// - `inventory` (stock reservations);
 /// - `notification` (records the notification each order event calls for; a dispatcher beside
-///   it sends them with `sender`);
+///   it sends them with `sender`, as `dispatch` says);
 /// - `export` (starts each requested export job; a worker beside it writes the job's CSV file
 ///   into `export.dir`, counted in the `export_*` metrics). Its database must be the order
 ///   service's, and it runs in a consumer process of its own on the export topic (see
 ///   [`export::check_runs_alone`]).
 pub fn groups(
     sender: Arc<dyn NotificationSender>,
+    dispatch: DispatchSettings,
     export: ExportSettings,
 ) -> prometheus::Result<Groups> {
     let metrics = ExportMetrics::new()?;
@@ -53,7 +54,7 @@ pub fn groups(
         .register("inventory", Inventory::new)
         .register("notification", Notifications::new)
         .beside("notification", move |pool, stop| {
-            notification::dispatch(pool, sender.clone(), DispatchSettings::default(), stop)
+            notification::dispatch(pool, sender.clone(), dispatch.clone(), stop)
         })
         .register("export", Exports::new)
         .beside("export", move |pool, stop| {

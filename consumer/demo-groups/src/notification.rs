@@ -3,8 +3,10 @@
 //!
 //! Recording happens in the event's transaction (exactly once); sending happens after commit, at
 //! least once, from the table, so a crash between the two delays a notification but never loses
-//! it.
+//! it. The dispatcher may be held to a number of calls per second to its sender (a provider's
+//! quota, [`DispatchSettings::sends_per_second`]); notifications then wait in the table.
 
+use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,6 +17,7 @@ use demo_events::order_events::{
     ORDER_CANCELLED, ORDER_PAID, ORDER_PAYMENT_REMINDER, ORDER_PLACED, ORDER_SHIPPED,
 };
 use futures::future::BoxFuture;
+use governor::{DefaultDirectRateLimiter, Quota};
 use sqlx::{PgConnection, PgPool};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -230,6 +233,9 @@ pub struct DispatchSettings {
     pub retry_max: Duration,
     /// Attempts after which a notification is marked `failed`.
     pub max_attempts: i32,
+    /// Most calls per second to the sender, in each dispatcher (one per process running the
+    /// group); `None`: as fast as it answers.
+    pub sends_per_second: Option<NonZeroU32>,
 }
 
 impl Default for DispatchSettings {
@@ -241,6 +247,7 @@ impl Default for DispatchSettings {
             retry_base: Duration::from_secs(1),
             retry_max: Duration::from_secs(300),
             max_attempts: 10,
+            sends_per_second: None,
         }
     }
 }
@@ -254,16 +261,47 @@ impl DispatchSettings {
     }
 }
 
+/// A dispatcher's limit on its calls to the sender: a token bucket (GCRA) refilled at the rate
+/// and holding a tenth of a second's calls, at least one.
+pub struct SendLimit {
+    bucket: DefaultDirectRateLimiter,
+    burst: NonZeroU32,
+}
+
+impl SendLimit {
+    /// At most `sends_per_second` calls a second.
+    pub fn per_second(sends_per_second: NonZeroU32) -> Self {
+        let burst = NonZeroU32::new(sends_per_second.get() / 10).unwrap_or(NonZeroU32::MIN);
+        let quota = Quota::per_second(sends_per_second).allow_burst(burst);
+        SendLimit {
+            bucket: DefaultDirectRateLimiter::direct(quota),
+            burst,
+        }
+    }
+
+    /// Most notifications worth claiming at once: what the bucket holds, so that claimed
+    /// notifications wait for their turn about a tenth of a second, far less than their claim.
+    fn claim_at_most(&self) -> i64 {
+        i64::from(self.burst.get())
+    }
+
+    async fn until_ready(&self) {
+        self.bucket.until_ready().await;
+    }
+}
+
 /// Sends due notifications until `shutdown`, up to `settings.max_claimed` at a time, oldest
-/// first.
+/// first, no faster than `settings.sends_per_second`.
 pub async fn dispatch(
     pool: PgPool,
     sender: Arc<dyn NotificationSender>,
     settings: DispatchSettings,
     shutdown: CancellationToken,
 ) {
+    let limit = settings.sends_per_second.map(SendLimit::per_second);
     while !shutdown.is_cancelled() {
-        let wait = match dispatch_due(&pool, sender.as_ref(), &settings).await {
+        let due = dispatch_due_limited(&pool, sender.as_ref(), &settings, limit.as_ref());
+        let wait = match due.await {
             Ok(0) => settings.idle_wait,
             Ok(_) => Duration::ZERO,
             Err(e) => {
@@ -280,12 +318,29 @@ pub async fn dispatch(
 
 /// Claims up to `settings.max_claimed` due notifications, sends them with no transaction open and
 /// no row locked, and records each outcome: sent, or the next attempt after a backoff, or
-/// `failed` after `settings.max_attempts`. Returns how many were handled.
+/// `failed` after `settings.max_attempts`. Returns how many were handled. Ignores
+/// `settings.sends_per_second`, whose bucket lasts from one call to the next: see
+/// [`dispatch_due_limited`].
 pub async fn dispatch_due(
     pool: &PgPool,
     sender: &dyn NotificationSender,
     settings: &DispatchSettings,
 ) -> Result<usize, sqlx::Error> {
+    dispatch_due_limited(pool, sender, settings, None).await
+}
+
+/// [`dispatch_due`], each call to the sender first taking a token from `limit` (when given);
+/// it then claims no more than the bucket holds.
+pub async fn dispatch_due_limited(
+    pool: &PgPool,
+    sender: &dyn NotificationSender,
+    settings: &DispatchSettings,
+    limit: Option<&SendLimit>,
+) -> Result<usize, sqlx::Error> {
+    let max_claimed = match limit {
+        Some(limit) => settings.max_claimed.min(limit.claim_at_most()),
+        None => settings.max_claimed,
+    };
     let claimed: Vec<(i64, Uuid, String, String, String, String, i32)> = sqlx::query_as(
         "UPDATE notification n
          SET next_attempt_at = clock_timestamp() + $2 * interval '1 millisecond'
@@ -295,7 +350,7 @@ pub async fn dispatch_due(
          WHERE n.id = due.id
          RETURNING n.id, n.event_id, n.order_id, n.recipient, n.channel, n.template, n.attempts",
     )
-    .bind(settings.max_claimed)
+    .bind(max_claimed)
     .bind(millis(settings.claim_for))
     .fetch_all(pool)
     .await?;
@@ -316,6 +371,9 @@ pub async fn dispatch_due(
             channel,
             template,
         };
+        if let Some(limit) = limit {
+            limit.until_ready().await;
+        }
         let outcome = sender.send(&n).await;
         ids.push(n.id);
         match outcome {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use demo_groups::cli::{Cli, Command, RunCommand};
 use demo_groups::export::check_runs_alone;
 use demo_groups::inventory::seed_stock;
-use demo_groups::notification::LoggingSender;
+use demo_groups::notification::{DispatchSettings, LoggingSender};
 use pipeline_core::{db, ops_http, telemetry};
 use prometheus::Registry;
 
@@ -37,12 +37,17 @@ async fn run(command: RunCommand) -> anyhow::Result<()> {
         db,
         metrics_listen,
         run: settings,
+        notification_sends_per_second,
         export,
     } = command;
     settings.validate()?;
     check_runs_alone(&settings.groups, &settings.topics)?;
-    tracing::info!(?db, ?settings, ?export, "starting consumer");
-    let groups = demo_groups::groups(Arc::new(LoggingSender), export)?;
+    let dispatch = DispatchSettings {
+        sends_per_second: notification_sends_per_second,
+        ..DispatchSettings::default()
+    };
+    tracing::info!(?db, ?settings, ?dispatch, ?export, "starting consumer");
+    let groups = demo_groups::groups(Arc::new(LoggingSender), dispatch, export)?;
     let pool = consumer::connect(&db, &settings).await?;
     if db.migrate {
         db::migrate(&pool, &demo_groups::SCHEMA).await?;

@@ -5,10 +5,15 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use demo_groups::export::ExportSettings;
-use demo_groups::notification::LoggingSender;
+use demo_groups::notification::{DispatchSettings, LoggingSender};
 
 fn main() -> ExitCode {
-    match demo_groups::groups(Arc::new(LoggingSender), ExportSettings::default()) {
+    let groups = demo_groups::groups(
+        Arc::new(LoggingSender),
+        DispatchSettings::default(),
+        ExportSettings::default(),
+    );
+    match groups {
         Ok(groups) => operator::main(groups),
         Err(e) => {
             eprintln!("error: {e:#}");
