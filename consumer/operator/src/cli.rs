@@ -82,8 +82,8 @@ pub enum Command {
     /// attempt, published (partition, offset), and what each group did with it, with every
     /// operator action.
     Trace {
-        /// An order id, an event id (a UUID), or the key of a dead letter that names no order,
-        /// escaped as `dead-letters show` prints it (e.g. `'\xff\xfe'`).
+        /// An order id, an event id (a UUID), a schedule's name, or the key of a dead letter that
+        /// names no order, escaped as `dead-letters show` prints it (e.g. `'\xff\xfe'`).
         id: String,
     },
     /// A group's (`--group G`) dead letters: list, show, replay, skip or discard.
@@ -96,12 +96,100 @@ pub enum Command {
     },
     /// Move a stopped group (`--group G`) back so it reads old events again.
     Reprocess(ReprocessArgs),
+    /// The outbox's recurring schedules: list, show, add, pause, resume, remove, run-now.
+    Schedules {
+        /// What to do.
+        #[command(subcommand)]
+        action: ScheduleAction,
+    },
     /// What retention keeps and last removed in each database; run it by hand.
     Retention {
         /// What to do.
         #[command(subcommand)]
         action: RetentionAction,
     },
+}
+
+/// `pipeline schedules …`
+#[derive(Debug, Subcommand)]
+pub enum ScheduleAction {
+    /// Every schedule with its next fire times.
+    List,
+    /// One schedule, its next fire times and its last occurrences with where their events are.
+    Show {
+        /// The schedule's name.
+        name: String,
+    },
+    /// Add a schedule: each occurrence appends its event once, as a delayed event due at the
+    /// occurrence's time.
+    Add(AddScheduleArgs),
+    /// Pause a schedule: it fires nothing until resumed.
+    Pause {
+        /// The schedule's name.
+        name: String,
+        /// Who and why.
+        #[command(flatten)]
+        change: Change,
+    },
+    /// Resume a paused schedule from its next occurrence after now.
+    Resume {
+        /// The schedule's name.
+        name: String,
+        /// Who and why.
+        #[command(flatten)]
+        change: Change,
+    },
+    /// Remove a schedule (events it already appended stay).
+    Remove {
+        /// The schedule's name.
+        name: String,
+        /// Who and why.
+        #[command(flatten)]
+        change: Change,
+    },
+    /// One extra occurrence now, whatever the schedule's times (paused or not).
+    RunNow {
+        /// The schedule's name.
+        name: String,
+        /// Who and why.
+        #[command(flatten)]
+        change: Change,
+    },
+}
+
+/// `pipeline schedules add`
+#[derive(Debug, clap::Args)]
+pub struct AddScheduleArgs {
+    /// Its name: 1 to 63 of a-z 0-9 . _ -, starting with a letter or digit.
+    pub name: String,
+    /// A cron expression: five fields (minute hour day month weekday) or six (seconds first).
+    #[arg(long)]
+    pub cron: String,
+    /// The IANA time zone it is read in.
+    #[arg(long, default_value = "UTC")]
+    pub time_zone: String,
+    /// The event type of its events.
+    #[arg(long)]
+    pub event_type: String,
+    /// The aggregate of its events (their key and sequence) [default: schedule:NAME].
+    #[arg(long)]
+    pub aggregate: Option<String>,
+    /// The topic its events go to.
+    #[arg(id = "event_topic", long = "event-topic")]
+    pub topic: String,
+    /// The payload, JSON; string values may name {{schedule}}, {{fire_at}} and {{local_time}}.
+    #[arg(long, default_value = "{}")]
+    pub payload: String,
+    /// Occurrences that fell due while no relay was active: fire the latest only, all of them,
+    /// or none more than a minute late (latest, all, skip).
+    #[arg(long, default_value = "latest")]
+    pub missed: outbox::schedule::Missed,
+    /// The least time between two occurrences a schedule may have.
+    #[arg(long, env = "PIPELINE_SCHEDULE_FLOOR", default_value = "1m")]
+    pub floor: pipeline_core::retention::Window,
+    /// Who and why.
+    #[command(flatten)]
+    pub change: Change,
 }
 
 /// `pipeline retention …`

@@ -8,7 +8,8 @@
 //! - [`dead_letters`]: list, show, replay, skip, discard;
 //! - [`requeue`]: failed outbox events back to pending;
 //! - [`reprocess`]: a group's offsets moved back, its dedupe rows kept or cleared;
-//! - [`retention`]: each table's window and last run; a run by hand, or a dry run.
+//! - [`retention`]: each table's window and last run; a run by hand, or a dry run;
+//! - [`schedules`]: the outbox's recurring schedules, their occurrences, and changes to them.
 //!
 //! Around them: [`cli`] (flags and environment), [`targets`] (what the commands act on: the
 //! outbox's database and each group's, the known groups and their topics), [`output`] (tables
@@ -44,6 +45,7 @@ pub mod output;
 pub mod reprocess;
 pub mod requeue;
 pub mod retention;
+pub mod schedules;
 pub mod status;
 pub mod targets;
 pub mod trace;
@@ -115,6 +117,7 @@ pub async fn run(cli: Cli, groups: &Groups) -> anyhow::Result<()> {
                 Ok(())
             }
         }
+        Command::Schedules { action } => schedules::run(&targets, &action, json).await,
         Command::Retention { action } => retention::run(&targets, &action, json).await,
         Command::Reprocess(args) => {
             let done = reprocess::reprocess(&targets, &args).await?;

@@ -1,6 +1,8 @@
-//! `pipeline trace <order id | event id>`: every state change of an order's events (or of one
-//! event), in time order: written by the service, each failed publish attempt, published with
-//! its partition and offset, and each group's outcome, with the operators' actions among them.
+//! `pipeline trace <order id | event id | schedule>`: every state change of an order's events (or
+//! of one event), in time order: written by the service, each failed publish attempt, published
+//! with its partition and offset, and each group's outcome, with the operators' actions among
+//! them. A schedule's name traces its events' aggregate, with each occurrence (fired, skipped,
+//! run now) and each change to the schedule.
 //! Reads the outbox's history (`outbox_history`) and each group's (`group_history`) by index.
 //!
 //! A record that names no order (no key, or a key that cannot be an order id: not UTF-8, a NUL,
@@ -66,8 +68,19 @@ pub async fn read(targets: &Targets, id: &str) -> anyhow::Result<Trace> {
         }
         None => None,
     };
-    let (order_id, event_id) = match (order_id, event_id) {
-        (Some(order), Some(event)) => (order, Some(event)),
+    // A schedule's name stands for its events' aggregate.
+    let schedule_aggregate: Option<String> = match order_id {
+        Some(_) => None,
+        None => {
+            sqlx::query_scalar("SELECT aggregate_id FROM outbox_schedule WHERE name = $1")
+                .bind(id)
+                .fetch_optional(&outbox)
+                .await?
+        }
+    };
+    let (order_id, event_id) = match (order_id, event_id, schedule_aggregate) {
+        (Some(order), Some(event), _) => (order, Some(event)),
+        (_, _, Some(aggregate)) => (aggregate, None),
         _ => (id.to_owned(), None),
     };
     let mut steps: Vec<Step> = sqlx::query_as(
@@ -80,6 +93,27 @@ pub async fn read(targets: &Targets, id: &str) -> anyhow::Result<Trace> {
     .bind(event_id)
     .fetch_all(&outbox)
     .await?;
+    // Occurrences of the schedules whose events are this aggregate's, and changes to them.
+    let scheduled: Vec<Step> = sqlx::query_as(
+        "SELECT c.recorded_at AS at, 'schedule' AS place, 'occurrence_' || c.outcome AS transition,
+                c.event_id, NULL::bigint AS sequence, s.event_type,
+                format('%s: fire time %s (relay epoch %s)', c.schedule, c.fire_at,
+                       COALESCE(c.relay_epoch::text, '-')) AS detail,
+                NULL::integer AS kafka_partition, NULL::bigint AS kafka_offset
+         FROM outbox_schedule_occurrence c JOIN outbox_schedule s ON s.name = c.schedule
+         WHERE s.aggregate_id = $1 AND ($2::uuid IS NULL OR c.event_id = $2)
+         UNION ALL
+         SELECT x.acted_at, 'schedule', x.action, x.event_id, NULL, NULL,
+                format('%s by %s: %s', x.detail ->> 'schedule', x.actor, x.reason), NULL, NULL
+         FROM operator_action x
+         WHERE x.aggregate_id = $1 AND x.action LIKE 'schedule.%'
+           AND ($2::uuid IS NULL OR x.event_id = $2)",
+    )
+    .bind(&order_id)
+    .bind(event_id)
+    .fetch_all(&outbox)
+    .await?;
+    steps.extend(scheduled);
     for group in groups {
         let pool = targets.group(&group).await?;
         let mut rows: Vec<Step> = sqlx::query_as(

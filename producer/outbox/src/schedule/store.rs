@@ -200,6 +200,14 @@ pub async fn list_schedules(conn: &mut PgConnection) -> Result<Vec<ScheduleRow>,
     .await
 }
 
+/// The schedule `name`, in `tx`.
+pub async fn store_row(
+    tx: &mut Transaction<'_, Postgres>,
+    name: &str,
+) -> Result<ScheduleRow, ScheduleError> {
+    one(tx, name, false).await
+}
+
 /// The schedule `name` (locked for the transaction when `lock`).
 pub(crate) async fn one(
     conn: &mut PgConnection,

@@ -35,12 +35,14 @@ impl CronTimes {
         let full = match fields {
             5 => format!("0 {}", expression.trim()),
             6 | 7 => expression.trim().to_owned(),
-            _ => return Err(ScheduleError::InvalidCron {
-                expression: expression.to_owned(),
-                reason: format!(
+            _ => {
+                return Err(ScheduleError::InvalidCron {
+                    expression: expression.to_owned(),
+                    reason: format!(
                     "{fields} fields; five (minute hour day month weekday) or six (seconds first)"
                 ),
-            }),
+                })
+            }
         };
         let schedule = cron::Schedule::from_str(&full).map_err(|e| ScheduleError::InvalidCron {
             expression: expression.to_owned(),
