@@ -117,6 +117,14 @@ pub fn rules(settings: &RetentionSettings, groups_here: bool) -> Vec<Rule> {
             oldest_sql: Some("SELECT (SELECT created_at FROM outbox ORDER BY id LIMIT 1)"),
             sweep: false,
         },
+        Rule {
+            table: "outbox_schedule_occurrence",
+            window: settings.published,
+            keeps: "each schedule's latest occurrence",
+            step_sql: OCCURRENCES_STEP,
+            oldest_sql: Some("SELECT min(recorded_at) FROM outbox_schedule_occurrence"),
+            sweep: true,
+        },
         pipeline_core::retention::rule::operator_actions(settings.operator_actions),
     ]
 }
@@ -172,3 +180,26 @@ removed AS (
 SELECT (SELECT count(*) FROM removed),
        (SELECT max(id) FROM old)::text,
        (SELECT count(*) FROM old) < $3";
+
+/// Schedules' occurrences older than the cutoff, but each schedule's latest, swept in key order
+/// (the cursor: the last key examined, as a JSON array [schedule, fire_at]). A schedule never
+/// materialises a fire time before its next one, so a removed row is never needed again.
+const OCCURRENCES_STEP: &str = "
+WITH batch AS (
+    SELECT schedule, fire_at FROM outbox_schedule_occurrence
+    WHERE $2::jsonb IS NULL
+       OR (schedule, fire_at) > ($2::jsonb ->> 0, ($2::jsonb ->> 1)::timestamptz)
+    ORDER BY schedule, fire_at LIMIT $3),
+doomed AS (
+    SELECT b.schedule, b.fire_at FROM batch b
+    WHERE b.fire_at < $1
+      AND b.fire_at < (SELECT max(m.fire_at) FROM outbox_schedule_occurrence m
+                       WHERE m.schedule = b.schedule)),
+removed AS (
+    DELETE FROM outbox_schedule_occurrence c USING doomed d
+    WHERE c.schedule = d.schedule AND c.fire_at = d.fire_at RETURNING 1),
+last AS (
+    SELECT schedule, fire_at FROM batch ORDER BY schedule DESC, fire_at DESC LIMIT 1)
+SELECT (SELECT count(*) FROM removed),
+       (SELECT jsonb_build_array(schedule, fire_at)::text FROM last),
+       (SELECT count(*) FROM batch) < $3";

@@ -100,6 +100,30 @@ async fn every_missed_occurrence_fires_once_under_all(pool: PgPool) {
 }
 
 #[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn retention_removes_old_occurrences_but_each_schedules_latest(pool: PgPool) {
+    let first = add(&pool, &every_ten_seconds("kept", Missed::All)).await;
+    assert_eq!(materialise_at(&pool, first + secs(35)).await, (4, 0));
+    sqlx::query("UPDATE outbox_schedule_occurrence SET fire_at = fire_at - interval '30 days'")
+        .execute(&pool)
+        .await
+        .expect("age");
+    let rules = relay::retention::rules(&relay::retention::RetentionSettings::default(), false);
+    let run = pipeline_core::retention::Runner::new(rules, "test")
+        .run_once(&pool, Utc::now(), false)
+        .await
+        .expect("retention");
+    let removed = run
+        .tables
+        .iter()
+        .find(|t| t.table == "outbox_schedule_occurrence")
+        .expect("rule")
+        .removed;
+    assert_eq!(removed, 3);
+    // The schedule goes on from its next fire time: nothing is materialised again.
+    assert_eq!(materialise_at(&pool, first + secs(35)).await, (0, 0));
+}
+
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
 async fn only_the_latest_missed_occurrence_fires_under_latest(pool: PgPool) {
     let first = add(&pool, &every_ten_seconds("latest", Missed::Latest)).await;
     assert_eq!(materialise_at(&pool, first + secs(35)).await, (1, 3));
