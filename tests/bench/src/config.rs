@@ -110,6 +110,33 @@ pub struct BenchArgs {
     /// Longest wait for a drain (outbox empty, lag zero) before the phase fails.
     #[arg(long, env = "BENCH_DRAIN_TIMEOUT_SECONDS", default_value_t = 600)]
     pub drain_timeout_seconds: u64,
+    /// Published and consumed events three days old loaded in bulk before the retention phase
+    /// [10000000; quick 1000000].
+    #[arg(long, env = "BENCH_RETENTION_HISTORY_EVENTS")]
+    pub retention_history_events: Option<u64>,
+    /// Seconds of load with retention off, the retention phase's baseline [300; quick 120].
+    #[arg(long, env = "BENCH_RETENTION_OFF_SECONDS")]
+    pub retention_off_seconds: Option<u64>,
+    /// Seconds of load with retention on [600; quick 240].
+    #[arg(long, env = "BENCH_RETENTION_ON_SECONDS")]
+    pub retention_on_seconds: Option<u64>,
+    /// Events the retention phase lets pile up for each consumer drain [100000; quick 20000].
+    #[arg(long, env = "BENCH_RETENTION_DRAIN_EVENTS")]
+    pub retention_drain_events: Option<u64>,
+    /// Request rate (events/s) of the retention phase's load.
+    #[arg(long, env = "BENCH_RETENTION_RATE", default_value_t = 1000.0)]
+    pub retention_rate: f64,
+    /// Age past which retention removes rows in the retention phase (every window but
+    /// progress, which keeps its default).
+    #[arg(long, env = "BENCH_RETENTION_WINDOW_SECONDS", default_value_t = 120)]
+    pub retention_window_seconds: u64,
+    /// How often the relay and the consumer run retention in the retention phase.
+    #[arg(long, env = "BENCH_RETENTION_INTERVAL_SECONDS", default_value_t = 10)]
+    pub retention_interval_seconds: u64,
+    /// PostgreSQL's server log, read for lock waits [default: the server's current log file,
+    /// else Debian's /var/log/postgresql/postgresql-<version>-<cluster>.log].
+    #[arg(long, env = "BENCH_SERVER_LOG")]
+    pub server_log: Option<PathBuf>,
 }
 
 /// A phase of the benchmark.
@@ -130,6 +157,8 @@ pub enum Phase {
     Sustained,
     /// The relay's claim and release with many delayed events waiting (not in the default run).
     Delayed,
+    /// Retention of old rows under steady load, over a large history (not in the default run).
+    Retention,
 }
 
 /// Resolved settings: every size and duration decided.
@@ -167,6 +196,24 @@ pub struct Settings {
     #[serde(serialize_with = "as_seconds")]
     pub drain_timeout: Duration,
     pub delayed_events: i64,
+    pub retention: RetentionSettings,
+}
+
+/// The retention phase's sizes and durations.
+#[derive(Debug, Clone, Serialize)]
+pub struct RetentionSettings {
+    pub history_events: i64,
+    #[serde(serialize_with = "as_seconds")]
+    pub off_duration: Duration,
+    #[serde(serialize_with = "as_seconds")]
+    pub on_duration: Duration,
+    pub drain_events: u64,
+    pub rate: f64,
+    #[serde(serialize_with = "as_seconds")]
+    pub window: Duration,
+    #[serde(serialize_with = "as_seconds")]
+    pub interval: Duration,
+    pub server_log: Option<PathBuf>,
 }
 
 impl Settings {
@@ -211,6 +258,20 @@ impl Settings {
             max_in_flight: args.max_in_flight,
             drain_timeout: Duration::from_secs(args.drain_timeout_seconds),
             delayed_events: i64::try_from(pick(args.delayed_events, 1_000_000, 100_000))?,
+            retention: RetentionSettings {
+                history_events: i64::try_from(pick(
+                    args.retention_history_events,
+                    10_000_000,
+                    1_000_000,
+                ))?,
+                off_duration: secs(args.retention_off_seconds, 300, 120),
+                on_duration: secs(args.retention_on_seconds, 600, 240),
+                drain_events: pick(args.retention_drain_events, 100_000, 20_000),
+                rate: args.retention_rate,
+                window: Duration::from_secs(args.retention_window_seconds),
+                interval: Duration::from_secs(args.retention_interval_seconds),
+                server_log: args.server_log,
+            },
         };
         settings.validate()?;
         Ok(settings)
@@ -232,7 +293,28 @@ impl Settings {
             "--consumer-max-batch must be positive"
         );
         ensure!(self.max_in_flight > 0, "--max-in-flight must be positive");
-        let rates = self.rates.iter().chain(&self.sustain_rates);
+        let r = &self.retention;
+        ensure!(
+            r.history_events >= 5,
+            "--retention-history-events must be at least 5"
+        );
+        ensure!(
+            r.off_duration >= Duration::from_secs(10) && r.on_duration >= Duration::from_secs(10),
+            "--retention-off-seconds and --retention-on-seconds must be at least 10"
+        );
+        ensure!(
+            r.drain_events > 0,
+            "--retention-drain-events must be positive"
+        );
+        ensure!(
+            r.window >= Duration::from_secs(1) && r.interval >= Duration::from_secs(1),
+            "--retention-window-seconds and --retention-interval-seconds must be at least 1"
+        );
+        let rates = self
+            .rates
+            .iter()
+            .chain(&self.sustain_rates)
+            .chain(std::iter::once(&r.rate));
         for &rate in rates {
             ensure!(
                 rate.is_finite() && rate > 0.0,

@@ -6,7 +6,7 @@
 //! - [`run`]: the phases asked for, in order, and the clean-up ([`run_and_clean_up`]);
 //! - [`config`]: the command line and the settings it resolves to;
 //! - the phases: [`broker`], [`database`], [`relay_drain`], [`consumer_drain`], [`latency`]
-//!   ([`broker_latency`]), [`sustained`], [`delayed`];
+//!   ([`broker_latency`]), [`sustained`], [`delayed`], [`retention`];
 //! - [`driver`] (the load) and [`orders`] (the events' shape); [`services`] and [`envs`]: the
 //!   binaries and the environments they run in;
 //! - [`procstat`], [`dbprofile`]: CPU, memory and database activity;
@@ -26,6 +26,7 @@ pub mod orders;
 pub mod procstat;
 pub mod relay_drain;
 pub mod report;
+pub mod retention;
 pub mod run;
 pub mod services;
 pub mod sustained;

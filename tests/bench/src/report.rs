@@ -17,6 +17,7 @@ use super::delayed::DelayedResult;
 use super::latency::LatencyRun;
 use super::procstat::{cores, peak_rss_mb, BrokerProcess, CpuUse, BROKER};
 use super::relay_drain::RelayResult;
+use super::retention::{self, RetentionResult, FLAT_GROWTH_PCT};
 use super::sustained::SustainedResult;
 
 /// Largest resident set a service may reach.
@@ -37,6 +38,8 @@ pub struct Report {
     pub sustained: Option<SustainedResult>,
     /// The relay's claim with many delayed events waiting.
     pub delayed: Option<DelayedResult>,
+    /// Retention under load over a large history.
+    pub retention: Option<RetentionResult>,
     /// Highest peak resident memory (VmHWM) of each service over every phase, MiB.
     pub peak_rss_mb: BTreeMap<String, f64>,
     pub targets: Vec<TargetCheck>,
@@ -95,6 +98,7 @@ impl Report {
             latency: Vec::new(),
             sustained: None,
             delayed: None,
+            retention: None,
             peak_rss_mb: BTreeMap::new(),
             targets: Vec::new(),
             vs_database: BTreeMap::new(),
@@ -116,6 +120,9 @@ impl Report {
         peaks.extend(self.latency.iter().map(|l| &l.peak_rss_mb));
         if let Some(s) = &self.sustained {
             peaks.extend(s.steps.iter().map(|s| &s.peak_rss_mb));
+        }
+        if let Some(r) = &self.retention {
+            peaks.extend([&r.off.peak_rss_mb, &r.on.peak_rss_mb]);
         }
         for map in peaks {
             for (name, &mb) in map {
@@ -258,6 +265,28 @@ impl Report {
                 )
             }),
         ));
+        if let Some(r) = &self.retention {
+            let (on_ms, on_what) = r.longest_lock_wait_on();
+            let (off_ms, _) = r.longest_lock_wait_off();
+            t.push(at_most(
+                "retention_longest_lock_wait_ms",
+                retention::LOCK_WAIT_TARGET_MS,
+                Some(on_ms),
+                Some(format!(
+                    "{}; with retention off the longest was {off_ms} ms",
+                    on_what.unwrap_or("(seen only in the server log)")
+                )),
+            ));
+            t.push(at_most(
+                "retention_growth_on_mid_to_end_pct",
+                FLAT_GROWTH_PCT,
+                Some(r.growth_on_mid_to_end_pct),
+                Some(format!(
+                    "with retention off the tables grew {:+.1}%",
+                    r.growth_off_pct
+                )),
+            ));
+        }
         for (name, &mb) in &self.peak_rss_mb {
             t.push(at_most(
                 &format!("peak_rss_mb[{name}]"),

@@ -5,7 +5,9 @@ use std::time::Instant;
 use crate::config::{Phase, Settings};
 use crate::envs::EnvRegistry;
 use crate::report::{self, Report};
-use crate::{broker, consumer_drain, database, delayed, latency, relay_drain, sustained};
+use crate::{
+    broker, consumer_drain, database, delayed, latency, relay_drain, retention, sustained,
+};
 
 /// Runs the phases asked for, then drops what they created (unless `--keep`). Ctrl-C stops the
 /// run, cleans up and returns what was measured so far.
@@ -97,6 +99,13 @@ async fn run(settings: &Settings, envs: &EnvRegistry, report: &mut Report) {
         match delayed::run(settings, envs, &mut report.notes).await {
             Ok(s) => report.delayed = Some(s),
             Err(e) => report.errors.push(format!("delayed phase: {e:#}")),
+        }
+    }
+    if settings.runs(Phase::Retention) {
+        say("phase 7: retention under load over a large history");
+        match retention::run(settings, envs, &mut report.notes).await {
+            Ok(r) => report.retention = Some(r),
+            Err(e) => report.errors.push(format!("retention phase: {e:#}")),
         }
     }
     say(&format!(

@@ -288,6 +288,9 @@ fn write_report(o: &mut String, r: &Report) -> std::fmt::Result {
             sc.release_full_batch_ms
         )?;
     }
+    if let Some(ret) = &r.retention {
+        crate::retention::table::write(o, ret)?;
+    }
     if !r.peak_rss_mb.is_empty() {
         let peaks: Vec<String> = r
             .peak_rss_mb
