@@ -14,6 +14,7 @@
 #   READY_TIMEOUT=60         seconds to wait for the order service's /readyz
 #   DRAIN_TIMEOUT=120        seconds to wait, after the load, for outbox and consumer lag to reach 0
 #   STOP_TIMEOUT=30          seconds a service gets to exit after SIGTERM before SIGKILL
+#   DIGEST_SCHEDULE='*/20 * * * * *'   the order service's recurring digest schedule (cron, UTC)
 #   RUST_LOG=info LOG_JSON   the services' logging ($RUN_DIR/{producer,relay,consumer}.log)
 #   KAFKA_BROKERS            an existing Kafka cluster to use instead of a local broker
 #   RUN_DIR, KAFKA_*         see scripts/lib.sh
@@ -24,6 +25,7 @@ cd "$REPO_ROOT"
 
 ORDERS="${ORDERS:-3000}"
 RATE="${RATE:-500}"
+DIGEST_SCHEDULE="${DIGEST_SCHEDULE:-*/20 * * * * *}"
 PIPELINE_DB="${PIPELINE_DB:-pipeline}"
 PIPELINE_RESET="${PIPELINE_RESET:-1}"
 READY_TIMEOUT="${READY_TIMEOUT:-60}"
@@ -255,7 +257,7 @@ log "consumer seed-stock --products $PRODUCTS --quantity 1000000"
 
 section "[6/9] Starting order service, relay, consumer"
 start_service producer "$BIN/producer" serve --listen "$ORDER_SERVICE_ADDR" \
-    --export-dir "$EXPORT_DIR" --export-topic "$EXPORT_TOPIC"
+    --export-dir "$EXPORT_DIR" --export-topic "$EXPORT_TOPIC" --digest-schedule "$DIGEST_SCHEDULE"
 start_service relay "$BIN/relay" run --metrics-listen "$RELAY_METRICS_ADDR"
 start_service consumer "$BIN/consumer" run "${GROUP_ARGS[@]}" --topic "$TOPIC" \
     --metrics-listen "$CONSUMER_METRICS_ADDR"
@@ -394,6 +396,9 @@ echo
 echo "What an operator sees (pipeline status; pipeline trace <order id> follows one order):"
 RUST_LOG=warn "$BIN/pipeline" status --group "$(IFS=,; echo "${CONSUMER_GROUPS[*]}")" --topic "$TOPIC" ||
     warn "pipeline status failed"
+echo
+echo "The recurring digest schedule (pipeline schedules show daily-digest):"
+RUST_LOG=warn "$BIN/pipeline" schedules show daily-digest || warn "pipeline schedules show failed"
 
 section "Shutting down"
 stop_services

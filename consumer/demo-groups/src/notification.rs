@@ -14,7 +14,7 @@ use chrono::{DateTime, Utc};
 use consumer::backoff::backoff;
 use consumer::{Event, Handler, HandlerError, HandlerTransaction};
 use demo_events::order_events::{
-    ORDER_CANCELLED, ORDER_PAID, ORDER_PAYMENT_REMINDER, ORDER_PLACED, ORDER_SHIPPED,
+    DAILY_DIGEST, ORDER_CANCELLED, ORDER_PAID, ORDER_PAYMENT_REMINDER, ORDER_PLACED, ORDER_SHIPPED,
 };
 use futures::future::BoxFuture;
 use governor::{DefaultDirectRateLimiter, Quota};
@@ -84,6 +84,10 @@ impl Notifications {
 }
 
 const PAYMENT_REMINDER: &str = "payment-reminder";
+/// The template of the digest an occurrence of the digest schedule becomes.
+const DIGEST: &str = "daily-digest";
+/// Who receives the digests.
+const DIGEST_RECIPIENT: &str = "operations@example.com";
 /// Templates of the events after which an order needs no payment reminder.
 const SETTLED: [&str; 2] = ["payment-received", "order-cancelled"];
 
@@ -183,6 +187,17 @@ impl HandlerTransaction for NotificationTransaction {
     ) -> BoxFuture<'a, Result<(), HandlerError>> {
         if event.envelope.event_type == ORDER_PAYMENT_REMINDER {
             return Box::pin(self.remind(conn, event));
+        }
+        if event.envelope.event_type == DAILY_DIGEST {
+            // One digest per occurrence, to the operations team.
+            self.rows.push((
+                event.envelope.event_id,
+                event.envelope.aggregate_id.clone(),
+                DIGEST_RECIPIENT.to_owned(),
+                "email",
+                DIGEST,
+            ));
+            return Box::pin(async { Ok(()) });
         }
         let decided = self.decide(event);
         Box::pin(async move { decided })

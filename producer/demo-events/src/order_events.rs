@@ -17,6 +17,15 @@ pub const ORDER_SHIPPED: &str = "order.shipped";
 /// --payment-reminder-after-seconds`, or the time the order's request asked for), unless the order
 /// was paid or cancelled first. Its payload is the order as it was placed.
 pub const ORDER_PAYMENT_REMINDER: &str = "order.payment_reminder";
+/// A recurring event: each occurrence of the order service's digest schedule (`producer serve
+/// --digest-schedule`), the aggregate [`DIGEST_AGGREGATE`]. The notification group turns it into
+/// a digest for the operations team; the inventory passes over it. Its payload names the
+/// schedule and the occurrence, not an order.
+pub const DAILY_DIGEST: &str = "digest.daily";
+/// The name of the order service's digest schedule.
+pub const DIGEST_SCHEDULE: &str = "daily-digest";
+/// The aggregate (Kafka key) of the digest events.
+pub const DIGEST_AGGREGATE: &str = "digest:daily";
 
 /// Order lifecycle states.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

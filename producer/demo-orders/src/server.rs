@@ -62,6 +62,15 @@ pub struct ServeArgs {
     #[arg(long, env = "DELAY_HORIZON_SECONDS", default_value_t = 30 * 24 * 3600,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub delay_horizon_seconds: u64,
+    /// A cron expression (five fields, or six with seconds first) for the digest schedule: at
+    /// start the service adds the recurring schedule `daily-digest` (unless it exists), whose
+    /// every occurrence publishes a `digest.daily` event that the notification group turns
+    /// into a digest for the operations team. Empty: no schedule added.
+    #[arg(long, env = "ORDER_DIGEST_SCHEDULE", default_value = "")]
+    pub digest_schedule: String,
+    /// The time zone the digest schedule is read in.
+    #[arg(long, env = "ORDER_DIGEST_TIME_ZONE", default_value = "UTC")]
+    pub digest_time_zone: String,
     /// Seconds in-flight requests may take to finish after SIGTERM/SIGINT.
     #[arg(long, env = "SHUTDOWN_GRACE_SECONDS", default_value_t = 10)]
     pub shutdown_grace_seconds: u64,
@@ -120,6 +129,48 @@ pub async fn serve(
     }
 }
 
+/// Adds the digest schedule (`--digest-schedule`) unless one of its name exists; a bad
+/// expression or time zone stops the service with the reason.
+async fn add_digest_schedule(pool: &sqlx::PgPool, args: &ServeArgs) -> anyhow::Result<()> {
+    use demo_events::order_events::{DAILY_DIGEST, DIGEST_AGGREGATE, DIGEST_SCHEDULE};
+    use outbox::schedule::{add_schedule, Missed, NewSchedule, ScheduleError};
+    let schedule = NewSchedule {
+        name: DIGEST_SCHEDULE.to_owned(),
+        cron: args.digest_schedule.clone(),
+        time_zone: args.digest_time_zone.clone(),
+        event_type: DAILY_DIGEST.to_owned(),
+        aggregate_id: DIGEST_AGGREGATE.to_owned(),
+        topic: args.topic.clone(),
+        payload: serde_json::json!({
+            "digest": "{{schedule}}", "fire_at": "{{fire_at}}", "local_time": "{{local_time}}"
+        }),
+        missed: Missed::Latest,
+    };
+    let mut tx = pool.begin().await?;
+    match add_schedule(
+        &mut tx,
+        &outbox::Outbox::default(),
+        &schedule,
+        Duration::from_secs(1),
+    )
+    .await
+    {
+        Ok(row) => {
+            tx.commit().await?;
+            tracing::info!(schedule = DIGEST_SCHEDULE, cron = %row.cron, time_zone = %row.time_zone,
+                           next = ?row.next_fire_at, "digest schedule added");
+        }
+        Err(ScheduleError::Duplicate(_)) => {
+            tracing::info!(
+                schedule = DIGEST_SCHEDULE,
+                "digest schedule already there; kept as it is"
+            );
+        }
+        Err(e) => return Err(e).context("--digest-schedule"),
+    }
+    Ok(())
+}
+
 /// Runs `producer serve` until `shutdown`.
 pub async fn run(args: ServeArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
     tracing::info!(?args, "starting order service");
@@ -130,6 +181,9 @@ pub async fn run(args: ServeArgs, shutdown: CancellationToken) -> anyhow::Result
             return Ok(());
         }
     };
+    if !args.digest_schedule.trim().is_empty() {
+        add_digest_schedule(&pool, &args).await?;
+    }
     let registry = Registry::new();
     let reminders = PaymentReminders {
         after: (args.payment_reminder_after_seconds > 0)

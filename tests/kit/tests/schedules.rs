@@ -189,3 +189,59 @@ async fn each_occurrence_is_published_once_across_a_relay_killed_between_two() -
     assert_eq!(early, 0);
     Ok(())
 }
+
+/// The order service's digest schedule, every two seconds: each occurrence becomes one digest
+/// notification for the operations team, and the inventory passes over it (no dead letter).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_order_services_digest_schedule_becomes_digest_notifications() -> anyhow::Result<()> {
+    let env = TestEnv::new("digest", 3).await?;
+    let producer = env.spawn(
+        "producer",
+        "order-service",
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--topic",
+            &env.topic,
+            "--digest-schedule",
+            "*/2 * * * * *",
+        ],
+    )?;
+    producer
+        .wait_for_log_value("order service listening on ", Duration::from_secs(30))
+        .await?;
+    let (_relay, _) = env.relay("relay-1").await?;
+    let (_consumer, _) = env.consumer("consumer").await?;
+    let digests = wait_until("three digests", Duration::from_secs(60), || async {
+        let n: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM notification WHERE template = 'daily-digest'")
+                .fetch_one(&env.pool)
+                .await?;
+        Ok((n >= 3).then_some(n))
+    })
+    .await?;
+    // One notification per occurrence fired, none twice; both groups applied every digest.
+    let (fired, distinct): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM outbox_schedule_occurrence WHERE schedule = 'daily-digest'),
+                (SELECT count(DISTINCT event_id) FROM notification WHERE template = 'daily-digest')",
+    )
+    .fetch_one(&env.pool)
+    .await?;
+    assert!(
+        digests <= fired && distinct == digests,
+        "{digests} {fired} {distinct}"
+    );
+    let letters: i64 = sqlx::query_scalar("SELECT count(*) FROM dead_letter")
+        .fetch_one(&env.pool)
+        .await?;
+    assert_eq!(letters, 0);
+    let inventory: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM applied_effect WHERE event_type = 'digest.daily'
+           AND group_name LIKE '%inventory'",
+    )
+    .fetch_one(&env.pool)
+    .await?;
+    assert!(inventory >= 3, "{inventory}");
+    Ok(())
+}
