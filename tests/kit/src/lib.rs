@@ -10,7 +10,7 @@
 //! - [`history`]: outbox rows of a given age, written as the library and the relay would;
 //! - [`kafka`]: the broker, consumer groups' committed lag, and reading a topic;
 //! - [`wait_until`] (`wait`): waiting for a condition with a deadline;
-//! - [`scrape_sum`] (`metrics`): reading a binary's `/metrics`.
+//! - [`scrape_sum`] (`metrics`): reading a binary's `/metrics`; [`one_active_relay`].
 //!
 //! Environment: `DATABASE_URL` (a server URL whose database is used only to create test
 //! databases; default `postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable`),
@@ -27,6 +27,6 @@ mod service;
 mod wait;
 
 pub use env::TestEnv;
-pub use metrics::{metric_sum, scrape, scrape_sum};
+pub use metrics::{metric_sum, one_active_relay, scrape, scrape_sum};
 pub use service::{bin_dir, Service};
 pub use wait::wait_until;

@@ -6,6 +6,27 @@ pub async fn scrape_sum(addr: &str, metric: &str, labels: &[&str]) -> anyhow::Re
     Ok(metric_sum(&scrape(addr).await?, metric, labels))
 }
 
+/// Waits (up to `timeout`) until exactly one of the relays whose metrics endpoints are `relays`
+/// reports itself active; returns its index.
+pub async fn one_active_relay(
+    relays: &[&str],
+    timeout: std::time::Duration,
+) -> anyhow::Result<usize> {
+    crate::wait_until("one relay active", timeout, || async {
+        let mut active = Vec::new();
+        for (i, addr) in relays.iter().enumerate() {
+            if scrape_sum(addr, "relay_active", &[]).await? as i64 == 1 {
+                active.push(i);
+            }
+        }
+        Ok(match active.as_slice() {
+            [one] => Some(*one),
+            _ => None,
+        })
+    })
+    .await
+}
+
 /// The text of the `/metrics` page at `addr`.
 pub async fn scrape(addr: &str) -> anyhow::Result<String> {
     Ok(reqwest::get(format!("http://{addr}/metrics"))

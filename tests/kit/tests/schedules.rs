@@ -32,17 +32,10 @@ async fn each_occurrence_is_published_once_across_a_relay_killed_between_two() -
     let env = TestEnv::new("schedules", 3).await?;
     let (relay_a, metrics_a) = env.relay("relay-a").await?;
     let (relay_b, metrics_b) = env.relay("relay-b").await?;
-    let active = wait_until("one relay active", Duration::from_secs(30), || async {
-        let a = scrape_sum(&metrics_a, "relay_active", &[]).await?;
-        let b = scrape_sum(&metrics_b, "relay_active", &[]).await?;
-        Ok(match (a as i64, b as i64) {
-            (1, 0) => Some('a'),
-            (0, 1) => Some('b'),
-            _ => None,
-        })
-    })
-    .await?;
-    let (active_relay, _standby, standby_metrics) = if active == 'a' {
+    let active =
+        pipeline_testkit::one_active_relay(&[&metrics_a, &metrics_b], Duration::from_secs(30))
+            .await?;
+    let (active_relay, _standby, standby_metrics) = if active == 0 {
         (relay_a, relay_b, metrics_b)
     } else {
         (relay_b, relay_a, metrics_a)
