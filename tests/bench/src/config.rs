@@ -134,7 +134,7 @@ pub struct BenchArgs {
     #[arg(long, env = "BENCH_RETENTION_INTERVAL_SECONDS", default_value_t = 10)]
     pub retention_interval_seconds: u64,
     /// PostgreSQL's server log, read for lock waits [default: the server's current log file,
-    /// else Debian's /var/log/postgresql/postgresql-<version>-<cluster>.log].
+    /// else Debian's /var/log/postgresql/postgresql-VERSION-CLUSTER.log].
     #[arg(long, env = "BENCH_SERVER_LOG")]
     pub server_log: Option<PathBuf>,
 }

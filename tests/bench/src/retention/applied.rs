@@ -57,9 +57,23 @@ pub struct SegmentLatency {
 #[derive(Debug, Clone, Serialize)]
 pub struct Latencies {
     pub groups: BTreeMap<String, SegmentLatency>,
+    /// Intended send → applied, both groups, by the minute of the segment the request was due.
+    pub by_minute: Vec<MinuteLatency>,
     pub relay_p50_ms: f64,
     pub relay_p99_ms: f64,
     pub without_outbox_row: u64,
+}
+
+/// One minute's end-to-end latency, ms.
+#[derive(Debug, Clone, Serialize)]
+pub struct MinuteLatency {
+    /// Minutes from the first measured request.
+    pub minute: u64,
+    /// Effects applied (two groups: two an event).
+    pub effects: u64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
 }
 
 /// A running reader of new effects.
@@ -127,9 +141,11 @@ impl AppliedWatch {
             .iter()
             .map(|(group, applied)| (group.clone(), latency(applied, &intended)))
             .collect();
+        let by_minute = by_minute(&collected, &intended);
         let relay = collected.relay.unwrap_or_else(micros_histogram);
         Ok(Latencies {
             groups,
+            by_minute,
             relay_p50_ms: quantile_ms(&relay, 0.5),
             relay_p99_ms: quantile_ms(&relay, 0.99),
             without_outbox_row: collected.without_outbox_row,
@@ -163,6 +179,41 @@ fn latency(applied: &[Applied], intended: &HashMap<(Uuid, i64), i64>) -> Segment
         outbox_to_applied_p50_ms: quantile_ms(&to_applied, 0.5),
         outbox_to_applied_p99_ms: quantile_ms(&to_applied, 0.99),
     }
+}
+
+/// End-to-end latency of every group's effects by the minute their request was due.
+fn by_minute(collected: &Collected, intended: &HashMap<(Uuid, i64), i64>) -> Vec<MinuteLatency> {
+    let Some(&first) = intended.values().min() else {
+        return Vec::new();
+    };
+    let mut minutes: BTreeMap<u64, Histogram<u64>> = BTreeMap::new();
+    for applied in collected.by_group.values() {
+        let mut seen: HashSet<(Uuid, i64)> = HashSet::new();
+        for a in applied {
+            let key = (a.order_id, a.sequence);
+            let Some(&due) = intended.get(&key) else {
+                continue;
+            };
+            if !seen.insert(key) {
+                continue;
+            }
+            let minute = u64::try_from((due - first) / 60_000_000).unwrap_or(0);
+            minutes
+                .entry(minute)
+                .or_insert_with(micros_histogram)
+                .saturating_record(u64::try_from(a.applied_us - due).unwrap_or(0));
+        }
+    }
+    minutes
+        .into_iter()
+        .map(|(minute, h)| MinuteLatency {
+            minute,
+            effects: h.len(),
+            p50_ms: quantile_ms(&h, 0.5),
+            p99_ms: quantile_ms(&h, 0.99),
+            max_ms: quantile_ms(&h, 1.0),
+        })
+        .collect()
 }
 
 /// Where the reading stands. Effects are numbered when inserted but may commit out of that

@@ -14,6 +14,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::{Connection, Executor, PgConnection};
 
+use super::disk::{Room, BYTES_PER_EVENT};
 use crate::broker::round3;
 use crate::run::say;
 
@@ -172,7 +173,12 @@ pub async fn load(
     topic: &str,
     partitions: i32,
     groups: &[String],
+    room: &Room,
 ) -> anyhow::Result<HistoryLoad> {
+    room.ensure(
+        u64::try_from(total)? * BYTES_PER_EVENT,
+        &format!("loading {total} history events"),
+    )?;
     let t0 = Utc::now() - chrono::Duration::from_std(AGE)?;
     let step = SPAN.as_secs_f64() / total as f64;
     let started = Instant::now();
@@ -183,6 +189,7 @@ pub async fn load(
         step,
         topic,
         partitions,
+        room,
     };
     let outbox_side = chunks.load(Side::Outbox);
     let group_side = chunks.load(Side::Groups(groups));
@@ -230,6 +237,7 @@ struct Chunks<'a> {
     step: f64,
     topic: &'a str,
     partitions: i32,
+    room: &'a Room,
 }
 
 impl Chunks<'_> {
@@ -244,6 +252,7 @@ impl Chunks<'_> {
         let started = Instant::now();
         let mut lo = 0;
         while lo < self.total {
+            self.room.ensure(0, "the next chunk")?;
             let hi = (lo + CHUNK).min(self.total);
             let mut tx = conn.begin().await?;
             tx.execute("TRUNCATE history_chunk").await?;

@@ -18,6 +18,7 @@
 //! Throughout, lock waits are watched ([`locks`]) and the sizes read every 30 s ([`sizes`]).
 
 pub mod applied;
+pub mod disk;
 pub mod drain;
 pub mod histogram;
 pub mod history;
@@ -25,6 +26,7 @@ pub mod locks;
 pub mod process_logs;
 pub mod processes;
 pub mod segment;
+pub mod server_log;
 pub mod sizes;
 pub mod table;
 
@@ -34,6 +36,7 @@ use std::time::Instant;
 use pipeline_testkit::TestEnv;
 use serde::Serialize;
 
+use self::disk::Room;
 pub use self::drain::Drain;
 pub use self::history::HistoryLoad;
 pub use self::locks::{LockWaits, LoggedWaits, SampledWaits};
@@ -178,12 +181,14 @@ async fn measure(
         r.history_events
     ));
     let group_ids: Vec<String> = GROUPS.iter().map(|g| env.group(g)).collect();
+    let room = Room::of(&env.pool).await;
     let history = history::load(
         &env.database_url,
         r.history_events,
         &env.topic,
         settings.partitions,
         &group_ids,
+        &room,
     )
     .await?;
     steps.next("history load");
@@ -234,6 +239,7 @@ async fn measure(
     let sizes_off_end = sizes::read(&env.pool, started.elapsed().as_secs_f64()).await?;
     steps.next("segment off");
 
+    room.ensure(0, "the drain off")?;
     say("retention: consumer drain, retention off");
     notes.extend(consumer.stop().await);
     let watch = locks.watch().await?;
@@ -257,6 +263,7 @@ async fn measure(
     drain_on.lock_waits = watch.finish().await;
     steps.next("drain on");
 
+    room.ensure(0, "the segment on")?;
     say("retention: segment with retention on");
     let watch = locks.watch().await?;
     let (mut on, sizes_on_mid) =

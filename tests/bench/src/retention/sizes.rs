@@ -1,6 +1,6 @@
 //! The sizes of the tables retention keeps small: on disk (heap and indexes) and in rows (the
-//! statistics collector's estimates, which need no scan), at named moments and every
-//! [`SAMPLE_EVERY`] in between.
+//! statistics collector's estimates, which need no scan), at named moments and every 30 s in
+//! between.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -91,7 +91,7 @@ pub async fn read(pool: &PgPool, t: f64) -> anyhow::Result<Sizes> {
     })
 }
 
-/// A background reading of the sizes every [`SAMPLE_EVERY`].
+/// A background reading of the sizes every 30 s.
 pub struct SizeSampler {
     stop: CancellationToken,
     task: JoinHandle<Vec<Sizes>>,

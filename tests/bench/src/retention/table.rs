@@ -101,6 +101,19 @@ pub fn write(o: &mut String, r: &RetentionResult) -> std::fmt::Result {
             e2e(on),
         )?;
     }
+    for (name, s) in [("off", off), ("on", on)] {
+        let minutes: Vec<String> = s
+            .latency
+            .by_minute
+            .iter()
+            .map(|m| format!("{:.0}/{:.0}", m.p50_ms, m.p99_ms))
+            .collect();
+        writeln!(
+            o,
+            "   e2e p50/p99 ms by minute, both groups, {name}: {}",
+            minutes.join(" ")
+        )?;
+    }
     let stage = |s: &super::Segment, name: &str| {
         s.relay_stages.get(name).map_or("-".to_owned(), |h| {
             format!("{} ({})", p50_p99(h), ms(h.mean_ms))
