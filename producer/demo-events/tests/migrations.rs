@@ -26,10 +26,11 @@ async fn tables(pool: &PgPool) -> Vec<String> {
     .expect("tables")
 }
 
-const PIPELINE_TABLES: [&str; 18] = [
+const PIPELINE_TABLES: [&str; 23] = [
     "applied_effect",
     "dead_letter",
     "group_history",
+    "group_rate_limit",
     "group_transition",
     "operator_action",
     "order_progress",
@@ -38,6 +39,8 @@ const PIPELINE_TABLES: [&str; 18] = [
     "outbox_delayed",
     "outbox_delivery",
     "outbox_history",
+    "outbox_schedule",
+    "outbox_schedule_occurrence",
     "outbox_sequence",
     "outbox_status",
     "outbox_unpublished",
@@ -45,6 +48,8 @@ const PIPELINE_TABLES: [&str; 18] = [
     "parked_record",
     "partition_owner",
     "processed_message",
+    "progress_horizon",
+    "retention_state",
 ];
 
 #[sqlx::test(migrations = false)]
