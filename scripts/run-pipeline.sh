@@ -14,7 +14,7 @@
 #   READY_TIMEOUT=60         seconds to wait for the order service's /readyz
 #   DRAIN_TIMEOUT=120        seconds to wait, after the load, for outbox and consumer lag to reach 0
 #   STOP_TIMEOUT=30          seconds a service gets to exit after SIGTERM before SIGKILL
-#   DIGEST_SCHEDULE='*/20 * * * * *'   the order service's recurring digest schedule (cron, UTC)
+#   DIGEST_SCHEDULE='*/10 * * * * *'   the order service's recurring digest schedule (cron, UTC)
 #   RUST_LOG=info LOG_JSON   the services' logging ($RUN_DIR/{producer,relay,consumer}.log)
 #   KAFKA_BROKERS            an existing Kafka cluster to use instead of a local broker
 #   RUN_DIR, KAFKA_*         see scripts/lib.sh
@@ -25,7 +25,7 @@ cd "$REPO_ROOT"
 
 ORDERS="${ORDERS:-3000}"
 RATE="${RATE:-500}"
-DIGEST_SCHEDULE="${DIGEST_SCHEDULE:-*/20 * * * * *}"
+DIGEST_SCHEDULE="${DIGEST_SCHEDULE:-*/10 * * * * *}"
 PIPELINE_DB="${PIPELINE_DB:-pipeline}"
 PIPELINE_RESET="${PIPELINE_RESET:-1}"
 READY_TIMEOUT="${READY_TIMEOUT:-60}"
