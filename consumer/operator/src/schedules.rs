@@ -114,7 +114,7 @@ pub async fn run(targets: &Targets, action: &ScheduleAction, json: bool) -> anyh
             let (at, event_id) = schedule::run_now(&mut tx, &Outbox::default(), name)
                 .await
                 .map_err(bad_input)?;
-            let row = schedule::store_row(&mut tx, name)
+            let row = schedule::get_schedule(&mut tx, name)
                 .await
                 .map_err(bad_input)?;
             record(
@@ -151,14 +151,9 @@ pub async fn list(pool: &PgPool) -> anyhow::Result<Vec<Listed>> {
 /// One schedule, its next fire times and its last occurrences.
 pub async fn show(pool: &PgPool, name: &str) -> anyhow::Result<Shown> {
     let mut conn = pool.acquire().await?;
-    let row = schedule::list_schedules(&mut conn)
-        .await?
-        .into_iter()
-        .find(|r| r.name == name)
-        .ok_or_else(|| BadInput::NotFound {
-            what: "schedule",
-            id: name.to_owned(),
-        })?;
+    let row = schedule::get_schedule(&mut conn, name)
+        .await
+        .map_err(bad_input)?;
     let occurrences = schedule::occurrences(&mut conn, name, SHOWN_OCCURRENCES).await?;
     Ok(Shown {
         listed: with_next(row),

@@ -19,7 +19,7 @@ pub mod times;
 
 pub use materialise::{materialise_due, Materialised, MISSED_GRACE};
 pub use store::{
-    add_schedule, list_schedules, occurrences, remove_schedule, run_now, set_enabled, store_row,
+    add_schedule, get_schedule, list_schedules, occurrences, remove_schedule, run_now, set_enabled,
     Occurrence, ScheduleRow,
 };
 pub use times::{fire_times, CronTimes, MIN_INTERVAL_FLOOR};

@@ -200,12 +200,12 @@ pub async fn list_schedules(conn: &mut PgConnection) -> Result<Vec<ScheduleRow>,
     .await
 }
 
-/// The schedule `name`, in `tx`.
-pub async fn store_row(
-    tx: &mut Transaction<'_, Postgres>,
+/// The schedule `name` ([`ScheduleError::NotFound`] when there is none).
+pub async fn get_schedule(
+    conn: &mut PgConnection,
     name: &str,
 ) -> Result<ScheduleRow, ScheduleError> {
-    one(tx, name, false).await
+    one(conn, name, false).await
 }
 
 /// The schedule `name` (locked for the transaction when `lock`).
