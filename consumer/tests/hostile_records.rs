@@ -6,6 +6,8 @@
 //! with its exact bytes; the last resort of the retry budget (dead-lettering a message alone)
 //! must succeed on any record.
 
+mod common;
+
 use std::sync::atomic::{AtomicI64, Ordering};
 
 use chrono::Utc;
@@ -20,8 +22,7 @@ use pipeline_core::envelope::{
 };
 use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestRunner};
-use sqlx::postgres::PgPoolOptions;
-use sqlx::{Connection, PgConnection, PgPool};
+use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 const GROUP: &str = "keeper";
@@ -373,45 +374,17 @@ async fn alone_case(pool: &PgPool, g: Generated) -> Result<(), TestCaseError> {
 
 /// A database of its own, migrated, with the keeper's table, and its name.
 fn database(rt: &tokio::runtime::Runtime) -> (PgPool, String) {
-    rt.block_on(async {
-        let url = std::env::var("DATABASE_URL").expect("DATABASE_URL");
-        let name = format!("hostile_{}", Uuid::new_v4().simple());
-        let mut admin = PgConnection::connect(&url).await.expect("connect");
-        sqlx::query(&format!("CREATE DATABASE {name}"))
-            .execute(&mut admin)
-            .await
-            .expect("create database");
-        let (base, query) = url.split_once('?').unwrap_or((&url, ""));
-        let base = base.rsplit_once('/').map_or(base, |(b, _)| b);
-        let pool = PgPoolOptions::new()
-            .max_connections(4)
-            .connect(&format!("{base}/{name}?{query}"))
-            .await
-            .expect("connect");
-        consumer::MIGRATOR.run(&pool).await.expect("migrate");
-        sqlx::query(
-            "CREATE TABLE kept (event_id uuid PRIMARY KEY, order_id text NOT NULL,
-                                event_type text NOT NULL, sequence bigint NOT NULL,
-                                payload jsonb NOT NULL)",
-        )
-        .execute(&pool)
-        .await
-        .expect("kept");
-        (pool, name)
-    })
+    rt.block_on(common::database(
+        "hostile",
+        "CREATE TABLE kept (event_id uuid PRIMARY KEY, order_id text NOT NULL,
+                            event_type text NOT NULL, sequence bigint NOT NULL,
+                            payload jsonb NOT NULL)",
+    ))
 }
 
 /// Drops a database `database` made, once its test passed.
 fn drop_database(rt: &tokio::runtime::Runtime, pool: PgPool, name: &str) {
-    rt.block_on(async {
-        pool.close().await;
-        let url = std::env::var("DATABASE_URL").expect("DATABASE_URL");
-        let mut admin = PgConnection::connect(&url).await.expect("connect");
-        sqlx::query(&format!("DROP DATABASE {name} WITH (FORCE)"))
-            .execute(&mut admin)
-            .await
-            .expect("drop database");
-    });
+    rt.block_on(common::drop_database(pool, name));
 }
 
 /// `PROPTEST_CASES` cases (128 by default); a failing case is kept in

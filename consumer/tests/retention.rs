@@ -4,6 +4,8 @@
 //! history of their orders), dry runs, one runner at a time, and the floors. Time is moved by
 //! running retention as if it were later.
 
+mod common;
+
 use chrono::{DateTime, Duration, Utc};
 use consumer::retention::{rules, RetentionSettings};
 use consumer::transaction::{process_batch, InboundMessage, Outcome, RecordHeaders};
@@ -11,8 +13,7 @@ use consumer::{Event, Handler, HandlerError, HandlerTransaction};
 use futures::future::BoxFuture;
 use pipeline_core::envelope::{AGGREGATE_ID, EVENT_ID, EVENT_TYPE, OCCURRED_AT, SEQUENCE};
 use pipeline_core::retention::{Runner, Window};
-use sqlx::postgres::PgPoolOptions;
-use sqlx::{Connection, PgConnection, PgPool};
+use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 const GROUP: &str = "ledger";
@@ -98,46 +99,20 @@ fn order_events(order: &str, n: i64, first_offset: i64) -> Vec<InboundMessage> {
 }
 
 async fn database() -> (PgPool, String) {
-    let url = std::env::var("DATABASE_URL").expect("DATABASE_URL");
-    let name = format!("retention_{}", Uuid::new_v4().simple());
-    let mut admin = PgConnection::connect(&url).await.expect("connect");
-    sqlx::query(&format!("CREATE DATABASE {name}"))
-        .execute(&mut admin)
-        .await
-        .expect("create database");
-    let (base, query) = url.split_once('?').unwrap_or((&url, ""));
-    let base = base.rsplit_once('/').map_or(base, |(b, _)| b);
-    let pool = PgPoolOptions::new()
-        .max_connections(4)
-        .connect(&format!("{base}/{name}?{query}"))
-        .await
-        .expect("connect");
-    consumer::MIGRATOR.run(&pool).await.expect("migrate");
-    sqlx::query("CREATE TABLE ledger (event_id uuid NOT NULL)")
-        .execute(&pool)
-        .await
-        .expect("ledger");
     // The group owns a partition, as every running group does.
-    sqlx::query(
-        "INSERT INTO partition_owner (group_name, topic, partition, owner) VALUES ($1, $2, 0, $3)",
+    common::database(
+        "retention",
+        &format!(
+            "CREATE TABLE ledger (event_id uuid NOT NULL);
+             INSERT INTO partition_owner (group_name, topic, partition, owner)
+             VALUES ('{GROUP}', '{TOPIC}', 0, gen_random_uuid());"
+        ),
     )
-    .bind(GROUP)
-    .bind(TOPIC)
-    .bind(Uuid::new_v4())
-    .execute(&pool)
     .await
-    .expect("owner");
-    (pool, name)
 }
 
 async fn drop_database(pool: PgPool, name: &str) {
-    pool.close().await;
-    let url = std::env::var("DATABASE_URL").expect("DATABASE_URL");
-    let mut admin = PgConnection::connect(&url).await.expect("connect");
-    sqlx::query(&format!("DROP DATABASE {name} WITH (FORCE)"))
-        .execute(&mut admin)
-        .await
-        .expect("drop database");
+    common::drop_database(pool, name).await;
 }
 
 async fn count(pool: &PgPool, sql: &str) -> i64 {
