@@ -13,7 +13,7 @@
 //! is removed once the order has been silent for the progress window; its events that occurred
 //! before then are flagged stale too (the group's progress horizon, `progress_horizon`).
 
-use pipeline_core::retention::{rule, BelowFloor, Rule, Window};
+use pipeline_core::retention::{rule, runner::GROUPS_LOCK, BelowFloor, Rule, Window};
 
 /// How long a group's database keeps what exactly-once and the history need.
 #[derive(Debug, Clone)]
@@ -33,10 +33,19 @@ pub struct RetentionSettings {
     /// Most rows one retention step examines (each step is a transaction of its own).
     #[cfg_attr(
         feature = "cli",
-        arg(id = "retention_batch_size", long = "retention-batch-size", env = "CONSUMER_RETENTION_BATCH_SIZE", default_value_t = 5000,
+        arg(id = "retention_batch_size", long = "retention-batch-size", env = "CONSUMER_RETENTION_BATCH_SIZE", default_value_t = 1000,
             value_parser = clap::value_parser!(i64).range(1..=100_000))
     )]
     pub batch_size: i64,
+    /// After each retention step, a pause this many times as long as the step took: at 1 the
+    /// runner works at most half the time, less when the database is slow; 0 lets a backlog be
+    /// removed as fast as the database goes, at the cost of the pipeline's latency.
+    #[cfg_attr(
+        feature = "cli",
+        arg(id = "retention_pause_ratio", long = "retention-pause-ratio", env = "CONSUMER_RETENTION_PAUSE_RATIO", default_value_t = 1.0,
+            value_parser = pipeline_core::retention::runner::parse_pause_ratio)
+    )]
+    pub pause_ratio: f64,
     /// How long a dedupe row (`processed_message`) is kept: at least as long as Kafka keeps the
     /// topic plus the furthest back an operator may reprocess. A redelivery within it is
     /// recognised as a duplicate; after it, as stale by its order's progress. Floor: 1m.
@@ -100,7 +109,8 @@ impl Default for RetentionSettings {
     fn default() -> Self {
         RetentionSettings {
             interval: Window::secs(30),
-            batch_size: 5000,
+            batch_size: 1000,
+            pause_ratio: 1.0,
             dedupe: Window::days(8),
             progress: Window::days(365),
             history: Window::days(7),
@@ -171,27 +181,39 @@ pub fn rules(settings: &RetentionSettings) -> Vec<Rule> {
             oldest_sql: Some(
                 "SELECT min(x.processed_at)
                  FROM (SELECT DISTINCT group_name FROM partition_owner) g
-                 CROSS JOIN LATERAL (SELECT processed_at FROM processed_message m
-                                     WHERE m.group_name = g.group_name
-                                     ORDER BY m.event_id LIMIT 1) x",
+                 CROSS JOIN LATERAL (
+                     SELECT processed_at FROM processed_message m
+                     WHERE m.group_name = g.group_name
+                       AND m.event_id > COALESCE(($1::jsonb ->> g.group_name)::uuid,
+                                                 '00000000-0000-0000-0000-000000000000')
+                     ORDER BY m.event_id LIMIT 1) x",
             ),
             sweep: false,
+            lock: GROUPS_LOCK,
         },
         Rule {
             table: "applied_effect",
             window: settings.history,
             keeps: "the history of orders with an open dead letter or parked events",
             step_sql: EFFECTS_STEP,
-            oldest_sql: Some("SELECT (SELECT applied_at FROM applied_effect ORDER BY id LIMIT 1)"),
+            oldest_sql: Some(
+                "SELECT (SELECT applied_at FROM applied_effect
+                         WHERE id > COALESCE($1::bigint, 0) ORDER BY id LIMIT 1)",
+            ),
             sweep: false,
+            lock: GROUPS_LOCK,
         },
         Rule {
             table: "group_transition",
             window: settings.history,
             keeps: "the history of orders with an open dead letter or parked events",
             step_sql: TRANSITIONS_STEP,
-            oldest_sql: Some("SELECT (SELECT at FROM group_transition ORDER BY id LIMIT 1)"),
+            oldest_sql: Some(
+                "SELECT (SELECT at FROM group_transition
+                         WHERE id > COALESCE($1::bigint, 0) ORDER BY id LIMIT 1)",
+            ),
             sweep: false,
+            lock: GROUPS_LOCK,
         },
         Rule {
             table: "dead_letter",
@@ -200,6 +222,7 @@ pub fn rules(settings: &RetentionSettings) -> Vec<Rule> {
             step_sql: DEAD_LETTERS_STEP,
             oldest_sql: Some("SELECT (SELECT created_at FROM dead_letter ORDER BY id LIMIT 1)"),
             sweep: true,
+            lock: GROUPS_LOCK,
         },
         Rule {
             table: "order_progress",
@@ -208,8 +231,9 @@ pub fn rules(settings: &RetentionSettings) -> Vec<Rule> {
             step_sql: PROGRESS_STEP,
             oldest_sql: None,
             sweep: true,
+            lock: GROUPS_LOCK,
         },
-        rule::operator_actions(settings.operator_actions),
+        rule::operator_actions(settings.operator_actions, GROUPS_LOCK),
     ]
 }
 

@@ -150,6 +150,7 @@ impl Runtime {
         }
         let runner = Runner::new(crate::retention::rules(&args.retention), "consumer")
             .batch_size(args.retention.batch_size)
+            .pause_ratio(args.retention.pause_ratio)
             .with_metrics(metrics);
         self.background.push(tokio::spawn(runner.run_every(
             parts.pool.clone(),

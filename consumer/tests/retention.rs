@@ -315,6 +315,54 @@ async fn parked_events_open_dead_letters_and_their_history_are_kept() {
 }
 
 #[tokio::test]
+async fn rows_kept_behind_the_cursor_go_on_a_run_from_the_start_once_released() {
+    let (pool, name) = database().await;
+    // order-d: sequence 1 applied, 2 rejected (an open dead letter holds its rows).
+    let applied = record("order-d", 1, Uuid::now_v7(), "order.placed", Utc::now(), 1);
+    let rejected = record(
+        "order-d",
+        2,
+        Uuid::now_v7(),
+        "order.rejected",
+        Utc::now(),
+        2,
+    );
+    process_batch(&pool, &Ledger, &[applied, rejected])
+        .await
+        .expect("batch");
+    let later = Utc::now() + Duration::days(40);
+    runner().run_once(&pool, later, false).await.expect("first");
+    let held = "SELECT count(*) FROM processed_message WHERE outcome = 'dead_lettered'";
+    assert_eq!(count(&pool, held).await, 1);
+
+    // The letter is resolved, and a new order is applied and ages past the window.
+    sqlx::query("UPDATE dead_letter SET status = 'discarded', resolved_at = now()")
+        .execute(&pool)
+        .await
+        .expect("resolve");
+    process_batch(&pool, &Ledger, &order_events("order-n", 2, 10))
+        .await
+        .expect("new order");
+
+    // A run taken up where the last one stopped removes the new rows, not those behind it...
+    let resumed = runner().resume_once(&pool, later).await.expect("resumed");
+    assert!(!resumed.skipped);
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(*) FROM processed_message WHERE outcome = 'applied'"
+        )
+        .await,
+        0
+    );
+    assert_eq!(count(&pool, held).await, 1);
+    // ...which a run from the start (the loop makes one an hour) removes.
+    runner().run_once(&pool, later, false).await.expect("full");
+    assert_eq!(count(&pool, held).await, 0);
+    drop_database(pool, &name).await;
+}
+
+#[tokio::test]
 async fn a_dry_run_removes_nothing_and_one_runner_works_at_a_time() {
     let (pool, name) = database().await;
     process_batch(&pool, &Ledger, &order_events("order-4", 5, 0))
@@ -346,7 +394,7 @@ async fn a_dry_run_removes_nothing_and_one_runner_works_at_a_time() {
     // Another runner holds the database: this one does nothing.
     let mut other = pool.begin().await.expect("begin");
     let held: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1)")
-        .bind(pipeline_core::retention::runner::RETENTION_LOCK_KEY)
+        .bind(pipeline_core::retention::runner::GROUPS_LOCK)
         .fetch_one(&mut *other)
         .await
         .expect("lock");

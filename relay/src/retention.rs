@@ -11,7 +11,7 @@
 //! but the outbox's unique keys (event id, business fact, aggregate sequence) would each have
 //! to include the partition key, and would no longer hold across partitions.
 
-use pipeline_core::retention::{BelowFloor, Rule, Window};
+use pipeline_core::retention::{runner::OUTBOX_LOCK, BelowFloor, Rule, Window};
 use sqlx::PgPool;
 
 /// How long the outbox's database keeps what the relay does not need any more.
@@ -32,10 +32,19 @@ pub struct RetentionSettings {
     /// Most rows one retention step examines (each step is a transaction of its own).
     #[cfg_attr(
         feature = "cli",
-        arg(id = "retention_batch_size", long = "retention-batch-size", env = "RELAY_RETENTION_BATCH_SIZE", default_value_t = 5000,
+        arg(id = "retention_batch_size", long = "retention-batch-size", env = "RELAY_RETENTION_BATCH_SIZE", default_value_t = 1000,
             value_parser = clap::value_parser!(i64).range(1..=100_000))
     )]
     pub batch_size: i64,
+    /// After each retention step, a pause this many times as long as the step took: at 1 the
+    /// runner works at most half the time, less when the database is slow; 0 lets a backlog be
+    /// removed as fast as the database goes, at the cost of the pipeline's latency.
+    #[cfg_attr(
+        feature = "cli",
+        arg(id = "retention_pause_ratio", long = "retention-pause-ratio", env = "RELAY_RETENTION_PAUSE_RATIO", default_value_t = 1.0,
+            value_parser = pipeline_core::retention::runner::parse_pause_ratio)
+    )]
+    pub pause_ratio: f64,
     /// How long a published event (its outbox row, delivery and attempts) is kept. Appending
     /// the same business fact (business key and event type) again within this window is a
     /// no-op; after it, a new event. Floor: 1m.
@@ -64,7 +73,8 @@ impl Default for RetentionSettings {
     fn default() -> Self {
         RetentionSettings {
             interval: Window::secs(30),
-            batch_size: 5000,
+            batch_size: 1000,
+            pause_ratio: 1.0,
             published: Window::days(7),
             operator_actions: Window::days(365),
         }
@@ -114,8 +124,12 @@ pub fn rules(settings: &RetentionSettings, groups_here: bool) -> Vec<Rule> {
             } else {
                 PUBLISHED_STEP
             },
-            oldest_sql: Some("SELECT (SELECT created_at FROM outbox ORDER BY id LIMIT 1)"),
+            oldest_sql: Some(
+                "SELECT (SELECT created_at FROM outbox
+                         WHERE id > COALESCE($1::bigint, 0) ORDER BY id LIMIT 1)",
+            ),
             sweep: false,
+            lock: OUTBOX_LOCK,
         },
         Rule {
             table: "outbox_schedule_occurrence",
@@ -124,8 +138,9 @@ pub fn rules(settings: &RetentionSettings, groups_here: bool) -> Vec<Rule> {
             step_sql: OCCURRENCES_STEP,
             oldest_sql: Some("SELECT min(recorded_at) FROM outbox_schedule_occurrence"),
             sweep: true,
+            lock: OUTBOX_LOCK,
         },
-        pipeline_core::retention::rule::operator_actions(settings.operator_actions),
+        pipeline_core::retention::rule::operator_actions(settings.operator_actions, OUTBOX_LOCK),
     ]
 }
 

@@ -210,6 +210,7 @@ fn retain_while_active(
         };
         let runner = Runner::new(crate::retention::rules(&settings, groups_here), "relay")
             .batch_size(settings.batch_size)
+            .pause_ratio(settings.pause_ratio)
             .with_metrics(metrics);
         runner.run_every(pool, settings.interval, stop).await;
     }))

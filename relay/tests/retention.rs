@@ -60,10 +60,21 @@ async fn published_events_go_and_everything_still_needed_stays() {
     assert_eq!(dry.tables[0].removed, 3);
     assert_eq!(count(&pool, "SELECT count(*) FROM outbox").await, 6);
 
+    // A consumer's runner at work on the groups' tables of the same database does not hold up
+    // the outbox's.
+    let mut consumer_runner = pool.begin().await.expect("begin");
+    let held: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1)")
+        .bind(pipeline_core::retention::runner::GROUPS_LOCK)
+        .fetch_one(&mut *consumer_runner)
+        .await
+        .expect("lock");
+    assert!(held);
     let run = runner
         .run_once(&pool, Utc::now(), false)
         .await
         .expect("run");
+    assert!(!run.skipped);
+    consumer_runner.rollback().await.expect("release");
     assert_eq!(
         (run.tables[0].table.as_str(), run.tables[0].removed),
         ("outbox", 3)

@@ -5,8 +5,8 @@
 //! its floor) and one SQL step that removes, past a cursor, at most a batch of rows older than
 //! the cutoff, keeping every row something still needs. A [`Runner`] applies a database's rules
 //! one step at a time, each step a short transaction of its own under a transaction-scoped
-//! advisory lock, so one runner works on a database at a time and no statement holds locks
-//! for long. The owners of the tables define their rules (the relay's for the outbox's tables,
+//! advisory lock, so one runner works on a set of tables at a time and no statement holds locks
+//! for long, and it pauses after each step in proportion to the step's time. The owners of the tables define their rules (the relay's for the outbox's tables,
 //! the consumer runtime's for the groups'); the operator command runs the same rules by hand.
 //!
 //! Layout: [`window`] (durations and their floors), [`rule`] (what a rule is and the SQL it runs),

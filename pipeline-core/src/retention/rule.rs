@@ -20,13 +20,19 @@ pub struct Rule {
     /// cursor (`text`), and whether the table is done (`bool`: nothing older than the cutoff is
     /// left past the cursor).
     pub step_sql: &'static str,
-    /// The time of the oldest row the table keeps, read at a bounded cost (one row, NULL when
-    /// empty); `None` where the table cannot tell it cheaply.
+    /// The time of the oldest row the table keeps past what retention has gone over, read at a
+    /// bounded cost (one row, NULL when empty); `None` where the table cannot tell it cheaply. A
+    /// rule in time order takes `$1`, its cursor (`text`, NULL: from the start), so the query
+    /// starts past the rows already removed, whose index entries vacuum may not have cleared
+    /// yet; a swept rule's query takes no parameter.
     pub oldest_sql: Option<&'static str>,
     /// The table is not in time order: each run examines at most a few batches from where the
     /// previous run stopped, and a full pass over the table takes several runs. Otherwise each
     /// run starts at the oldest row and goes until nothing older than the cutoff is left.
     pub sweep: bool,
+    /// The advisory lock its runner takes for each step: runners of rules with the same lock
+    /// exclude each other (see [`super::runner::OUTBOX_LOCK`], [`super::runner::GROUPS_LOCK`]).
+    pub lock: i64,
 }
 
 /// What one step did.
@@ -67,28 +73,36 @@ impl Rule {
         })
     }
 
-    /// The time of the oldest row kept, where the table tells it cheaply.
+    /// The time of the oldest row kept past `cursor` (a rule in time order; a swept rule looks
+    /// at the whole table), where the table tells it cheaply.
     pub async fn oldest(
         &self,
         conn: &mut PgConnection,
+        cursor: Option<&str>,
     ) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
-        match self.oldest_sql {
-            Some(sql) => sqlx::query_scalar(sql).fetch_one(conn).await,
-            None => Ok(None),
+        match (self.oldest_sql, self.sweep) {
+            (Some(sql), false) => sqlx::query_scalar(sql).bind(cursor).fetch_one(conn).await,
+            (Some(sql), true) => sqlx::query_scalar(sql).fetch_one(conn).await,
+            (None, _) => Ok(None),
         }
     }
 }
 
 /// The rule for `operator_action`, a table of every database of the pipeline (the outbox's and
-/// each group's): actions older than `window` are removed, from the oldest on.
-pub fn operator_actions(window: Window) -> Rule {
+/// each group's): actions older than `window` are removed, from the oldest on, by the runner
+/// that holds `lock`.
+pub fn operator_actions(window: Window, lock: i64) -> Rule {
     Rule {
         table: "operator_action",
         window,
         keeps: "nothing younger than the window",
         step_sql: OPERATOR_ACTIONS_STEP,
-        oldest_sql: Some("SELECT (SELECT acted_at FROM operator_action ORDER BY id LIMIT 1)"),
+        oldest_sql: Some(
+            "SELECT (SELECT acted_at FROM operator_action
+                     WHERE id > COALESCE($1::bigint, 0) ORDER BY id LIMIT 1)",
+        ),
         sweep: false,
+        lock,
     }
 }
 

@@ -1,7 +1,9 @@
 //! Running a database's rules: one bounded step at a time, each its own short transaction
-//! under a transaction-scoped advisory lock, so only one runner works on a database at once
+//! under a transaction-scoped advisory lock, so only one runner works on a set of tables at once
 //! (whoever runs it: the relay, a consumer, or an operator by hand) and a runner that dies
-//! holds nothing.
+//! holds nothing. A runner paces itself: after each step it pauses in proportion to the time the
+//! step took, so a large backlog is worked through at a share of the database's capacity, and
+//! more slowly when the database is busy.
 
 use std::time::{Duration, Instant};
 
@@ -15,16 +17,40 @@ use super::rule::Rule;
 use super::state::{self, Recorded};
 use super::window::Window;
 
-/// The advisory lock every retention runner of a database takes (`retain` in ASCII).
-pub const RETENTION_LOCK_KEY: i64 = 0x7265_7461_696e;
+/// The advisory lock of the runners of the outbox's tables (the active relay's, or an
+/// operator's): `retain` in ASCII, then 1.
+pub const OUTBOX_LOCK: i64 = 0x7265_7461_696e_01;
+/// The advisory lock of the runners of the groups' tables (one consumer of a database at a time,
+/// or an operator's). Where the groups share the outbox's database, the two sets of tables are
+/// worked on side by side.
+pub const GROUPS_LOCK: i64 = 0x7265_7461_696e_02;
 
 /// Longest a step waits for a row lock (a consumer's batch holding an order's progress row, say)
 /// before it gives up; the next run tries again.
 const STEP_LOCK_TIMEOUT: &str = "1s";
 
+/// Longest a step's statement may run. Steps are small, so this is far above what one takes; it
+/// only lifts the tight timeout of the session the runner shares with the pipeline's own work
+/// (a consumer's is seconds), which a step may pass while the disk is saturated.
+const STEP_STATEMENT_TIMEOUT: &str = "30s";
+
 /// Pause between runs while a table is not caught up yet (a large backlog is worked through in
 /// runs of bounded size, back to back but for this pause).
 const CATCHING_UP_PAUSE: Duration = Duration::from_secs(1);
+
+/// How often the loop goes over a table in time order from its start again instead of from
+/// where it stopped: rows kept past the cursor because something still needed them (an open dead
+/// letter, a parked event) are removed on such a pass once released.
+const FULL_PASS_EVERY: Duration = Duration::from_secs(3600);
+
+/// Parses a pause ratio given on a command line (`--retention-pause-ratio`): a number from 0 to
+/// 100.
+pub fn parse_pause_ratio(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(r) if r.is_finite() && (0.0..=100.0).contains(&r) => Ok(r),
+        _ => Err(format!("`{s}` is not a number from 0 to 100")),
+    }
+}
 
 /// Applies a set of rules to one database.
 #[derive(Clone)]
@@ -36,6 +62,8 @@ pub struct Runner {
     max_steps: u32,
     /// Most steps a run takes per swept table.
     sweep_steps: u32,
+    /// After each step, a pause this many times as long as the step took.
+    pause_ratio: f64,
     /// Who runs it, as recorded.
     by: String,
     metrics: Option<RetentionMetrics>,
@@ -74,13 +102,15 @@ pub struct TableReport {
 }
 
 impl Runner {
-    /// A runner of `rules`, recorded as run by `by`, with batches of 5,000 rows.
+    /// A runner of `rules`, recorded as run by `by`, with batches of 1,000 rows and a pause as
+    /// long as each step after it.
     pub fn new(rules: Vec<Rule>, by: impl Into<String>) -> Self {
         Runner {
             rules,
-            batch_size: 5_000,
+            batch_size: 1_000,
             max_steps: 200,
             sweep_steps: 20,
+            pause_ratio: 1.0,
             by: by.into(),
             metrics: None,
         }
@@ -96,6 +126,17 @@ impl Runner {
     pub fn max_steps(mut self, steps: u32) -> Self {
         self.max_steps = steps.max(1);
         self.sweep_steps = (steps / 10).max(1);
+        self
+    }
+
+    /// After each step, pause `ratio` times as long as the step took (0: no pause). At 1 a
+    /// runner works at most half the time, and yields more when the database is slow.
+    pub fn pause_ratio(mut self, ratio: f64) -> Self {
+        self.pause_ratio = if ratio.is_finite() {
+            ratio.max(0.0)
+        } else {
+            0.0
+        };
         self
     }
 
@@ -117,17 +158,40 @@ impl Runner {
     }
 
     /// One run over every rule as if the time were `now`: each table until it is caught up or
-    /// its steps for this run are spent. A dry run rolls every step back.
+    /// its steps for this run are spent, a table in time order from its start. A dry run rolls
+    /// every step back.
     pub async fn run_once(
         &self,
         pool: &PgPool,
         now: DateTime<Utc>,
         dry_run: bool,
     ) -> Result<Report, sqlx::Error> {
+        self.run(pool, now, dry_run, false).await
+    }
+
+    /// One run as [`Runner::run_every`] makes most of them: a table in time order is taken up
+    /// where the last run left it (rows it kept behind then, because something still needed
+    /// them, wait for a run from the start).
+    pub async fn resume_once(
+        &self,
+        pool: &PgPool,
+        now: DateTime<Utc>,
+    ) -> Result<Report, sqlx::Error> {
+        self.run(pool, now, false, true).await
+    }
+
+    /// One run; `resume`: a table in time order is taken up where the last run left it.
+    async fn run(
+        &self,
+        pool: &PgPool,
+        now: DateTime<Utc>,
+        dry_run: bool,
+        resume: bool,
+    ) -> Result<Report, sqlx::Error> {
         let started = Instant::now();
         let mut tables = Vec::with_capacity(self.rules.len());
         for rule in &self.rules {
-            match self.run_rule(pool, rule, now, dry_run).await? {
+            match self.run_rule(pool, rule, now, dry_run, resume).await? {
                 Some(t) => tables.push(t),
                 None => {
                     if let Some(m) = &self.metrics {
@@ -154,16 +218,17 @@ impl Runner {
         })
     }
 
-    /// One table's part of a run; `None` when another runner holds the database.
+    /// One table's part of a run; `None` when another runner holds its tables.
     async fn run_rule(
         &self,
         pool: &PgPool,
         rule: &Rule,
         now: DateTime<Utc>,
         dry_run: bool,
+        resume: bool,
     ) -> Result<Option<TableReport>, sqlx::Error> {
         let cutoff = rule.cutoff(now);
-        let mut cursor = if rule.sweep {
+        let mut cursor = if rule.sweep || resume {
             state::cursor(pool, rule.table).await?
         } else {
             None
@@ -176,17 +241,23 @@ impl Runner {
         let mut removed = 0u64;
         let mut caught_up = false;
         for _ in 0..steps {
+            let step_started = Instant::now();
             let mut tx = pool.begin().await?;
             let held: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1)")
-                .bind(RETENTION_LOCK_KEY)
+                .bind(rule.lock)
                 .fetch_one(&mut *tx)
                 .await?;
             if !held {
                 return Ok(None);
             }
-            sqlx::query(&format!("SET LOCAL lock_timeout = '{STEP_LOCK_TIMEOUT}'"))
-                .execute(&mut *tx)
-                .await?;
+            sqlx::query(
+                "SELECT set_config('lock_timeout', $1, true),
+                        set_config('statement_timeout', $2, true)",
+            )
+            .bind(STEP_LOCK_TIMEOUT)
+            .bind(STEP_STATEMENT_TIMEOUT)
+            .execute(&mut *tx)
+            .await?;
             let step = rule
                 .step(&mut tx, cutoff, cursor.as_deref(), self.batch_size)
                 .await?;
@@ -201,14 +272,24 @@ impl Runner {
                 }
             }
             removed += step.removed;
+            let pause = step_started.elapsed().mul_f64(self.pause_ratio);
             if step.done {
                 caught_up = true;
-                cursor = None;
+                // A swept table's pass ends; a table in time order keeps its place, the furthest
+                // row removable so far (the last step may have found none).
+                cursor = if rule.sweep {
+                    None
+                } else {
+                    step.cursor.or(cursor)
+                };
                 break;
             }
             cursor = step.cursor;
+            tokio::time::sleep(pause).await;
         }
-        let oldest = rule.oldest(&mut *pool.acquire().await?).await?;
+        let oldest = rule
+            .oldest(&mut *pool.acquire().await?, cursor.as_deref())
+            .await?;
         if !dry_run {
             state::record(
                 pool,
@@ -257,18 +338,24 @@ impl Runner {
     }
 
     /// Runs every `every` until `shutdown`; again after a short pause while a table is not
-    /// caught up. A failed run is logged and tried again next time.
+    /// caught up. A table in time order is taken up where the last run left it, and gone over
+    /// from its start once an hour. A failed run is logged and tried again next time.
     pub async fn run_every(self, pool: PgPool, every: Window, shutdown: CancellationToken) {
         let mut pause = Duration::ZERO;
+        let mut full_pass = Instant::now();
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep(pause) => {}
             }
+            let resume = full_pass.elapsed() < FULL_PASS_EVERY;
             let run = tokio::select! {
                 _ = shutdown.cancelled() => return,
-                run = self.run_once(&pool, Utc::now(), false) => run,
+                run = self.run(&pool, Utc::now(), false, resume) => run,
             };
+            if !resume && matches!(&run, Ok(r) if !r.skipped) {
+                full_pass = Instant::now();
+            }
             pause = match run {
                 Ok(r) if !r.skipped && r.tables.iter().any(|t| !t.caught_up && !t.swept) => {
                     CATCHING_UP_PAUSE
