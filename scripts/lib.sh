@@ -320,6 +320,17 @@ ensure_build_deps() {
     fi
 }
 
+# ensure_chromium — Debian's chromium, the headless browser the web console's browser tests
+# (tests/console) drive through playwright-core; playwright never downloads a browser of its own.
+ensure_chromium() {
+    [[ -x /usr/bin/chromium ]] && return 0
+    have apt-get || die "chromium is missing and apt-get is not available to install it"
+    log "installing Debian's chromium (the web console's browser tests)"
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null
+    [[ -x /usr/bin/chromium ]] || die "apt-get install chromium left no /usr/bin/chromium"
+}
+
 # ---------------------------------------------------------------------------------------------
 # Apache Kafka
 #

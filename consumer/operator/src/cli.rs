@@ -108,6 +108,9 @@ pub enum Command {
         #[command(subcommand)]
         action: RetentionAction,
     },
+    /// The web console: the overview, an order's timeline and every action here from a page,
+    /// for logged-in users (`--users-file` or `PIPELINE_CONSOLE_USERS`).
+    Console(crate::console::ConsoleArgs),
 }
 
 /// `pipeline schedules …`

@@ -181,7 +181,8 @@ pub async fn run(
     }
 }
 
-async fn show(pool: &PgPool, group: &str, id: i64) -> anyhow::Result<ShownLetter> {
+/// One letter of `group` (its qualified name) whole.
+pub async fn show(pool: &PgPool, group: &str, id: i64) -> anyhow::Result<ShownLetter> {
     let filter = LetterFilter {
         id: Some(id),
         ..LetterFilter::default()
@@ -247,14 +248,33 @@ struct StoredRecord {
     key: Option<Vec<u8>>,
 }
 
-async fn act(
+/// What [`resolve_letters`] did: an outcome for each letter it reached, and, when it stopped
+/// early, why (the letters after that one are untouched).
+#[derive(Debug, Serialize)]
+pub struct Resolved {
+    /// Letters the filters matched (at most the limit given).
+    pub matched: usize,
+    /// What happened to each letter, in the order they were taken.
+    pub outcomes: Vec<Outcome>,
+    /// Why it stopped before the end, if it did.
+    #[serde(skip)]
+    pub failure: Option<anyhow::Error>,
+}
+
+/// Replays, skips or discards the letters of `group` (a known name without the prefix) that
+/// `action` selects, at most `limit` of them, one by one in each order's sequence, each recorded
+/// with `action.change`'s actor and note. `dead_letter_topic` is the groups' template (empty: do
+/// not publish letters raised while releasing parked events). The `dead-letters` command and the
+/// web console both act through here.
+pub async fn resolve_letters(
     targets: &Targets,
-    args: &DeadLetterArgs,
+    group: &str,
+    dead_letter_topic: &str,
     groups: &Groups,
     action: &LetterAction,
     how: Resolution,
-    json: bool,
-) -> anyhow::Result<()> {
+    limit: usize,
+) -> anyhow::Result<Resolved> {
     let (verb, settled) = match how {
         Resolution::Replay => ("replay", "replayed"),
         Resolution::Skip => ("skip", "skipped"),
@@ -264,18 +284,17 @@ async fn act(
         return Err(BadInput::NoFilter(verb).into());
     }
     let actor = action.change.actor()?;
-    let group = targets.one_group(KnownBy::Database).await?;
-    let pool = targets.group(&group).await?;
-    let name = targets.qualified(&group);
+    let pool = targets.group(group).await?;
+    let name = targets.qualified(group);
     let handler = groups
-        .handler(&group, name.clone())
+        .handler(group, name.clone())
         .map_err(|e| BadInput::Refused(format!("{e}: {verb} needs the group's handler")))?;
-    let sink = if args.dead_letter_topic.is_empty() {
+    let sink = if dead_letter_topic.is_empty() {
         None
     } else {
         Some(consumer::transaction::DeadLetterSink::new(
             &targets.args.kafka,
-            &args.dead_letter_topic,
+            dead_letter_topic,
         )?)
     };
     // An id names one letter, settled or not; filters select the open ones.
@@ -284,19 +303,16 @@ async fn act(
     } else {
         Some("open")
     };
-    let letters = list(&pool, &name, &action.filter, status).await?;
+    let mut letters = list(&pool, &name, &action.filter, status).await?;
+    letters.truncate(limit);
     if letters.is_empty() {
-        return match action.filter.id {
-            Some(id) => Err(BadInput::NotFound {
+        if let Some(id) = action.filter.id {
+            return Err(BadInput::NotFound {
                 what: "dead letter",
                 id: format!("{id} in group {group}"),
             }
-            .into()),
-            None => {
-                println!("no open dead letter of {group} matches: nothing to do");
-                Ok(())
-            }
-        };
+            .into());
+        }
     }
     let mut outcomes = Vec::new();
     let mut failure = None;
@@ -334,11 +350,57 @@ async fn act(
             }
         }
     }
+    let failure = failure.map(|e| {
+        e.context(format!(
+            "stopped after {} of {} letter(s); the rest are untouched",
+            outcomes.len(),
+            letters.len()
+        ))
+    });
+    Ok(Resolved {
+        matched: letters.len(),
+        outcomes,
+        failure,
+    })
+}
+
+async fn act(
+    targets: &Targets,
+    args: &DeadLetterArgs,
+    groups: &Groups,
+    action: &LetterAction,
+    how: Resolution,
+    json: bool,
+) -> anyhow::Result<()> {
+    let verb = match how {
+        Resolution::Replay => "replay",
+        Resolution::Skip => "skip",
+        Resolution::Discard => "discard",
+    };
+    if action.filter.is_empty() && !action.all {
+        return Err(BadInput::NoFilter(verb).into());
+    }
+    action.change.actor()?;
+    let group = targets.one_group(KnownBy::Database).await?;
+    let resolved = resolve_letters(
+        targets,
+        &group,
+        &args.dead_letter_topic,
+        groups,
+        action,
+        how,
+        usize::MAX,
+    )
+    .await?;
+    if resolved.matched == 0 {
+        println!("no open dead letter of {group} matches: nothing to do");
+        return Ok(());
+    }
     if json {
-        crate::output::json(&outcomes)?;
+        crate::output::json(&resolved.outcomes)?;
     } else {
         let mut t = table(&["dead letter", "order", "outcome", "parked events released"]);
-        for o in &outcomes {
+        for o in &resolved.outcomes {
             let _ = t.add_row(vec![
                 o.id.to_string(),
                 cell(o.order_id.as_ref()),
@@ -348,12 +410,8 @@ async fn act(
         }
         println!("{t}");
     }
-    match failure {
-        Some(e) => Err(e.context(format!(
-            "stopped after {} of {} letter(s); the rest are untouched",
-            outcomes.len(),
-            letters.len()
-        ))),
+    match resolved.failure {
+        Some(e) => Err(e),
         None => Ok(()),
     }
 }

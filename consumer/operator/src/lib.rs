@@ -9,7 +9,9 @@
 //! - [`requeue`]: failed outbox events back to pending;
 //! - [`reprocess`]: a group's offsets moved back, its dedupe rows kept or cleared;
 //! - [`retention`]: each table's window and last run; a run by hand, or a dry run;
-//! - [`schedules`]: the outbox's recurring schedules, their occurrences, and changes to them.
+//! - [`schedules`]: the outbox's recurring schedules, their occurrences, and changes to them;
+//! - [`console`]: the web console (`pipeline console --listen ADDR`): the same reads and actions
+//!   from pages, for logged-in users with a role.
 //!
 //! Around them: [`cli`] (flags and environment), [`targets`] (what the commands act on: the
 //! outbox's database and each group's, the known groups and their topics), [`output`] (tables
@@ -39,6 +41,7 @@
 #![warn(missing_docs)]
 
 pub mod cli;
+pub mod console;
 pub mod dead_letters;
 pub mod error;
 pub mod output;
@@ -119,6 +122,7 @@ pub async fn run(cli: Cli, groups: &Groups) -> anyhow::Result<()> {
         }
         Command::Schedules { action } => schedules::run(&targets, &action, json).await,
         Command::Retention { action } => retention::run(&targets, &action, json).await,
+        Command::Console(args) => console::run(targets, groups.clone(), &args).await,
         Command::Reprocess(args) => {
             let done = reprocess::reprocess(&targets, &args).await?;
             if json {

@@ -54,8 +54,20 @@ pub struct Reprocessed {
 
 /// Moves the group `--group` names back to `args.from`.
 pub async fn reprocess(targets: &Targets, args: &ReprocessArgs) -> anyhow::Result<Reprocessed> {
-    let actor = args.change.actor()?;
+    args.change.actor()?;
     let group = targets.one_group(KnownBy::Database).await?;
+    reprocess_group(targets, &group, args).await
+}
+
+/// Moves `group` (a known name without the prefix) back to `args.from`; the `reprocess` command
+/// and the web console both act through here.
+pub async fn reprocess_group(
+    targets: &Targets,
+    group: &str,
+    args: &ReprocessArgs,
+) -> anyhow::Result<Reprocessed> {
+    let actor = args.change.actor()?;
+    let group = group.to_owned();
     let name = targets.qualified(&group);
     let pool = targets.group(&group).await?;
     let known: bool =

@@ -78,6 +78,25 @@ pub struct GroupStatus {
     pub orders_parked: i64,
     /// Why Kafka's figures are missing, if they are.
     pub kafka_error: Option<String>,
+    /// Each partition of the group's topics, when Kafka answered.
+    pub partitions: Vec<PartitionStatus>,
+}
+
+/// One partition of a group's topics.
+#[derive(Debug, Serialize)]
+pub struct PartitionStatus {
+    /// The topic.
+    pub topic: String,
+    /// The partition.
+    pub partition: i32,
+    /// The group's committed offset; `None` when it never committed here.
+    pub committed: Option<i64>,
+    /// The partition's end offset.
+    pub end: i64,
+    /// Messages between the committed and end offsets.
+    pub lag_messages: Option<i64>,
+    /// Age of the partition's oldest unprocessed event, in seconds (0 when it has none).
+    pub lag_seconds: Option<f64>,
 }
 
 /// The whole screen.
@@ -202,9 +221,28 @@ async fn group_status(targets: &Targets, group: &str) -> anyhow::Result<GroupSta
         dead_letters_open,
         orders_parked,
         kafka_error: None,
+        partitions: Vec::new(),
     };
     match lag {
         Ok(snapshot) => {
+            status.partitions = snapshot
+                .partitions
+                .iter()
+                .map(|p| PartitionStatus {
+                    topic: p.topic.clone(),
+                    partition: p.partition,
+                    committed: p.committed,
+                    end: p.end,
+                    lag_messages: p.lag(),
+                    lag_seconds: p.lag().map(|_| {
+                        snapshot
+                            .first_unprocessed_age
+                            .get(&(p.topic.clone(), p.partition))
+                            .copied()
+                            .unwrap_or(0.0)
+                    }),
+                })
+                .collect();
             status.members = snapshot.members;
             status.lag_messages = Some(snapshot.partitions.iter().filter_map(|p| p.lag()).sum());
             status.uncommitted_partitions = Some(

@@ -114,6 +114,22 @@ pub async fn read(targets: &Targets, id: &str) -> anyhow::Result<Trace> {
     .fetch_all(&outbox)
     .await?;
     steps.extend(scheduled);
+    // Operators' actions on delayed events (published early, cancelled): the outbox's history
+    // shows the events themselves, these say who acted and why.
+    let delayed_actions: Vec<Step> = sqlx::query_as(
+        "SELECT x.acted_at AS at, 'outbox' AS place, x.action AS transition, x.event_id,
+                NULL::bigint AS sequence, x.detail ->> 'event_type' AS event_type,
+                format('by %s: %s', x.actor, x.reason) AS detail,
+                NULL::integer AS kafka_partition, NULL::bigint AS kafka_offset
+         FROM operator_action x
+         WHERE x.aggregate_id = $1 AND x.action LIKE 'outbox.delayed.%'
+           AND ($2::uuid IS NULL OR x.event_id = $2)",
+    )
+    .bind(&order_id)
+    .bind(event_id)
+    .fetch_all(&outbox)
+    .await?;
+    steps.extend(delayed_actions);
     for group in groups {
         let pool = targets.group(&group).await?;
         let mut rows: Vec<Step> = sqlx::query_as(

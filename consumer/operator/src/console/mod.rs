@@ -1,0 +1,235 @@
+//! `pipeline console --listen ADDR`: the operator command as a web console. Server-rendered pages
+//! with a little JavaScript (served from `/static/`, embedded in the binary; no inline script),
+//! each page's data also as JSON under `/api/`, and every action of the `pipeline` subcommands
+//! from a form that asks for a reason and a confirmation.
+//!
+//! One code path: pages read through [`crate::status::read`], [`crate::trace::read`] and
+//! [`crate::dead_letters::list`], and act through [`crate::dead_letters::resolve_letters`],
+//! [`crate::requeue::requeue`], [`crate::reprocess::reprocess_group`] and, for delayed events,
+//! [`delayed`] (over the outbox library's `cancel_delayed`). Each change is recorded in
+//! `operator_action` like the command's, with the logged-in user as the actor and the reason
+//! typed in the form.
+//!
+//! Layout:
+//! - [`users`]: who may log in (a file or the environment, never the repository) and their
+//!   role, `viewer` (reads everything, acts on nothing) or `operator`;
+//! - `session`: login, the session cookie, the per-session CSRF token, and the layer that
+//!   refuses every request without a session;
+//! - `html`: escaping, the page layout, the security headers;
+//! - `refusal`: bad input as a 4xx with a message, a database or broker that does not answer
+//!   as a 503 that says so (never a 500);
+//! - `overview`, `timeline`, `letters`, `outbox`, `groups`: one page (and its `/api/` twin)
+//!   each; `actions`: the one `POST` entry for every change;
+//! - [`delayed`]: list, publish now, cancel delayed events.
+
+mod actions;
+pub mod delayed;
+mod groups;
+mod html;
+mod letters;
+mod outbox;
+mod overview;
+mod refusal;
+mod session;
+mod timeline;
+pub mod users;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use axum::routing::{get, post};
+use axum::Router;
+use consumer::Groups;
+use tokio_util::sync::CancellationToken;
+
+use crate::targets::Targets;
+use users::Users;
+
+/// `pipeline console`: where it listens and who may log in.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ConsoleArgs {
+    /// Address to listen on (port 0: any free port, reported on stdout).
+    #[arg(
+        long,
+        env = "PIPELINE_CONSOLE_LISTEN",
+        default_value = "127.0.0.1:8088"
+    )]
+    pub listen: SocketAddr,
+    /// A file of users, one `name:role:hash` a line (role `viewer` or `operator`; hash an
+    /// Argon2 PHC string from `pipeline console --hash-password`, or `sha256:HEX` of a long
+    /// random token). Lines starting with `#` are comments.
+    #[arg(long, env = "PIPELINE_CONSOLE_USERS_FILE")]
+    pub users_file: Option<PathBuf>,
+    /// Users as in the file, separated by newlines or spaces (added to the file's).
+    #[arg(long, env = "PIPELINE_CONSOLE_USERS", hide_env_values = true)]
+    pub users: Option<users::Secret>,
+    /// Dead-letter topic template, as the groups run with it (letters raised while releasing
+    /// parked events are published there); empty: publish none.
+    #[arg(long, env = "DEAD_LETTER_TOPIC", default_value = "{topic}.dlq")]
+    pub dead_letter_topic: String,
+    /// How often the overview reads the status (and samples throughput), in seconds.
+    #[arg(long, env = "PIPELINE_CONSOLE_REFRESH_SECONDS", default_value_t = 3)]
+    pub refresh_seconds: u64,
+    /// How long a login lasts, in hours.
+    #[arg(long, env = "PIPELINE_CONSOLE_SESSION_HOURS", default_value_t = 12)]
+    pub session_hours: u64,
+    /// Mark the session cookie `Secure` (behind an HTTPS proxy).
+    #[arg(long, env = "PIPELINE_CONSOLE_SECURE_COOKIE", default_value_t = false)]
+    pub secure_cookie: bool,
+    /// Read a password from standard input, print its Argon2 hash for the users file, and exit.
+    #[arg(long)]
+    pub hash_password: bool,
+}
+
+/// Settings of a console, as a library user builds them.
+#[derive(Debug, Clone)]
+pub struct ConsoleSettings {
+    /// Dead-letter topic template (see [`ConsoleArgs::dead_letter_topic`]).
+    pub dead_letter_topic: String,
+    /// How often the overview reads the status.
+    pub refresh: Duration,
+    /// How long a login lasts.
+    pub session_ttl: Duration,
+    /// Mark the session cookie `Secure`.
+    pub secure_cookie: bool,
+}
+
+impl Default for ConsoleSettings {
+    fn default() -> Self {
+        ConsoleSettings {
+            dead_letter_topic: "{topic}.dlq".to_owned(),
+            refresh: Duration::from_secs(3),
+            session_ttl: Duration::from_secs(12 * 3600),
+            secure_cookie: false,
+        }
+    }
+}
+
+/// The console's shared state: what it reads and acts on, its users and sessions, and the
+/// overview's latest reading.
+#[derive(Clone)]
+pub struct Console {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    targets: Targets,
+    groups: Groups,
+    users: Users,
+    sessions: session::Sessions,
+    settings: ConsoleSettings,
+    overview: overview::Board,
+}
+
+impl Console {
+    /// A console over `targets` for the program's `groups`; nothing is read until asked.
+    pub fn new(targets: Targets, groups: Groups, users: Users, settings: ConsoleSettings) -> Self {
+        Console {
+            inner: Arc::new(Inner {
+                targets,
+                groups,
+                users,
+                sessions: session::Sessions::new(settings.session_ttl),
+                settings,
+                overview: overview::Board::default(),
+            }),
+        }
+    }
+
+    /// Every route: `/login` and `/static/` are open, everything else needs a session; every
+    /// response carries the security headers.
+    pub fn router(&self) -> Router {
+        let protected = Router::new()
+            .route("/", get(overview::page))
+            .route("/api/overview", get(overview::api))
+            .route("/timeline", get(timeline::page))
+            .route("/api/timeline", get(timeline::api))
+            .route("/dead-letters", get(letters::page))
+            .route("/api/dead-letters", get(letters::api))
+            .route("/outbox", get(outbox::page))
+            .route("/api/outbox", get(outbox::api))
+            .route("/groups", get(groups::page))
+            .route("/api/groups", get(groups::api))
+            .route("/actions/{action}", post(actions::html))
+            .route("/api/actions/{action}", post(actions::json))
+            .route("/logout", post(session::logout))
+            .fallback(refusal::not_found)
+            .layer(axum::middleware::from_fn_with_state(
+                self.clone(),
+                session::require_login,
+            ));
+        Router::new()
+            .route("/login", get(session::login_page).post(session::login))
+            .route("/static/console.css", get(html::css))
+            .route("/static/console.js", get(html::js))
+            .merge(protected)
+            .layer(axum::middleware::from_fn(html::security_headers))
+            .with_state(self.clone())
+    }
+
+    /// Reads the status every `refresh` until `shutdown`, for the overview and its chart.
+    pub async fn sample_until(&self, shutdown: CancellationToken) {
+        overview::sample_until(self, shutdown).await;
+    }
+
+    /// Serves on `listener` until `shutdown`, sampling the overview meanwhile.
+    pub async fn serve(
+        &self,
+        listener: tokio::net::TcpListener,
+        shutdown: CancellationToken,
+    ) -> anyhow::Result<()> {
+        let sampler = tokio::spawn({
+            let console = self.clone();
+            let shutdown = shutdown.clone();
+            async move { console.sample_until(shutdown).await }
+        });
+        let served = axum::serve(listener, self.router())
+            .with_graceful_shutdown(shutdown.clone().cancelled_owned())
+            .await
+            .context("serving the console");
+        shutdown.cancel();
+        let _ = sampler.await;
+        served
+    }
+}
+
+/// `pipeline console`: loads the users, listens, reports the address and serves until SIGINT
+/// or SIGTERM.
+pub async fn run(targets: Targets, groups: Groups, args: &ConsoleArgs) -> anyhow::Result<()> {
+    if args.hash_password {
+        let mut password = String::new();
+        let _ = std::io::stdin()
+            .read_line(&mut password)
+            .context("reading the password from standard input")?;
+        let password = password.trim_end_matches(['\n', '\r']);
+        println!("{}", users::hash_password(password)?);
+        return Ok(());
+    }
+    let users = Users::load(
+        args.users_file.as_deref(),
+        args.users.as_ref().map(users::Secret::expose),
+    )?;
+    let settings = ConsoleSettings {
+        dead_letter_topic: args.dead_letter_topic.clone(),
+        refresh: Duration::from_secs(args.refresh_seconds.max(1)),
+        session_ttl: Duration::from_secs(args.session_hours.max(1) * 3600),
+        secure_cookie: args.secure_cookie,
+    };
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("listening on {}", args.listen))?;
+    let addr = listener.local_addr()?;
+    println!(
+        "pipeline console listening on {addr} ({} user(s))",
+        users.len()
+    );
+    let console = Console::new(targets, groups, users, settings);
+    let shutdown = pipeline_core::telemetry::shutdown_on_signals();
+    console.serve(listener, shutdown).await
+}
+
+#[cfg(test)]
+mod tests;

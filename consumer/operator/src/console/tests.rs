@@ -1,0 +1,462 @@
+//! The console's access rules through its router (`tower::ServiceExt::oneshot`), against a real
+//! PostgreSQL (`DATABASE_URL`) where a test reads or acts: nothing is served without a session,
+//! a wrong password is refused, the session cookie is HttpOnly and SameSite=Strict, every
+//! response carries the security headers, a POST without the session's CSRF token and a
+//! viewer's action are refused with 403 before anything is read, bad input is a 4xx with a
+//! message, and a database that does not answer is a 503 that says so.
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{header, Request, StatusCode};
+use axum::Router;
+use clap::Parser;
+use consumer::Groups;
+use http_body_util::BodyExt;
+use pipeline_testkit::db::{database_url, drop_database, migrated_database, server_url};
+use sha2::{Digest, Sha256};
+use tower::ServiceExt;
+
+use super::users::{hash_password, Role, Users};
+use super::{Console, ConsoleSettings};
+use crate::cli::Cli;
+use crate::targets::Targets;
+
+const OPERATOR_PASSWORD: &str = "correct horse battery staple";
+const VIEWER_TOKEN: &str = "viewer-token-0123456789abcdef0123456789";
+
+fn users() -> Users {
+    let viewer_hash: String = Sha256::digest(VIEWER_TOKEN.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let operator_hash = hash_password(OPERATOR_PASSWORD).expect("hash");
+    Users::parse(&format!(
+        "# users\nada:operator:{operator_hash}\nvic:viewer:sha256:{viewer_hash}\n"
+    ))
+    .expect("users")
+}
+
+fn console(database_url: &str) -> Console {
+    let cli = Cli::try_parse_from(["pipeline", "--database-url", database_url, "status"])
+        .expect("arguments");
+    Console::new(
+        Targets::new(cli.targets, &Groups::new()),
+        Groups::new(),
+        users(),
+        ConsoleSettings::default(),
+    )
+}
+
+/// A console whose database does not answer (nothing listens on port 9).
+fn offline() -> Router {
+    console("postgres://nobody@127.0.0.1:9/none?sslmode=disable&connect_timeout=1").router()
+}
+
+struct Reply {
+    status: StatusCode,
+    headers: axum::http::HeaderMap,
+    body: String,
+}
+
+async fn send(router: &Router, request: Request<Body>) -> Reply {
+    let response = router.clone().oneshot(request).await.expect("response");
+    let status = response.status();
+    let headers = response.headers().clone();
+    let bytes = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
+    Reply {
+        status,
+        headers,
+        body: String::from_utf8_lossy(&bytes).into_owned(),
+    }
+}
+
+fn get(path: &str, cookie: Option<&str>) -> Request<Body> {
+    let mut r = Request::get(path);
+    if let Some(c) = cookie {
+        r = r.header(header::COOKIE, c);
+    }
+    r.body(Body::empty()).expect("request")
+}
+
+fn post(path: &str, cookie: Option<&str>, form: &[(&str, &str)]) -> Request<Body> {
+    let body = form
+        .iter()
+        .map(|(k, v)| format!("{k}={}", super::session::url_encode(v).replace('/', "%2F")))
+        .collect::<Vec<_>>()
+        .join("&");
+    let mut r =
+        Request::post(path).header(header::CONTENT_TYPE, "application/x-www-form-urlencoded");
+    if let Some(c) = cookie {
+        r = r.header(header::COOKIE, c);
+    }
+    r.body(Body::from(body)).expect("request")
+}
+
+/// Logs in; returns the cookie to send and the session's CSRF token (read from a page's form).
+async fn login(router: &Router, user: &str, password: &str) -> (String, String) {
+    let reply = send(
+        router,
+        post(
+            "/login",
+            None,
+            &[
+                ("user", user),
+                ("password", password),
+                ("next", "/timeline"),
+            ],
+        ),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::SEE_OTHER, "{}", reply.body);
+    assert_eq!(reply.headers[header::LOCATION], "/timeline");
+    let set = reply.headers[header::SET_COOKIE]
+        .to_str()
+        .expect("cookie")
+        .to_owned();
+    assert!(set.contains("HttpOnly"), "{set}");
+    assert!(set.contains("SameSite=Strict"), "{set}");
+    let cookie = set.split(';').next().expect("pair").to_owned();
+    let page = send(router, get("/timeline", Some(&cookie))).await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    let csrf = page
+        .body
+        .split(r#"name="csrf" value=""#)
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("a CSRF field")
+        .to_owned();
+    // The session id never appears in a page.
+    let id = cookie.split('=').nth(1).expect("id");
+    assert!(!page.body.contains(id));
+    (cookie, csrf)
+}
+
+fn assert_security_headers(reply: &Reply) {
+    let h = &reply.headers;
+    assert_eq!(
+        h[header::CONTENT_SECURITY_POLICY],
+        "default-src 'self'; script-src 'self'; object-src 'none'; frame-ancestors 'none'; \
+         base-uri 'none'; form-action 'self'"
+    );
+    assert_eq!(h[header::X_FRAME_OPTIONS], "DENY");
+    assert_eq!(h[header::X_CONTENT_TYPE_OPTIONS], "nosniff");
+    assert_eq!(h[header::REFERRER_POLICY], "no-referrer");
+}
+
+#[test]
+fn users_parse_and_verify_argon2_and_sha256() {
+    let users = users();
+    assert_eq!(users.len(), 2);
+    assert_eq!(users.verify("ada", OPERATOR_PASSWORD), Some(Role::Operator));
+    assert_eq!(users.verify("ada", "wrong"), None);
+    assert_eq!(users.verify("vic", VIEWER_TOKEN), Some(Role::Viewer));
+    assert_eq!(users.verify("vic", "viewer-token"), None);
+    assert_eq!(users.verify("nobody", OPERATOR_PASSWORD), None);
+    // Hashes never show in Debug output.
+    let shown = format!("{users:?}");
+    assert!(
+        !shown.contains("argon2") && !shown.contains("sha256"),
+        "{shown}"
+    );
+}
+
+#[test]
+fn bad_user_lines_are_refused_without_showing_the_hash() {
+    for (line, expected) in [
+        ("ada:admin:sha256:00", "neither viewer nor operator"),
+        ("ada:operator", "not name:role:hash"),
+        ("ada:operator:plaintext-secret", "not an Argon2 PHC string"),
+        ("ada:operator:sha256:abcd", "64 hex digits"),
+        (":viewer:sha256:abcd", "user name"),
+    ] {
+        let e = Users::parse(line).expect_err(line);
+        let message = format!("{e:#}");
+        assert!(message.contains(expected), "{line}: {message}");
+        assert!(!message.contains("plaintext-secret"), "{message}");
+    }
+    let twice = "a:viewer:sha256:".to_owned() + &"0".repeat(64);
+    let e = Users::parse(&format!("{twice}\n{twice}")).expect_err("twice");
+    assert!(format!("{e}").contains("twice"), "{e}");
+    assert!(
+        Users::load(None, None).is_err(),
+        "no user at all is refused"
+    );
+}
+
+#[tokio::test]
+async fn nothing_is_served_without_a_session_and_every_response_has_the_headers() {
+    let router = offline();
+    for path in [
+        "/",
+        "/timeline?id=x",
+        "/dead-letters",
+        "/outbox",
+        "/groups",
+        "/nope",
+    ] {
+        let reply = send(&router, get(path, None)).await;
+        assert_eq!(reply.status, StatusCode::SEE_OTHER, "{path}");
+        assert!(
+            reply.headers[header::LOCATION]
+                .to_str()
+                .expect("location")
+                .starts_with("/login?next="),
+            "{path}"
+        );
+        assert_security_headers(&reply);
+    }
+    for path in [
+        "/api/overview",
+        "/api/timeline?id=x",
+        "/api/dead-letters",
+        "/api/outbox",
+    ] {
+        let reply = send(&router, get(path, None)).await;
+        assert_eq!(reply.status, StatusCode::UNAUTHORIZED, "{path}");
+        assert_security_headers(&reply);
+    }
+    let forged = send(&router, get("/", Some("pipeline_console=0123456789abcdef"))).await;
+    assert_eq!(forged.status, StatusCode::SEE_OTHER);
+    let action = send(&router, post("/actions/requeue", None, &[("event", "x")])).await;
+    assert_eq!(action.status, StatusCode::UNAUTHORIZED);
+    let login = send(&router, get("/login", None)).await;
+    assert_eq!(login.status, StatusCode::OK);
+    assert_security_headers(&login);
+    assert!(!login.body.contains("<script>"), "no inline script");
+    let js = send(&router, get("/static/console.js", None)).await;
+    assert_eq!(js.status, StatusCode::OK);
+    assert!(js.headers[header::CONTENT_TYPE]
+        .to_str()
+        .expect("type")
+        .starts_with("text/javascript"));
+}
+
+#[tokio::test]
+async fn a_wrong_password_is_refused_after_a_delay() {
+    let router = offline();
+    let started = std::time::Instant::now();
+    let reply = send(
+        &router,
+        post("/login", None, &[("user", "ada"), ("password", "guess")]),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::UNAUTHORIZED);
+    assert!(
+        reply.body.contains("Wrong user name or password"),
+        "{}",
+        reply.body
+    );
+    assert!(!reply.body.contains("guess"), "the password is not echoed");
+    assert!(reply.headers.get(header::SET_COOKIE).is_none());
+    assert!(started.elapsed() >= Duration::from_millis(500));
+    let unknown = send(
+        &router,
+        post("/login", None, &[("user", "mallory"), ("password", "x")]),
+    )
+    .await;
+    assert_eq!(unknown.status, StatusCode::UNAUTHORIZED);
+    // An open redirect is not followed: `next` stays on this console.
+    let reply = send(
+        &router,
+        post(
+            "/login",
+            None,
+            &[
+                ("user", "vic"),
+                ("password", VIEWER_TOKEN),
+                ("next", "//evil.example/"),
+            ],
+        ),
+    )
+    .await;
+    assert_eq!(reply.headers[header::LOCATION], "/");
+}
+
+#[tokio::test]
+async fn posts_need_the_csrf_token_and_the_operator_role() {
+    let router = offline();
+    let (operator, csrf) = login(&router, "ada", OPERATOR_PASSWORD).await;
+    let form = |csrf: &'static str| -> Vec<(&'static str, &'static str)> {
+        vec![
+            ("csrf", csrf),
+            ("reason", "test"),
+            ("confirm", "yes"),
+            ("event", "not-a-uuid"),
+        ]
+    };
+    let missing = send(
+        &router,
+        post("/actions/requeue", Some(&operator), &form("")[1..]),
+    )
+    .await;
+    assert_eq!(missing.status, StatusCode::FORBIDDEN, "{}", missing.body);
+    assert!(missing.body.contains("CSRF"), "{}", missing.body);
+    let wrong = send(
+        &router,
+        post("/api/actions/requeue", Some(&operator), &form("abc")),
+    )
+    .await;
+    assert_eq!(wrong.status, StatusCode::FORBIDDEN);
+    assert!(wrong.body.contains("CSRF"), "{}", wrong.body);
+    let logout = send(&router, post("/logout", Some(&operator), &[])).await;
+    assert_eq!(
+        logout.status,
+        StatusCode::FORBIDDEN,
+        "logout needs the token too"
+    );
+
+    // With the token: no confirmation, no reason, bad input: 400, and nothing read (the
+    // database is down: a read would be a 503).
+    let leaked: &'static str = Box::leak(csrf.clone().into_boxed_str());
+    let mut unconfirmed = form(leaked);
+    unconfirmed.retain(|(k, _)| *k != "confirm");
+    let reply = send(
+        &router,
+        post("/actions/requeue", Some(&operator), &unconfirmed),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST);
+    assert!(reply.body.contains("I confirm"), "{}", reply.body);
+    let mut no_reason = form(leaked);
+    no_reason.retain(|(k, _)| *k != "reason");
+    let reply = send(
+        &router,
+        post("/actions/requeue", Some(&operator), &no_reason),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST);
+    let reply = send(
+        &router,
+        post("/api/actions/requeue", Some(&operator), &form(leaked)),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST);
+    assert!(reply.body.contains("not an event id"), "{}", reply.body);
+    let reply = send(
+        &router,
+        post("/actions/frobnicate", Some(&operator), &form(leaked)),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::NOT_FOUND);
+
+    // A viewer's action is refused, token or not; their pages show the buttons disabled.
+    let (viewer, viewer_csrf) = login(&router, "vic", VIEWER_TOKEN).await;
+    let leaked: &'static str = Box::leak(viewer_csrf.into_boxed_str());
+    let reply = send(
+        &router,
+        post("/actions/requeue", Some(&viewer), &form(leaked)),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::FORBIDDEN);
+    assert!(reply.body.contains("viewer"), "{}", reply.body);
+    // Another session's token is not this one's.
+    let reply = send(
+        &router,
+        post("/actions/requeue", Some(&operator), &form(leaked)),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::FORBIDDEN);
+    assert!(reply.body.contains("CSRF"), "{}", reply.body);
+
+    // Logging out ends the session.
+    let reply = send(&router, post("/logout", Some(&viewer), &[("csrf", leaked)])).await;
+    assert_eq!(reply.status, StatusCode::SEE_OTHER);
+    let reply = send(&router, get("/", Some(&viewer))).await;
+    assert_eq!(reply.status, StatusCode::SEE_OTHER);
+}
+
+#[tokio::test]
+async fn a_database_that_does_not_answer_is_a_503_that_says_so() {
+    let router = offline();
+    let (cookie, _) = login(&router, "vic", VIEWER_TOKEN).await;
+    let reply = send(&router, get("/api/timeline?id=order-1", Some(&cookie))).await;
+    assert_eq!(
+        reply.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{}",
+        reply.body
+    );
+    assert!(reply.body.contains("did not answer"), "{}", reply.body);
+    let page = send(&router, get("/outbox", Some(&cookie))).await;
+    assert_eq!(
+        page.status,
+        StatusCode::OK,
+        "the page says so, in its panel"
+    );
+    assert!(page.body.contains("did not answer"), "{}", page.body);
+    // The overview answers from its last reading (none yet) at once.
+    let overview = send(&router, get("/api/overview", Some(&cookie))).await;
+    assert_eq!(overview.status, StatusCode::OK);
+    let bad = send(
+        &router,
+        get("/api/dead-letters?since=yesterday", Some(&cookie)),
+    )
+    .await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST, "{}", bad.body);
+    assert!(bad.body.contains("RFC 3339"), "{}", bad.body);
+}
+
+#[tokio::test]
+async fn a_viewer_reads_and_an_operator_acts_on_a_real_database() {
+    let (name, pool) = migrated_database("operator_console")
+        .await
+        .expect("database");
+    let url = database_url(&pool);
+    let router = console(&url).router();
+    let (viewer, _) = login(&router, "vic", VIEWER_TOKEN).await;
+    let page = send(&router, get("/outbox", Some(&viewer))).await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    assert!(page.body.contains("Failed events"), "{}", page.body);
+    assert!(
+        page.body.contains(r#"class="act" disabled"#),
+        "a viewer's buttons are disabled"
+    );
+    let api = send(&router, get("/api/outbox", Some(&viewer))).await;
+    assert_eq!(api.status, StatusCode::OK, "{}", api.body);
+    let data: serde_json::Value = serde_json::from_str(&api.body).expect("json");
+    assert_eq!(data["failed"], serde_json::json!([]));
+    let unknown = send(
+        &router,
+        get("/api/timeline?id=no-such-order", Some(&viewer)),
+    )
+    .await;
+    assert_eq!(unknown.status, StatusCode::NOT_FOUND, "{}", unknown.body);
+    let group = send(
+        &router,
+        get("/api/dead-letters?group=nosuch", Some(&viewer)),
+    )
+    .await;
+    assert_eq!(group.status, StatusCode::BAD_REQUEST, "{}", group.body);
+
+    let (operator, csrf) = login(&router, "ada", OPERATOR_PASSWORD).await;
+    let page = send(&router, get("/outbox", Some(&operator))).await;
+    assert!(
+        !page.body.contains(r#"class="act" disabled"#),
+        "an operator's are not"
+    );
+    let event = uuid::Uuid::new_v4().to_string();
+    let reply = send(
+        &router,
+        post(
+            "/api/actions/requeue",
+            Some(&operator),
+            &[
+                ("csrf", &csrf),
+                ("reason", "r"),
+                ("confirm", "yes"),
+                ("event", &event),
+            ],
+        ),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::NOT_FOUND, "{}", reply.body);
+    assert!(reply.body.contains(&event), "{}", reply.body);
+    drop(pool);
+    drop_database(&server_url(), &name).await.expect("drop");
+}
