@@ -60,7 +60,7 @@
 //! dead letter at all while the database or an outside dependency is down
 //! ([`HandlerError::Unavailable`]); ownership fencing, so a member that lost its partitions
 //! (frozen, or cut off from its database) applies nothing; rebalance-safe commits; shared
-//! transactions; an optional rate limit; metrics and lag.
+//! transactions; an optional rate limit; a pause an operator can set and lift; metrics and lag.
 //!
 //! The runtime serves no HTTP endpoint and applies no migration: the program serves the registry
 //! it passed (`pipeline_core::ops_http` offers `/metrics`, `/healthz` and `/readyz`) and applies
@@ -85,7 +85,9 @@
 //! sessions it needs ([`connect`]); [`runtime`], the composition root that [`run`] starts;
 //! [`retention`], the rules that keep the groups' tables flat, run beside the groups;
 //! [`rate_limit`], a group's cap on the events it applies (a token bucket the partition tasks
-//! take from before each batch);
+//! take from before each batch); [`pause`], an operator's pause of a group (read every second;
+//! the partition tasks start no batch and the members pause their partitions' fetch while it
+//! holds);
 //! [`operator`], what the operator command (consumer/operator) needs: dead-letter resolution with
 //! a group's handler; [`metrics`]; and [`backoff`], the retry delays.
 //!
@@ -105,6 +107,9 @@
 //!   ([`transaction::SharedTransactions`], `shared_transactions`).
 //! - *finished offset*: the offset after a batch whose transaction committed, for the member to
 //!   commit to Kafka; an aggregate's *progress* is its last applied sequence (`order_progress`).
+//! - *paused group*: a group an operator paused (`group_pause`, see [`pause`]); a partition's
+//!   *fetch pause* is librdkafka's, set while its group is paused or its task has too much
+//!   queued.
 
 #![warn(missing_docs)]
 
@@ -114,6 +119,7 @@ pub mod kafka;
 pub mod metrics;
 pub mod operator;
 pub mod partition;
+pub mod pause;
 pub mod rate_limit;
 pub mod retention;
 pub mod runtime;
@@ -131,7 +137,7 @@ pub use crate::settings::{connect, session_options, ConsumerSettings, InvalidSet
 
 /// The consumer library's migrations: what any group needs besides its own effect tables
 /// (dedupe rows, progress, parked events, dead letters, effect history, partition ownership,
-/// retention's state, the groups' rate limits).
+/// retention's state, the groups' rate limits, paused groups).
 /// Apply them only where the program is meant to set up the database.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate::Migrator {
     ignore_missing: true,

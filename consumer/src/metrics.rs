@@ -68,6 +68,9 @@ pub struct ConsumerMetrics {
     /// `consumer_rate_limit_wait_seconds_total`: time partition batches waited for the group's
     /// rate limit.
     pub rate_limit_wait: CounterVec,
+    /// `consumer_group_paused`: 1 while this process holds the group paused by an operator
+    /// (`pipeline group pause`), 0 while it runs it (see [`crate::pause`]).
+    pub group_paused: IntGaugeVec,
 }
 
 impl ConsumerMetrics {
@@ -199,6 +202,13 @@ impl ConsumerMetrics {
                 ),
                 &["group"],
             )?,
+            group_paused: IntGaugeVec::new(
+                Opts::new(
+                    "consumer_group_paused",
+                    "1 while the group is paused by an operator (its members take no new batch), 0 while it runs",
+                ),
+                &["group"],
+            )?,
         };
         registry.register(Box::new(m.messages.clone()))?;
         registry.register(Box::new(m.out_of_sequence.clone()))?;
@@ -218,6 +228,7 @@ impl ConsumerMetrics {
         registry.register(Box::new(m.rate_limit.clone()))?;
         registry.register(Box::new(m.rate_limit_delayed.clone()))?;
         registry.register(Box::new(m.rate_limit_wait.clone()))?;
+        registry.register(Box::new(m.group_paused.clone()))?;
         Ok(m)
     }
 
@@ -238,5 +249,6 @@ impl ConsumerMetrics {
         let _ = self.database_departures.with_label_values(&[group]);
         let _ = self.rate_limit_delayed.with_label_values(&[group]);
         let _ = self.rate_limit_wait.with_label_values(&[group]);
+        let _ = self.group_paused.with_label_values(&[group]);
     }
 }

@@ -1,10 +1,11 @@
 //! The composition root: one type whose start-up is a sequence of named steps, in the order of
 //! the data's path (the groups' rate limits recorded, dead-letter topics, metrics on the caller's
-//! registry, the database probe and lag collector and retention beside the groups, then each
-//! group's poll thread), and whose [`Runtime::wait`]
+//! registry, the database probe and lag collector and retention beside the groups, the watch of
+//! each group's pause, then each group's poll thread), and whose [`Runtime::wait`]
 //! joins everything it started. It serves no HTTP endpoint: the program serves the registry
 //! (e.g. with `pipeline_core::ops_http`).
 
+use std::collections::HashMap;
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -17,9 +18,10 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 use crate::handlers::Groups;
-use crate::kafka::{probe, run_collector, run_member, LagCollector, Reachability};
+use crate::kafka::{probe, run_collector, run_member, LagCollector, MemberSignals, Reachability};
 use crate::metrics::ConsumerMetrics;
 use crate::partition::{FatalSignal, TaskContext};
+use crate::pause::{self, PauseSignal, PauseWatch};
 use crate::rate_limit::{self, GroupRateLimiter};
 use crate::settings::ConsumerSettings;
 use crate::transaction::{DeadLetterSink, SharedTransactionSettings, SharedTransactions};
@@ -97,7 +99,8 @@ impl Runtime {
         runtime.start_lag_collector(args, &parts)?;
         runtime.start_retention(args, &parts, retention);
         let reachability = runtime.probe_database(&parts);
-        runtime.start_groups(args, groups, &parts, &reachability)?;
+        let pauses = runtime.watch_pauses(args, &parts).await?;
+        runtime.start_groups(args, groups, &parts, &reachability, &pauses)?;
         Ok(runtime)
     }
 
@@ -223,6 +226,33 @@ impl Runtime {
         reachability
     }
 
+    /// Each group's pause, read once now (so a group paused before the process started starts
+    /// paused) and then every [`pause::CHECK_EVERY`] beside the groups; the signals by group id.
+    async fn watch_pauses(
+        &mut self,
+        args: &ConsumerSettings,
+        parts: &Parts,
+    ) -> anyhow::Result<HashMap<String, PauseSignal>> {
+        let mut signals = HashMap::new();
+        for group in &args.groups {
+            let name = format!("{}{group}", args.group_prefix);
+            let (watch, signal) =
+                PauseWatch::start(parts.pool.clone(), name.clone(), parts.metrics.clone())
+                    .await
+                    .with_context(|| {
+                        format!(
+                            "reading whether group {group} is paused (table group_pause of \
+                             consumer::MIGRATOR)"
+                        )
+                    })?;
+            self.background.push(tokio::spawn(
+                watch.run(pause::CHECK_EVERY, self.stop.clone()),
+            ));
+            let _ = signals.insert(name, signal);
+        }
+        Ok(signals)
+    }
+
     /// One member (a poll thread) per group, with what its partition tasks run with, and the
     /// tasks the group registered to run beside it.
     fn start_groups(
@@ -231,6 +261,7 @@ impl Runtime {
         groups: &Groups,
         parts: &Parts,
         reachability: &Reachability,
+        pauses: &HashMap<String, PauseSignal>,
     ) -> anyhow::Result<()> {
         let settings = args.member_settings();
         for group in &args.groups {
@@ -280,25 +311,23 @@ impl Runtime {
             if let Some(task) = groups.beside_task(group, parts.pool.clone(), self.stop.clone())? {
                 self.background.push(tokio::spawn(task));
             }
-            let (kafka, settings, reachability, stop, runtime) = (
+            let signals = MemberSignals {
+                reachability: reachability.clone(),
+                pause: pauses
+                    .get(&name)
+                    .cloned()
+                    .unwrap_or_else(PauseSignal::never),
+                shutdown: self.stop.clone(),
+            };
+            let (kafka, settings, runtime) = (
                 args.kafka.clone(),
                 settings.clone(),
-                reachability.clone(),
-                self.stop.clone(),
                 tokio::runtime::Handle::current(),
             );
             let thread = std::thread::Builder::new()
                 .name(format!("poll-{name}"))
                 .spawn(move || {
-                    run_member(
-                        &kafka,
-                        &settings,
-                        context,
-                        finished_rx,
-                        &reachability,
-                        runtime,
-                        stop,
-                    )
+                    run_member(&kafka, &settings, context, finished_rx, signals, runtime)
                 })
                 .context("starting poll thread")?;
             self.threads.push((name, thread));

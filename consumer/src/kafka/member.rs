@@ -2,7 +2,9 @@
 //! partition's messages to that partition's task, and commits offsets the tasks report after
 //! their database commits. All Kafka calls happen on this one thread, rebalance callbacks
 //! included (see `rebalance`). Cut off from the database for too long (see `reachability`), it
-//! leaves the group, and joins again once the database answers.
+//! leaves the group, and joins again once the database answers. While the group is paused by an
+//! operator it stays in the group, keeps polling and committing, and keeps its partitions' fetch
+//! paused (see `tasks`).
 
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -15,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 use super::reachability::Reachability;
 use super::rebalance::MemberContext;
 use crate::partition::{FinishedOffset, TaskContext};
+use crate::pause::PauseSignal;
 
 /// Settings of a member's Kafka consumer.
 #[derive(Debug, Clone)]
@@ -66,23 +69,40 @@ impl GroupProtocol {
     }
 }
 
-/// Runs a member's poll loop on the current (dedicated) thread until `shutdown`.
+/// What a member follows besides Kafka.
+#[derive(Debug, Clone)]
+pub struct MemberSignals {
+    /// How long the database has been out of reach: past the limit the member leaves its group.
+    pub reachability: Reachability,
+    /// Whether an operator paused the group: its tasks start no batch and its partitions' fetch
+    /// is paused.
+    pub pause: PauseSignal,
+    /// The process's shutdown.
+    pub shutdown: CancellationToken,
+}
+
+/// Runs a member's poll loop on the current (dedicated) thread until `signals.shutdown`.
 pub fn run_member(
     kafka: &KafkaArgs,
     settings: &MemberSettings,
     context: TaskContext,
     finished_rx: mpsc::Receiver<FinishedOffset>,
-    reachability: &Reachability,
+    signals: MemberSignals,
     runtime: tokio::runtime::Handle,
-    shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    let MemberSignals {
+        reachability,
+        pause,
+        shutdown,
+    } = signals;
     let group = context.handler.group().to_owned();
     let context = MemberContext::new(
         group.clone(),
         runtime,
         context,
         finished_rx,
-        settings.revoke_timeout,
+        settings,
+        pause,
     );
     let mut config = kafka.client_config();
     config
@@ -195,7 +215,7 @@ pub fn run_member(
             ctx.offsets.recommit_owned(&consumer, &ctx.tasks);
             last_recommit = Instant::now();
         }
-        ctx.tasks.apply_backpressure(&consumer, settings.max_queued);
+        ctx.tasks.apply_fetch_pauses(&consumer);
     }
 
     // Shutdown: let in-flight batches finish, then commit what they own, synchronously.

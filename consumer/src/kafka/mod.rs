@@ -11,5 +11,5 @@ mod rebalance;
 mod tasks;
 
 pub use lag::{read_group, run_collector, GroupSnapshot, LagCollector};
-pub use member::{run_member, GroupProtocol, MemberSettings};
+pub use member::{run_member, GroupProtocol, MemberSettings, MemberSignals};
 pub use reachability::{probe, Reachability};

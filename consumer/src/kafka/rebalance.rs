@@ -3,20 +3,22 @@
 //!
 //! On revoke it stops the revoked partitions' tasks (an in-flight transaction finishes; nothing
 //! new starts), then commits synchronously what they finished, while the partitions are still
-//! owned. Lost partitions are not committed at all.
+//! owned. Lost partitions are not committed at all. On assign it starts the new partitions'
+//! tasks and sets their fetch paused at once if the group is paused.
 
 use std::sync::mpsc;
-use std::time::Duration;
 
 use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::KafkaResult;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
+use super::member::MemberSettings;
 use super::offsets::Offsets;
 use super::tasks::{PartitionKey, PartitionTasks};
 use crate::metrics::ConsumerMetrics;
 use crate::partition::{FinishedOffset, TaskContext};
+use crate::pause::PauseSignal;
 
 /// Rebalance callbacks and the state they share with the poll loop.
 pub(crate) struct MemberContext {
@@ -95,6 +97,9 @@ impl ConsumerContext for MemberContext {
             for key in &keys {
                 let _ = self.tasks.task_for(key);
             }
+            // Before the next poll: a partition assigned while the group is paused fetches
+            // nothing.
+            self.tasks.apply_fetch_pauses(consumer);
             tracing::info!(group = %self.group, partitions = tpl.count(), "partitions assigned");
         }
         let assigned = consumer.assignment().map(|a| a.count()).unwrap_or(0);
@@ -140,12 +145,13 @@ impl MemberContext {
         runtime: tokio::runtime::Handle,
         context: TaskContext,
         finished: mpsc::Receiver<FinishedOffset>,
-        revoke_timeout: Duration,
+        settings: &MemberSettings,
+        group_pause: PauseSignal,
     ) -> Self {
         let metrics = context.metrics.clone();
         MemberContext {
             offsets: Offsets::new(group.clone(), metrics.clone(), finished),
-            tasks: PartitionTasks::new(group.clone(), runtime, context, revoke_timeout),
+            tasks: PartitionTasks::new(group.clone(), runtime, context, settings, group_pause),
             group,
             metrics,
         }

@@ -1,7 +1,16 @@
 //! The member's partition tasks: one per assigned partition, started when the partition is
-//! assigned (or its first message arrives), fed the polled messages in offset order, paused
-//! while too much is queued for them, stopped on revoke (an in-flight transaction finishes,
-//! nothing new starts) and abandoned when the database is out of reach.
+//! assigned (or its first message arrives), fed the polled messages in offset order, stopped on
+//! revoke (an in-flight transaction finishes, nothing new starts) and abandoned when the database
+//! is out of reach.
+//!
+//! A partition's fetch is paused in librdkafka (`Consumer::pause`) while too much is queued for
+//! its task (backpressure, resumed once half of it is done) and while the group is paused by an
+//! operator (see [`crate::pause`]), and resumed when neither holds. Pausing the fetch is what keeps
+//! a paused group's process idle: librdkafka fetches nothing more and drops what it had
+//! prefetched for the partition, and on resume fetches again from the first message it has not
+//! handed over. The messages already handed to a task stay in its queue, which is why the task
+//! itself also waits while the group is paused: the fetch pause alone would leave it applying
+//! what it holds.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -14,7 +23,9 @@ use rdkafka::TopicPartitionList;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 use tokio_util::sync::CancellationToken;
 
+use super::member::MemberSettings;
 use crate::partition::{PartitionTask, TaskContext};
+use crate::pause::PauseSignal;
 use crate::transaction::{InboundMessage, RecordHeaders};
 
 pub(crate) type PartitionKey = (String, i32);
@@ -25,7 +36,11 @@ pub(crate) struct TaskHandle {
     queued: Arc<AtomicUsize>,
     stop: CancellationToken,
     done: tokio::task::JoinHandle<()>,
-    paused: bool,
+    /// Too much is queued: the fetch stays paused until half of it is done.
+    backpressured: bool,
+    /// Whether the partition's fetch is paused in librdkafka, as last set; `None` until set
+    /// once (a partition assigned again may still carry an earlier pause).
+    fetch_paused: Option<bool>,
 }
 
 /// The partition tasks of one member, by partition.
@@ -35,6 +50,12 @@ pub(crate) struct PartitionTasks {
     context: TaskContext,
     tasks: Mutex<HashMap<PartitionKey, TaskHandle>>,
     revoke_timeout: Duration,
+    /// Messages queued for one task before its partition's fetch is paused.
+    max_queued: usize,
+    /// Whether the group is paused by an operator.
+    group_pause: PauseSignal,
+    /// The group's pause as the fetch pauses last followed it, for the log.
+    group_paused: Mutex<bool>,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -43,19 +64,24 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl PartitionTasks {
-    /// No tasks yet; each one started gets `context` and runs on `runtime`.
+    /// No tasks yet; each one started gets `context`, follows `group_pause` and runs on
+    /// `runtime`.
     pub(crate) fn new(
         group: String,
         runtime: tokio::runtime::Handle,
         context: TaskContext,
-        revoke_timeout: Duration,
+        settings: &MemberSettings,
+        group_pause: PauseSignal,
     ) -> Self {
         PartitionTasks {
             group,
             runtime,
             context,
             tasks: Mutex::new(HashMap::new()),
-            revoke_timeout,
+            revoke_timeout: settings.revoke_timeout,
+            max_queued: settings.max_queued,
+            group_pause,
+            group_paused: Mutex::new(false),
         }
     }
 
@@ -80,7 +106,8 @@ impl PartitionTasks {
             rx,
             queued.clone(),
             stop.clone(),
-        );
+        )
+        .with_pause(self.group_pause.clone());
         let done = self.runtime.spawn(task.run());
         let _ = tasks.insert(
             key.clone(),
@@ -89,7 +116,8 @@ impl PartitionTasks {
                 queued,
                 stop,
                 done,
-                paused: false,
+                backpressured: false,
+                fetch_paused: None,
             },
         );
         sender
@@ -152,35 +180,44 @@ impl PartitionTasks {
         }
     }
 
-    /// Pauses partitions whose task has too much queued, resumes them once it drained to half.
-    pub(crate) fn apply_backpressure<C: ConsumerContext>(
-        &self,
-        consumer: &BaseConsumer<C>,
-        max_queued: usize,
-    ) {
+    /// Pauses the fetch of every partition while the group is paused or while its task has too
+    /// much queued, and resumes it when neither holds (backpressure lets go once the task has
+    /// done half of what was queued). Called by the poll loop after every poll, and right after
+    /// an assignment, so a partition assigned while the group is paused starts paused.
+    pub(crate) fn apply_fetch_pauses<C: ConsumerContext>(&self, consumer: &BaseConsumer<C>) {
+        let group_paused = self.group_pause.is_paused();
         let mut tasks = lock(&self.tasks);
+        {
+            let mut seen = lock(&self.group_paused);
+            if *seen != group_paused {
+                *seen = group_paused;
+                tracing::info!(group = %self.group, partitions = tasks.len(), group_paused,
+                    "fetch of the group's partitions {}", if group_paused { "paused" } else { "resumed" });
+            }
+        }
         for ((topic, partition), t) in tasks.iter_mut() {
             let queued = t.queued.load(Ordering::Acquire);
-            let change = if !t.paused && queued >= max_queued {
-                Some(true)
-            } else if t.paused && queued <= max_queued / 2 {
-                Some(false)
+            if !t.backpressured && queued >= self.max_queued {
+                t.backpressured = true;
+            } else if t.backpressured && queued <= self.max_queued / 2 {
+                t.backpressured = false;
+            }
+            let pause = group_paused || t.backpressured;
+            if t.fetch_paused == Some(pause) {
+                continue;
+            }
+            let mut tpl = TopicPartitionList::new();
+            tpl.add_partition(topic, *partition);
+            let result = if pause {
+                consumer.pause(&tpl)
             } else {
-                None
+                consumer.resume(&tpl)
             };
-            if let Some(pause) = change {
-                let mut tpl = TopicPartitionList::new();
-                tpl.add_partition(topic, *partition);
-                let result = if pause {
-                    consumer.pause(&tpl)
-                } else {
-                    consumer.resume(&tpl)
-                };
-                match result {
-                    Ok(()) => t.paused = pause,
-                    Err(e) => {
-                        tracing::warn!(group = %self.group, error = %e, "pause/resume failed")
-                    }
+            match result {
+                Ok(()) => t.fetch_paused = Some(pause),
+                Err(e) => {
+                    tracing::warn!(group = %self.group, topic = %topic, partition, error = %e,
+                        "pausing or resuming the partition's fetch failed; retrying");
                 }
             }
         }

@@ -8,6 +8,10 @@
 //!
 //! With a rate limit, each batch first takes a token per message it has not paid for yet (a
 //! retried batch pays once), waiting for them unless the task is stopped meanwhile.
+//!
+//! While its group is paused (see [`crate::pause`]) the task starts no batch, a retry included:
+//! the one in flight finishes and reports its offset, the messages it holds wait in order, and
+//! it goes on with them once the group is resumed (or ends when stopped meanwhile).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -21,6 +25,7 @@ use uuid::Uuid;
 
 use super::context::{FinishedOffset, TaskContext};
 use crate::backoff::backoff;
+use crate::pause::PauseSignal;
 use crate::transaction::{
     claim_partition, dead_letter_alone, process_batch_with, BatchReport, Fence, InboundMessage,
     ProcessError, TransactionContext,
@@ -41,6 +46,8 @@ pub struct PartitionTask {
     attempts: u32,
     /// Offsets up to this one have taken their tokens from the group's rate limit.
     paid_through: Option<i64>,
+    /// Whether the group is paused: no batch starts while it is.
+    group_pause: PauseSignal,
 }
 
 impl PartitionTask {
@@ -72,7 +79,15 @@ impl PartitionTask {
             failing_since: None,
             attempts: 0,
             paid_through: None,
+            group_pause: PauseSignal::never(),
         }
+    }
+
+    /// The task follows `pause`: it starts no batch while its group is paused (a task made with
+    /// [`PartitionTask::new`] alone is never paused).
+    pub fn with_pause(mut self, pause: PauseSignal) -> Self {
+        self.group_pause = pause;
+        self
     }
 
     /// Runs until stopped, fenced or the channel closes. Messages not yet committed are left to
@@ -89,6 +104,10 @@ impl PartitionTask {
                     m = self.rx.recv() => match m { Some(m) => m, None => return },
                 };
                 self.pending.push_back(first);
+            }
+            // A paused group starts no batch; a stop while it waits ends the task.
+            if !self.group_pause.wait_until_running(&self.stop).await {
+                return;
             }
             while self.pending.len() < self.context.max_batch {
                 match self.rx.try_recv() {
@@ -112,7 +131,7 @@ impl PartitionTask {
                     attempt += 1;
                     tracing::warn!(group = %self.group, partition = self.fence.partition, error = %e,
                         "cannot record partition ownership; retrying");
-                    if !self.pause(attempt).await {
+                    if !self.back_off(attempt).await {
                         return false;
                     }
                 }
@@ -167,7 +186,7 @@ impl PartitionTask {
                 self.retry_metric(batch.len());
                 tracing::warn!(group = %self.group, partition = self.fence.partition, attempt = self.attempts,
                     error = %e, "dependency unavailable; the partition waits and retries");
-                self.pause(self.attempts).await
+                self.back_off(self.attempts).await
             }
             Err(ProcessError::Transient(e)) => {
                 self.attempts += 1;
@@ -178,7 +197,7 @@ impl PartitionTask {
                 if since.elapsed() < self.context.retry_budget {
                     tracing::warn!(group = %self.group, partition = self.fence.partition, attempt = self.attempts,
                         error = %e, "batch failed; retrying");
-                    return self.pause(self.attempts).await;
+                    return self.back_off(self.attempts).await;
                 }
                 if batch.len() > 1 {
                     tracing::warn!(group = %self.group, partition = self.fence.partition, messages = batch.len(),
@@ -207,7 +226,7 @@ impl PartitionTask {
                     Err(ProcessError::Fatal(e)) => self.fatal(e),
                     Err(e) => {
                         tracing::warn!(group = %self.group, error = %e, "cannot dead-letter yet; retrying");
-                        self.pause(self.attempts).await
+                        self.back_off(self.attempts).await
                     }
                 }
             }
@@ -250,7 +269,7 @@ impl PartitionTask {
     }
 
     /// Sleeps with backoff; false when stopped meanwhile.
-    async fn pause(&self, attempt: u32) -> bool {
+    async fn back_off(&self, attempt: u32) -> bool {
         let delay = backoff(self.context.retry_base, self.context.retry_max, attempt);
         tokio::select! {
             _ = self.stop.cancelled() => false,
