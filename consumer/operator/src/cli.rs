@@ -96,6 +96,12 @@ pub enum Command {
     },
     /// Move a stopped group (`--group G`) back so it reads old events again.
     Reprocess(ReprocessArgs),
+    /// Pause a consumer group everywhere it runs, or resume it.
+    Group {
+        /// What to do.
+        #[command(subcommand)]
+        action: GroupAction,
+    },
     /// The outbox's recurring schedules: list, show, add, pause, resume, remove, run-now.
     Schedules {
         /// What to do.
@@ -111,6 +117,30 @@ pub enum Command {
     /// The web console: the overview, an order's timeline and every action here from a page,
     /// for logged-in users (`--users-file` or `PIPELINE_CONSOLE_USERS`).
     Console(crate::console::ConsoleArgs),
+}
+
+/// `pipeline group …`
+#[derive(Debug, Subcommand)]
+pub enum GroupAction {
+    /// Pause a group: within about a second every member, in every process, finishes the batch
+    /// in flight, commits it and takes no new one, keeping its partitions; the lag grows.
+    Pause {
+        /// The group's name (without the prefix).
+        #[arg(value_name = "GROUP")]
+        group: String,
+        /// Who and why.
+        #[command(flatten)]
+        change: Change,
+    },
+    /// Resume a paused group: its members go on where they stopped.
+    Resume {
+        /// The group's name (without the prefix).
+        #[arg(value_name = "GROUP")]
+        group: String,
+        /// Who and why.
+        #[command(flatten)]
+        change: Change,
+    },
 }
 
 /// `pipeline schedules …`

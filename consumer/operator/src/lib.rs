@@ -8,6 +8,8 @@
 //! - [`dead_letters`]: list, show, replay, skip, discard;
 //! - [`requeue`]: failed outbox events back to pending;
 //! - [`reprocess`]: a group's offsets moved back, its dedupe rows kept or cleared;
+//! - [`group`]: a group paused everywhere it runs (its members keep their partitions and take
+//!   no batch), and resumed;
 //! - [`retention`]: each table's window and last run; a run by hand, or a dry run;
 //! - [`schedules`]: the outbox's recurring schedules, their occurrences, and changes to them;
 //! - [`console`]: the web console (`pipeline console --listen ADDR`): the same reads and actions
@@ -44,6 +46,7 @@ pub mod cli;
 pub mod console;
 pub mod dead_letters;
 pub mod error;
+pub mod group;
 pub mod output;
 pub mod reprocess;
 pub mod requeue;
@@ -120,6 +123,7 @@ pub async fn run(cli: Cli, groups: &Groups) -> anyhow::Result<()> {
                 Ok(())
             }
         }
+        Command::Group { action } => group::run(&targets, &action, json).await,
         Command::Schedules { action } => schedules::run(&targets, &action, json).await,
         Command::Retention { action } => retention::run(&targets, &action, json).await,
         Command::Console(args) => console::run(targets, groups.clone(), &args).await,

@@ -1,6 +1,7 @@
-//! `pipeline status`: the outbox's queue, the relay lease, and each group's lag, rate limit, dead
-//! letters and parked orders. Every count stops at [`CAP`] and every read uses an index, so the
-//! command costs the same on a database of a thousand events and one of a billion.
+//! `pipeline status`: the outbox's queue, the relay lease, and each group's state (paused or
+//! running), lag, rate limit, dead letters and parked orders. Every count stops at [`CAP`] and
+//! every read uses an index, so the command costs the same on a database of a thousand events and
+//! one of a billion.
 
 use std::time::Duration;
 
@@ -9,6 +10,7 @@ use pipeline_core::kafka::offsets_reader;
 use rdkafka::consumer::BaseConsumer;
 use serde::Serialize;
 
+use crate::group::{self, PausedSince};
 use crate::output::{age, capped, cell, table};
 use crate::targets::{KnownBy, Targets};
 
@@ -59,6 +61,10 @@ pub struct RelayLease {
 pub struct GroupStatus {
     /// The group's name (without the prefix).
     pub group: String,
+    /// `paused` (by an operator: `pipeline group pause`) or `running`.
+    pub state: &'static str,
+    /// While paused: since when, by whom and why.
+    pub paused: Option<PausedSince>,
     /// Members in the Kafka group, when Kafka answered.
     pub members: Option<usize>,
     /// Messages between the committed and end offsets, over partitions with a commit.
@@ -186,6 +192,7 @@ async fn group_status(targets: &Targets, group: &str) -> anyhow::Result<GroupSta
     .bind(CAP)
     .fetch_one(&pool)
     .await?;
+    let paused = group::state(&pool, &name).await?;
     let kafka = targets.args.kafka.clone();
     let topics = targets.topics(group).await?;
     let kafka_group = name.clone();
@@ -212,6 +219,12 @@ async fn group_status(targets: &Targets, group: &str) -> anyhow::Result<GroupSta
     .await?;
     let mut status = GroupStatus {
         group: group.to_owned(),
+        state: if paused.is_some() {
+            "paused"
+        } else {
+            "running"
+        },
+        paused,
         members: None,
         lag_messages: None,
         lag_seconds: None,
@@ -322,6 +335,7 @@ pub fn print(status: &Status) {
     println!("{relay}");
     let mut groups = table(&[
         "group",
+        "state",
         "members",
         "lag (messages)",
         "lag (age)",
@@ -331,8 +345,16 @@ pub fn print(status: &Status) {
         "orders parked",
     ]);
     for g in &status.groups {
+        let state = match &g.paused {
+            Some(p) => format!(
+                "paused {}",
+                age((chrono::Utc::now() - p.since).num_milliseconds().max(0) as f64 / 1000.0)
+            ),
+            None => g.state.to_owned(),
+        };
         let _ = groups.add_row(vec![
             g.group.clone(),
+            state,
             cell(g.members),
             cell(g.lag_messages),
             cell(g.lag_seconds.map(age)),
@@ -343,6 +365,11 @@ pub fn print(status: &Status) {
         ]);
     }
     println!("{groups}");
+    for g in &status.groups {
+        if let Some(p) = &g.paused {
+            println!("{}: {}", g.group, group::describe(p));
+        }
+    }
     for g in status.groups.iter().filter(|g| g.kafka_error.is_some()) {
         println!(
             "{}: Kafka did not answer: {}",

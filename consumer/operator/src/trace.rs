@@ -17,6 +17,10 @@ use crate::error::BadInput;
 use crate::output::{cell, table};
 use crate::targets::{KnownBy, Targets};
 
+/// Operator actions on a whole group: they show in every order's trace, from the order's first
+/// step on.
+const GROUP_WIDE: [&str; 3] = ["group.reprocess", "group.pause", "group.resume"];
+
 /// One state change.
 #[derive(Debug, Serialize, sqlx::FromRow)]
 pub struct Step {
@@ -138,12 +142,14 @@ pub async fn read(targets: &Targets, id: &str) -> anyhow::Result<Trace> {
              FROM group_history
              WHERE group_name = $1
                AND ((order_id = $2 AND ($3::uuid IS NULL OR event_id = $3))
-                    -- A reprocess moves the whole group back: it shows in every order's trace.
-                    OR (order_id IS NULL AND transition = 'group.reprocess'))",
+                    -- A reprocess, a pause or a resume acts on the whole group: it shows in
+                    -- every order's trace.
+                    OR (order_id IS NULL AND transition = ANY ($4)))",
         )
         .bind(targets.qualified(&group))
         .bind(&order_id)
         .bind(event_id)
+        .bind(&GROUP_WIDE[..])
         .fetch_all(&pool)
         .await?;
         // Dead letters without an order whose record's key is `id` (escaped): their steps are
@@ -176,12 +182,9 @@ pub async fn read(targets: &Targets, id: &str) -> anyhow::Result<Trace> {
         steps.extend(rows);
     }
     // Group-wide actions from before the order existed say nothing about it.
-    let first = steps
-        .iter()
-        .filter(|s| s.transition != "group.reprocess")
-        .map(|s| s.at)
-        .min();
-    steps.retain(|s| s.transition != "group.reprocess" || first.is_some_and(|f| s.at >= f));
+    let group_wide = |s: &Step| GROUP_WIDE.contains(&s.transition.as_str());
+    let first = steps.iter().filter(|s| !group_wide(s)).map(|s| s.at).min();
+    steps.retain(|s| !group_wide(s) || first.is_some_and(|f| s.at >= f));
     if steps.is_empty() {
         return Err(BadInput::NotFound {
             what: "order or event",
