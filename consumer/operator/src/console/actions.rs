@@ -145,6 +145,8 @@ async fn act(
         "requeue" => requeue_events(console, fields, change).await,
         "delayed" => delayed_events(console, fields, change).await,
         "reprocess" => reprocess_group(console, fields, change).await,
+        "pause" => pause_or_resume(console, fields, change, true).await,
+        "resume" => pause_or_resume(console, fields, change, false).await,
         other => Err(Refusal::not_found(format!("no action {other}"))),
     }
 }
@@ -372,6 +374,42 @@ async fn reprocess_group(
     Ok(Done {
         action: format!("Reprocess of {group}"),
         outcomes: serde_json::to_value(&done.partitions).unwrap_or_default(),
+        error: None,
+        status: StatusCode::OK,
+        back: "/groups".to_owned(),
+    })
+}
+
+async fn pause_or_resume(
+    console: &Console,
+    fields: &Fields,
+    change: Change,
+    pause: bool,
+) -> Result<Done, Refusal> {
+    let group = fields
+        .get("group")
+        .ok_or_else(|| Refusal::bad("name the group"))?;
+    let targets = &console.inner.targets;
+    let actor = change.actor.unwrap_or_default();
+    let done = if pause {
+        crate::group::pause(targets, group, &actor, &change.note).await?
+    } else {
+        crate::group::resume(targets, group, &actor, &change.note).await?
+    };
+    let outcome = match (done.paused, done.changed) {
+        (true, true) => "paused",
+        (true, false) => "already paused (nothing changed)",
+        (false, true) => "resumed",
+        (false, false) => "already running (nothing changed)",
+    };
+    Ok(Done {
+        action: format!("{} {group}", if pause { "Pause of" } else { "Resume of" }),
+        outcomes: serde_json::json!([{
+            "group": done.group,
+            "outcome": outcome,
+            "paused since": done.pause.as_ref().map(|p| p.since.to_rfc3339()),
+            "paused by": done.pause.as_ref().map(|p| p.actor.clone()),
+        }]),
         error: None,
         status: StatusCode::OK,
         back: "/groups".to_owned(),

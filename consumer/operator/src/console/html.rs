@@ -113,6 +113,11 @@ pub(super) async fn js() -> Response {
     static_file(JS, "text/javascript; charset=utf-8")
 }
 
+/// `/favicon.ico`: none (browsers ask for it on every page).
+pub(super) async fn no_icon() -> axum::http::StatusCode {
+    axum::http::StatusCode::NO_CONTENT
+}
+
 fn static_file(body: &'static str, content_type: &'static str) -> Response {
     (
         [

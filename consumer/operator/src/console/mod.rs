@@ -165,6 +165,7 @@ impl Console {
             .route("/login", get(session::login_page).post(session::login))
             .route("/static/console.css", get(html::css))
             .route("/static/console.js", get(html::js))
+            .route("/favicon.ico", get(html::no_icon))
             .merge(protected)
             .layer(axum::middleware::from_fn(html::security_headers))
             .with_state(self.clone())

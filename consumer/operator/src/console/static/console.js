@@ -93,7 +93,7 @@
     const rows = status.groups.map((g) => ({
       attrs: { "data-group": g.group, "data-lag": show(g.lag_messages) },
       cells: [g.group,
-        { text: show(g.paused === undefined ? null : g.paused ? "paused" : "running"), cls: g.paused ? "state-warn" : null },
+        { text: show(g.state), cls: g.state === "paused" ? "state-warn" : null },
         show(g.members),
         { text: show(g.lag_messages), sort: g.lag_messages },
         { text: age(g.lag_seconds), sort: g.lag_seconds },
