@@ -263,6 +263,38 @@ ensure_postgres() {
     fi
     log "PostgreSQL $out ready on $PG_HOST:$PG_PORT"
     ensure_autovacuum
+    ensure_pg_settings
+}
+
+# ensure_pg_settings — the server settings the pipeline needs beyond PostgreSQL's defaults
+# (deploy/postgres/pipeline.conf says which and why), each set with ALTER SYSTEM where the server
+# has another value, then one reload. Settings the server does not know (an older PostgreSQL) are
+# skipped with a warning.
+ensure_pg_settings() {
+    local file="$REPO_ROOT/deploy/postgres/pipeline.conf" name value current changed=0
+    [[ -f $file ]] || return 0
+    while IFS='=' read -r name value; do
+        name=${name//[[:space:]]/}
+        value=$(sed -e 's/^[[:space:]]*//' -e 's/[[:space:]]*$//' <<<"$value")
+        [[ -z $name || $name == \#* ]] && continue
+        current=$(psql -w -X -Atq "$PG_ADMIN_URL" -c "SELECT setting || COALESCE(unit, '') FROM pg_settings WHERE name = '$name'")
+        if [[ -z $current ]]; then
+            warn "PostgreSQL has no setting $name; left as it is"
+            continue
+        fi
+        # Compare through the server's own parsing: the value as the server would show it.
+        if [[ $(psql -w -X -Atq "$PG_ADMIN_URL" -c "SHOW $name") != "$value" ]]; then
+            if psql -w -X -q "$PG_ADMIN_URL" -c "ALTER SYSTEM SET $name = '$value'" >/dev/null 2>&1; then
+                changed=1
+            else
+                warn "PostgreSQL refused $name = $value; left as it is"
+            fi
+        fi
+    done < <(grep -Ev '^[[:space:]]*(#|$)' "$file")
+    if ((changed)); then
+        log "PostgreSQL settings from deploy/postgres/pipeline.conf applied (ALTER SYSTEM, reload)"
+        psql -w -X -q "$PG_ADMIN_URL" -c 'SELECT pg_reload_conf()' >/dev/null
+    fi
 }
 
 # ensure_autovacuum — PostgreSQL's default, but some machines' servers come with it off. The
