@@ -19,11 +19,11 @@ use super::window::Window;
 
 /// The advisory lock of the runners of the outbox's tables (the active relay's, or an
 /// operator's): `retain` in ASCII, then 1.
-pub const OUTBOX_LOCK: i64 = 0x7265_7461_696e_01;
+pub const OUTBOX_LOCK: i64 = 0x0072_6574_6169_6e01;
 /// The advisory lock of the runners of the groups' tables (one consumer of a database at a time,
 /// or an operator's). Where the groups share the outbox's database, the two sets of tables are
 /// worked on side by side.
-pub const GROUPS_LOCK: i64 = 0x7265_7461_696e_02;
+pub const GROUPS_LOCK: i64 = 0x0072_6574_6169_6e02;
 
 /// Longest a step waits for a row lock (a consumer's batch holding an order's progress row, say)
 /// before it gives up; the next run tries again.
