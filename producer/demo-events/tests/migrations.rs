@@ -26,10 +26,11 @@ async fn tables(pool: &PgPool) -> Vec<String> {
     .expect("tables")
 }
 
-const PIPELINE_TABLES: [&str; 23] = [
+const PIPELINE_TABLES: [&str; 24] = [
     "applied_effect",
     "dead_letter",
     "group_history",
+    "group_pause",
     "group_rate_limit",
     "group_transition",
     "operator_action",
