@@ -70,7 +70,7 @@ ensure_broker # fetches Kafka's jars first (kafka_fetch) unless a broker already
 stage "[3/9] Prometheus (prometheus, promtool)"
 ensure_prometheus # the monitoring checks and the Prometheus end-to-end test need both
 
-stage "[4/9] Toolchain"
+stage "[4/9] Toolchain (and the browser tests' chromium and npm packages)"
 cargo --version
 rustc --version
 missing=()
@@ -80,6 +80,15 @@ if ((${#missing[@]})); then
     log "installing rustup components: ${missing[*]}"
     rustup component add "${missing[@]}"
 fi
+# The web console's browser tests (tests/kit/tests/console.rs runs tests/console with node):
+# Debian's chromium, and playwright-core from tests/console's lockfile (it downloads no browser).
+ensure_chromium
+if ! have npm; then
+    log "installing Node.js and npm (the web console's browser tests)"
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
+fi
+(cd tests/console && PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --no-audit --no-fund --loglevel=error)
 
 stage "[5/9] cargo build --release --workspace --bins"
 # A clean build (CI) keeps no incremental state: on a fresh machine it would only cost disk.

@@ -1,0 +1,296 @@
+// The web console end to end, in headless Chromium (Debian's /usr/bin/chromium) driven by
+// playwright-core, against the real stack that tests/kit/tests/console.rs starts: it passes the
+// console's URL, the users' credentials and the orders it prepared in the environment.
+//
+//   CONSOLE_URL, ORDER_SERVICE_URL
+//   OPERATOR_USER, OPERATOR_PASSWORD, VIEWER_USER, VIEWER_PASSWORD
+//   DEAD_ORDER      an order whose first event the inventory group dead-lettered (its cause
+//                   since fixed), its later events parked behind it
+//   FAILED_ORDER, FAILED_EVENT   an order whose first event failed in the outbox for good
+//   PAUSE_GROUP     a group to pause and resume (when the console offers it)
+//   SCREENSHOT_DIR  where the screenshots go (printed)
+//
+// Run by `node --test console.test.mjs` (npm test).
+
+import { test, before, after } from "node:test";
+import assert from "node:assert/strict";
+import path from "node:path";
+import fs from "node:fs";
+import { chromium } from "playwright-core";
+
+const env = (name, fallback) => {
+  const v = process.env[name] ?? fallback;
+  if (v === undefined) throw new Error(`${name} is not set: run this through tests/kit/tests/console.rs`);
+  return v;
+};
+const URL_BASE = env("CONSOLE_URL");
+const ORDER_SERVICE = env("ORDER_SERVICE_URL", "");
+const SHOTS = env("SCREENSHOT_DIR", fs.mkdtempSync("/tmp/console-shots-"));
+const DEADLINE_MS = 90_000;
+
+let browser;
+
+before(async () => {
+  fs.mkdirSync(SHOTS, { recursive: true });
+  browser = await chromium.launch({
+    executablePath: process.env.CHROMIUM ?? "/usr/bin/chromium",
+    args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"],
+  });
+});
+
+after(async () => {
+  await browser?.close();
+});
+
+async function newPage() {
+  const context = await browser.newContext({ baseURL: URL_BASE, viewport: { width: 1400, height: 1000 } });
+  const page = await context.newPage();
+  // Any script error or CSP violation on a page fails the test.
+  const problems = [];
+  page.on("pageerror", (e) => problems.push(String(e)));
+  page.on("console", (m) => {
+    if (m.type() === "error") problems.push(m.text());
+  });
+  page.problems = problems;
+  return page;
+}
+
+async function login(page, user, password) {
+  await page.goto("/");
+  assert.match(page.url(), /\/login/);
+  await page.fill('input[name="user"]', user);
+  await page.fill('input[name="password"]', password);
+  await page.click('button[type="submit"]');
+}
+
+/// Reloads `url` until `check(page)` is true, or fails after the deadline.
+async function until(page, url, what, check) {
+  const deadline = Date.now() + DEADLINE_MS;
+  for (;;) {
+    await page.goto(url);
+    if (await check(page)) return;
+    if (Date.now() > deadline) assert.fail(`${what}: not within ${DEADLINE_MS / 1000}s`);
+    await page.waitForTimeout(1000);
+  }
+}
+
+async function timelineRows(page, place) {
+  return page.$$eval(`#timeline tr.step[data-place="${place}"]`, (rows) =>
+    rows.map((r) => ({ what: r.dataset.transition, seq: r.cells[3].textContent.trim(), detail: r.cells[6].textContent })));
+}
+
+/// Fills the page's first action form: the reason, the confirmation, then its button.
+async function act(page, reason) {
+  const form = page.locator("form.action").first();
+  await form.locator("input.reason").fill(reason);
+  await form.locator('input[name="confirm"]').check();
+  await form.locator("button.act").click();
+}
+
+async function shot(page, name) {
+  const file = path.join(SHOTS, name);
+  await page.screenshot({ path: file, fullPage: true });
+  console.log(`screenshot: ${file}`);
+}
+
+async function lagOf(page, group) {
+  const data = await page.evaluate(async () => (await fetch("/api/overview")).json());
+  const g = data.status?.groups.find((x) => x.group === group);
+  return { lag: g?.lag_messages ?? null, state: g?.state ?? null, readAt: data.read_at };
+}
+
+test("a wrong password is refused", async () => {
+  const page = await newPage();
+  await login(page, env("OPERATOR_USER"), "not-the-password");
+  assert.match(page.url(), /\/login/);
+  await page.waitForSelector("text=Wrong user name or password");
+  const cookies = await page.context().cookies();
+  assert.equal(cookies.length, 0, "no session cookie");
+  const api = await page.request.get("/api/overview");
+  assert.equal(api.status(), 401, "nothing is served without a session");
+  await page.context().close();
+});
+
+test("the overview shows the relay, the outbox, each group's lag and the throughput chart", async () => {
+  const page = await newPage();
+  await login(page, env("OPERATOR_USER"), env("OPERATOR_PASSWORD"));
+  await page.waitForSelector('#overview[data-loaded="yes"]', { timeout: DEADLINE_MS });
+  await page.waitForSelector("#relay td:text('active')", { timeout: DEADLINE_MS });
+  await page.waitForSelector("#panel-throughput svg polyline", { state: "attached", timeout: DEADLINE_MS });
+  const groups = await page.$$eval("#groups tbody tr", (rows) => rows.map((r) => r.dataset.group));
+  assert.ok(groups.includes("inventory") && groups.includes("notification"), `groups: ${groups}`);
+  const partitions = await page.$$eval("#partitions tbody tr", (rows) => rows.length);
+  assert.ok(partitions >= 6, `a row per group and partition: ${partitions}`);
+  // Sortable: a click on "lag (messages)" orders the rows by it.
+  await page.click("#partitions th:text('partition')");
+  await page.click("#partitions th:text('partition')");
+  const order = await page.$$eval("#partitions tbody tr td:nth-child(3)", (tds) => tds.map((t) => Number(t.textContent)));
+  assert.deepEqual(order, [...order].sort((a, b) => b - a), "sorted descending");
+  const headers = (await page.request.get("/")).headers();
+  assert.match(headers["content-security-policy"], /script-src 'self'/);
+  assert.equal(headers["x-frame-options"], "DENY");
+  await shot(page, "overview-start.png");
+  assert.deepEqual(page.problems, [], "no script error or CSP violation");
+  await page.context().close();
+});
+
+test("a dead-lettered order is found, replayed, and its parked events applied in order", async () => {
+  const order = env("DEAD_ORDER");
+  const page = await newPage();
+  await login(page, env("OPERATOR_USER"), env("OPERATOR_PASSWORD"));
+  // Found from the dead letters' list, then its timeline.
+  await page.goto("/dead-letters");
+  const row = page.locator(`#letters tr[data-order="${order}"]`);
+  await row.waitFor();
+  assert.match(await row.textContent(), /already has a reservation/);
+  await row.locator("a").first().click();
+  await page.waitForSelector("#timeline");
+  const before = await timelineRows(page, "inventory");
+  assert.ok(before.some((s) => s.what === "dead_lettered" && s.seq === "1"), JSON.stringify(before));
+  assert.equal(before.filter((s) => s.what === "parked").length, 2, JSON.stringify(before));
+
+  // Replay it: the letters of this order, ticked, with a reason and the confirmation.
+  await page.goto(`/dead-letters?group=inventory&order=${order}`);
+  await page.check(`#letters tr[data-order="${order}"] input[type="checkbox"]`);
+  await page.selectOption('select[name="how"]', "replay");
+  await act(page, "stale reservation removed");
+  await page.waitForSelector("#outcomes");
+  const outcomes = await page.$$eval("#outcomes tbody tr", (rows) => rows.map((r) => {
+    const heads = [...r.closest("table").tHead.rows[0].cells].map((c) => c.textContent);
+    return Object.fromEntries([...r.cells].map((c, i) => [heads[i], c.textContent]));
+  }));
+  assert.equal(outcomes.length, 1, JSON.stringify(outcomes));
+  assert.equal(outcomes[0].outcome, "replayed");
+  assert.equal(outcomes[0].parked_events_released, "2", "two parked events released");
+
+  await page.goto(`/timeline?id=${order}`);
+  const steps = await timelineRows(page, "inventory");
+  // Applied in sequence: the replayed event, then the two it released.
+  const of = (what) => steps.filter((s) => s.what === what).map((s) => s.seq);
+  assert.deepEqual(of("applied"), ["1", "2", "3"], JSON.stringify(steps));
+  assert.deepEqual(of("released"), ["2", "3"], JSON.stringify(steps));
+  const action = steps.find((s) => s.what === "dead_letter.replay");
+  assert.ok(action, JSON.stringify(steps));
+  assert.match(action.detail, new RegExp(`by ${env("OPERATOR_USER")}: stale reservation removed`));
+  await shot(page, "timeline.png");
+  assert.deepEqual(page.problems, []);
+  await page.context().close();
+});
+
+test("a failed outbox event is requeued and published, then its order's held events", async () => {
+  const order = env("FAILED_ORDER");
+  const page = await newPage();
+  await login(page, env("OPERATOR_USER"), env("OPERATOR_PASSWORD"));
+  await page.goto("/outbox");
+  await page.check(`#failed tr[data-event="${env("FAILED_EVENT")}"] input[type="checkbox"]`);
+  await act(page, "topic limit raised");
+  await page.waitForSelector("#outcomes");
+  assert.match(await page.textContent("#outcomes"), new RegExp(env("FAILED_EVENT")));
+  await until(page, `/timeline?id=${order}`, "the requeued order applied", async (p) => {
+    const steps = await timelineRows(p, "notification");
+    return steps.filter((s) => s.what === "applied").length >= 2;
+  });
+  const outbox = await timelineRows(page, "outbox");
+  const kinds = outbox.map((s) => s.what);
+  assert.ok(kinds.includes("failed") && kinds.includes("requeued") && kinds.includes("published"), kinds.join(","));
+  await page.context().close();
+});
+
+test("a paused group's lag grows, and it drains once resumed", async (t) => {
+  const group = env("PAUSE_GROUP", "notification");
+  const page = await newPage();
+  await login(page, env("OPERATOR_USER"), env("OPERATOR_PASSWORD"));
+  await page.goto("/groups");
+  const form = page.locator(`section.group[data-group="${group}"] form.pause`);
+  if ((await form.count()) === 0) {
+    t.skip("this console offers no group pause");
+    await page.context().close();
+    return;
+  }
+  await form.locator("input.reason").fill("deploying the mail relay");
+  await form.locator('input[name="confirm"]').check();
+  await form.locator("button.act").click();
+  await page.waitForSelector("#outcomes");
+  // New orders while paused: the group's lag grows. Its members see the pause within about a
+  // second, so orders go on until the lag shows.
+  await page.goto("/");
+  const deadline = Date.now() + DEADLINE_MS;
+  let seen;
+  for (;;) {
+    const r = await fetch(`${ORDER_SERVICE}/orders`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ customer_id: "c-console", lines: [{ product_id: "sku-00001", quantity: 1 }] }),
+    });
+    assert.equal(r.status, 201);
+    seen = await lagOf(page, group);
+    if (seen.state === "paused" && seen.lag >= 5) break;
+    if (Date.now() > deadline) assert.fail(`lag of paused ${group}: ${JSON.stringify(seen)}`);
+    await page.waitForTimeout(1000);
+  }
+  // It stays: a paused group applies nothing.
+  await page.waitForTimeout(3000);
+  const still = await lagOf(page, group);
+  assert.ok(still.lag >= seen.lag, `paused ${group} applied events: ${JSON.stringify([seen, still])}`);
+  await page.waitForSelector(`#groups tr[data-group="${group}"] td:text('paused')`, { timeout: DEADLINE_MS });
+  await shot(page, "overview-paused.png");
+  await page.goto("/groups");
+  const resume = page.locator(`section.group[data-group="${group}"] form.resume`);
+  await resume.locator("input.reason").fill("mail relay back");
+  await resume.locator('input[name="confirm"]').check();
+  await resume.locator("button.act").click();
+  await page.waitForSelector("#outcomes");
+  await page.goto("/");
+  for (;;) {
+    seen = await lagOf(page, group);
+    if (seen.state === "running" && seen.lag === 0) break;
+    if (Date.now() > deadline + DEADLINE_MS) assert.fail(`resumed ${group} did not drain: ${JSON.stringify(seen)}`);
+    await page.waitForTimeout(1000);
+  }
+  // The overview after the burst: the chart shows the paused group catching up.
+  await page.waitForSelector(`#groups tr[data-group="${group}"] td:text('running')`, { timeout: DEADLINE_MS });
+  await shot(page, "overview.png");
+  await page.context().close();
+});
+
+test("a read-only user sees everything and can act on nothing", async () => {
+  const page = await newPage();
+  await login(page, env("VIEWER_USER"), env("VIEWER_PASSWORD"));
+  await page.waitForSelector('#overview[data-loaded="yes"]', { timeout: DEADLINE_MS });
+  for (const [url, selector] of [["/dead-letters?status=", "#letters"], ["/outbox", "#failed"], [`/timeline?id=${env("DEAD_ORDER")}`, "#timeline"], ["/groups", "h1"]]) {
+    await page.goto(url);
+    await page.waitForSelector(selector);
+    const buttons = await page.$$eval("button.act", (bs) => bs.map((b) => b.disabled));
+    assert.ok(buttons.every((d) => d), `${url}: every action button is disabled`);
+  }
+  // The server refuses a viewer's action even with the session's own CSRF token.
+  await page.goto("/outbox");
+  const csrf = await page.getAttribute('input[name="csrf"]', "value");
+  const status = await page.evaluate(async (csrf) => {
+    const body = new URLSearchParams({ csrf, reason: "try", confirm: "yes", order: "any" });
+    const r = await fetch("/actions/requeue", { method: "POST", body });
+    return [r.status, await r.text()];
+  }, csrf);
+  assert.equal(status[0], 403);
+  assert.match(status[1], /viewer/);
+  await page.context().close();
+});
+
+test("a POST without the CSRF token is refused", async () => {
+  const page = await newPage();
+  await login(page, env("OPERATOR_USER"), env("OPERATOR_PASSWORD"));
+  await page.goto("/outbox");
+  const refused = await page.evaluate(async () => {
+    const body = new URLSearchParams({ reason: "forged", confirm: "yes", order: "any" });
+    const r = await fetch("/actions/requeue", { method: "POST", body });
+    return [r.status, await r.text()];
+  });
+  assert.equal(refused[0], 403);
+  assert.match(refused[1], /CSRF/);
+  const wrong = await page.evaluate(async () => {
+    const body = new URLSearchParams({ csrf: "0".repeat(64), reason: "forged", confirm: "yes", order: "any" });
+    return (await fetch("/api/actions/requeue", { method: "POST", body })).status;
+  });
+  assert.equal(wrong, 403);
+  await page.context().close();
+});
