@@ -460,3 +460,104 @@ async fn a_viewer_reads_and_an_operator_acts_on_a_real_database() {
     drop(pool);
     drop_database(&server_url(), &name).await.expect("drop");
 }
+
+#[tokio::test]
+async fn delayed_events_are_published_now_or_cancelled_and_recorded() {
+    let (name, pool) = migrated_database("operator_console_delayed")
+        .await
+        .expect("database");
+    let router = console(&database_url(&pool)).router();
+    let (early, withdrawn) = (uuid::Uuid::new_v4(), uuid::Uuid::new_v4());
+    for (id, key) in [(early, "reminder-1"), (withdrawn, "reminder-2")] {
+        let _ = sqlx::query(
+            "INSERT INTO outbox_delayed (event_id, business_key, event_type, aggregate_id, topic,
+                                         payload, publish_at)
+             VALUES ($1, $2, 'order.payment_reminder', 'order-7', 'orders', '{}',
+                     now() + interval '1 day')",
+        )
+        .bind(id)
+        .bind(key)
+        .execute(&pool)
+        .await
+        .expect("delayed event");
+    }
+    let (cookie, csrf) = login(&router, "ada", OPERATOR_PASSWORD).await;
+    let page = send(&router, get("/outbox", Some(&cookie))).await;
+    assert!(page.body.contains(&early.to_string()), "{}", page.body);
+    let act = |how: &'static str, event: String| {
+        let (cookie, csrf) = (cookie.clone(), csrf.clone());
+        let router = router.clone();
+        async move {
+            send(
+                &router,
+                post(
+                    "/api/actions/delayed",
+                    Some(&cookie),
+                    &[
+                        ("csrf", &csrf),
+                        ("reason", "customer asked"),
+                        ("confirm", "yes"),
+                        ("how", how),
+                        ("event", &event),
+                    ],
+                ),
+            )
+            .await
+        }
+    };
+    let reply = act("publish_now", early.to_string()).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    let due: bool = sqlx::query_scalar(
+        "SELECT publish_at <= clock_timestamp() FROM outbox_delayed WHERE event_id = $1",
+    )
+    .bind(early)
+    .fetch_one(&pool)
+    .await
+    .expect("due");
+    assert!(due, "published now: due at once");
+    let reply = act("cancel", withdrawn.to_string()).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_delayed WHERE event_id = $1")
+        .bind(withdrawn)
+        .fetch_one(&pool)
+        .await
+        .expect("count");
+    assert_eq!(left, 0, "cancelled");
+    // Again: nothing waits any more, and that is bad input, not an error.
+    let reply = act("cancel", withdrawn.to_string()).await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", reply.body);
+    let actions: Vec<(String, String, String)> =
+        sqlx::query_as("SELECT actor, action, reason FROM operator_action ORDER BY id")
+            .fetch_all(&pool)
+            .await
+            .expect("actions");
+    assert_eq!(
+        actions,
+        vec![
+            (
+                "ada".into(),
+                "outbox.delayed.publish_now".into(),
+                "customer asked".into()
+            ),
+            (
+                "ada".into(),
+                "outbox.delayed.cancel".into(),
+                "customer asked".into()
+            ),
+        ]
+    );
+    let trace = send(&router, get("/api/timeline?id=order-7", Some(&cookie))).await;
+    assert_eq!(trace.status, StatusCode::OK, "{}", trace.body);
+    assert!(
+        trace.body.contains("outbox.delayed.cancel"),
+        "{}",
+        trace.body
+    );
+    assert!(
+        trace.body.contains("by ada: customer asked"),
+        "{}",
+        trace.body
+    );
+    drop(pool);
+    drop_database(&server_url(), &name).await.expect("drop");
+}

@@ -149,7 +149,10 @@
     add("text", { x: W - 8, y: H - 4, "font-size": 11, fill: "#5d6676", "text-anchor": "end" }, new Date(t1).toLocaleTimeString());
     series.forEach((s, k) => {
       const d = s.values.map((v, i) => (v === null ? null : x(i).toFixed(1) + "," + y(v).toFixed(1))).filter(Boolean).join(" ");
-      add("polyline", { points: d, fill: "none", stroke: COLORS[k % COLORS.length], "stroke-width": 2 });
+      // Published is drawn dashed and wider, so a group applying at the same rate shows it.
+      add("polyline", k === 0
+        ? { points: d, fill: "none", stroke: COLORS[0], "stroke-width": 4, "stroke-dasharray": "6 4" }
+        : { points: d, fill: "none", stroke: COLORS[k % COLORS.length], "stroke-width": 2 });
     });
     const legend = el("div", { class: "legend" }, series.map((s, k) => {
       const last = s.values[s.values.length - 1];
