@@ -153,6 +153,7 @@ test("a dead-lettered order is found, replayed, and its parked events applied in
   await page.goto(`/dead-letters?group=inventory&order=${order}`);
   await page.check(`#letters tr[data-order="${order}"] input[type="checkbox"]`);
   await page.selectOption('select[name="how"]', "replay");
+  await shot(page, "dead-letters.png");
   await act(page, "stale reservation removed");
   await page.waitForSelector("#outcomes");
   const outcomes = await page.$$eval("#outcomes tbody tr", (rows) => rows.map((r) => {
