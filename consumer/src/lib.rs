@@ -130,7 +130,9 @@ use prometheus::Registry;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-pub use crate::handlers::{Event, Groups, Handler, HandlerError, HandlerTransaction, UnknownGroup};
+pub use crate::handlers::{
+    Event, Groups, Handler, HandlerError, HandlerTransaction, UnknownGroup, Waiting,
+};
 pub use crate::rate_limit::RateLimit;
 pub use crate::runtime::Runtime;
 pub use crate::settings::{connect, session_options, ConsumerSettings, InvalidSettings};

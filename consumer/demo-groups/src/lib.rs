@@ -60,5 +60,13 @@ pub fn groups(
         .beside("export", move |pool, stop| {
             export::worker::run(pool, export.clone(), worker_metrics.clone(), stop)
         })
-        .metrics("export", move |registry| metrics.register(registry)))
+        .metrics("export", move |registry| metrics.register(registry))
+        .waiting("export", |pool| async move {
+            let (count, oldest) = export::jobs::waiting(&pool).await?;
+            Ok(consumer::Waiting {
+                what: "export jobs".to_owned(),
+                count,
+                oldest_seconds: (count > 0).then_some(oldest),
+            })
+        }))
 }

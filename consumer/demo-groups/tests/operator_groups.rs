@@ -210,3 +210,54 @@ async fn a_group_nothing_knows_is_an_error_for_every_command(pool: PgPool) {
         assert!(run.stdout.contains("0 letter(s)"), "{}", run.stdout);
     }
 }
+
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
+async fn status_shows_the_export_jobs_waiting_beside_the_export_group(pool: PgPool) {
+    for state in ["pending", "processing", "failed"] {
+        sqlx::query(
+            "INSERT INTO export_job (id, filters, state, created_at)
+             VALUES ($1, '{}', $2, now() - interval '90 seconds')",
+        )
+        .bind(Uuid::now_v7())
+        .bind(state)
+        .execute(&pool)
+        .await
+        .expect("job");
+    }
+    let run = pipeline(
+        &pool,
+        &[
+            "status",
+            "--json",
+            "--group",
+            "export",
+            "--topic",
+            "export-jobs",
+        ],
+    );
+    assert_eq!(run.status, 0, "{}\n{}", run.stdout, run.stderr);
+    let status = run.json();
+    let export = status["groups"]
+        .as_array()
+        .and_then(|g| g.iter().find(|g| g["group"] == "export"))
+        .unwrap_or_else(|| panic!("the export group: {status}"));
+    // Pending and processing jobs wait; a finished one does not.
+    assert_eq!(export["waiting"]["what"], "export jobs", "{export}");
+    assert_eq!(export["waiting"]["count"], 2, "{export}");
+    let oldest = export["waiting"]["oldest_seconds"]
+        .as_f64()
+        .expect("oldest");
+    assert!((90.0..600.0).contains(&oldest), "{export}");
+    // The table says it too.
+    let table = pipeline(
+        &pool,
+        &["status", "--group", "export", "--topic", "export-jobs"],
+    );
+    assert!(
+        table
+            .stdout
+            .contains("export: 2 export jobs waiting, the oldest for"),
+        "{}",
+        table.stdout
+    );
+}

@@ -82,6 +82,11 @@ pub struct GroupStatus {
     pub dead_letters_open: i64,
     /// Orders with parked events (up to [`CAP`] parked events read).
     pub orders_parked: i64,
+    /// What the task beside the group has waiting, where the program registers a read of it
+    /// ([`consumer::Groups::waiting`]): the demonstration's export jobs, say.
+    pub waiting: Option<consumer::Waiting>,
+    /// Why that read failed, if it did.
+    pub waiting_error: Option<String>,
     /// Why Kafka's figures are missing, if they are.
     pub kafka_error: Option<String>,
     /// Each partition of the group's topics, when Kafka answered.
@@ -233,9 +238,20 @@ async fn group_status(targets: &Targets, group: &str) -> anyhow::Result<GroupSta
         rate_limit_events_per_second,
         dead_letters_open,
         orders_parked,
+        waiting: None,
+        waiting_error: None,
         kafka_error: None,
         partitions: Vec::new(),
     };
+    if let Some(read) = targets
+        .registered_groups()
+        .read_waiting(group, pool.clone())
+    {
+        match read.await {
+            Ok(w) => status.waiting = Some(w),
+            Err(e) => status.waiting_error = Some(format!("{e:#}")),
+        }
+    }
     match lag {
         Ok(snapshot) => {
             status.partitions = snapshot
@@ -368,6 +384,20 @@ pub fn print(status: &Status) {
     for g in &status.groups {
         if let Some(p) = &g.paused {
             println!("{}: {}", g.group, group::describe(p));
+        }
+        if let Some(w) = &g.waiting {
+            println!(
+                "{}: {} {} waiting{}",
+                g.group,
+                w.count,
+                w.what,
+                w.oldest_seconds
+                    .map(|s| format!(", the oldest for {}", age(s)))
+                    .unwrap_or_default()
+            );
+        }
+        if let Some(e) = &g.waiting_error {
+            println!("{}: what waits beside it could not be read: {e}", g.group);
         }
     }
     for g in status.groups.iter().filter(|g| g.kafka_error.is_some()) {

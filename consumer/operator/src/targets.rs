@@ -37,6 +37,7 @@ pub struct Targets {
     /// The shared flags.
     pub args: TargetArgs,
     registered: BTreeSet<String>,
+    groups: Groups,
     pools: tokio::sync::Mutex<BTreeMap<String, PgPool>>,
 }
 
@@ -47,8 +48,14 @@ impl Targets {
         Targets {
             args,
             registered: groups.names().into_iter().map(str::to_owned).collect(),
+            groups: groups.clone(),
             pools: tokio::sync::Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// The groups the program registers.
+    pub fn registered_groups(&self) -> &Groups {
+        &self.groups
     }
 
     /// The outbox's database.

@@ -6,4 +6,4 @@ mod handler;
 mod registry;
 
 pub use handler::{Event, Handler, HandlerError, HandlerTransaction};
-pub use registry::{Groups, UnknownGroup};
+pub use registry::{Groups, UnknownGroup, Waiting};

@@ -1,5 +1,5 @@
 //! The consumer groups a program runs: each a [`Handler`] registered under its name, with the
-//! tasks that run beside it and the metrics they bring.
+//! tasks that run beside it, the metrics they bring and what they have waiting.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -16,6 +16,19 @@ use super::handler::Handler;
 type MakeHandler = Arc<dyn Fn(String) -> Arc<dyn Handler> + Send + Sync>;
 type BesideTask = Arc<dyn Fn(PgPool, CancellationToken) -> BoxFuture<'static, ()> + Send + Sync>;
 type RegisterMetrics = Arc<dyn Fn(&Registry) -> prometheus::Result<()> + Send + Sync>;
+type ReadWaiting = Arc<dyn Fn(PgPool) -> BoxFuture<'static, anyhow::Result<Waiting>> + Send + Sync>;
+
+/// Work the task beside a group has waiting (jobs not finished, say), as operators see it in
+/// `pipeline status` and the console.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Waiting {
+    /// What waits, in the plural (`export jobs`).
+    pub what: String,
+    /// How many wait (read at a bounded cost).
+    pub count: i64,
+    /// Age of the oldest, in seconds; `None` when none waits.
+    pub oldest_seconds: Option<f64>,
+}
 
 /// The groups a program can run, by name.
 #[derive(Clone, Default)]
@@ -28,6 +41,7 @@ struct Entry {
     make: MakeHandler,
     beside: Option<BesideTask>,
     metrics: Option<RegisterMetrics>,
+    waiting: Option<ReadWaiting>,
 }
 
 /// A group name nothing is registered under.
@@ -64,6 +78,7 @@ impl Groups {
                 make,
                 beside: None,
                 metrics: None,
+                waiting: None,
             },
         );
         self
@@ -97,6 +112,36 @@ impl Groups {
             entry.metrics = Some(Arc::new(register));
         }
         self
+    }
+
+    /// Registers how to read what the task beside the group `name` (registered before) has
+    /// waiting, from the group's database: `pipeline status` and the console show it beside the
+    /// group's lag. The read must be bounded in cost, whatever the size of its tables.
+    pub fn waiting<F>(
+        mut self,
+        name: &str,
+        read: impl Fn(PgPool) -> F + Send + Sync + 'static,
+    ) -> Groups
+    where
+        F: Future<Output = anyhow::Result<Waiting>> + Send + 'static,
+    {
+        if let Some(entry) = self.entries.get_mut(name) {
+            entry.waiting = Some(Arc::new(move |pool| Box::pin(read(pool))));
+        }
+        self
+    }
+
+    /// Reads what the task beside group `name` has waiting, from `pool`; `None` when the group
+    /// registered no such read (or is not registered).
+    pub fn read_waiting(
+        &self,
+        name: &str,
+        pool: PgPool,
+    ) -> Option<BoxFuture<'static, anyhow::Result<Waiting>>> {
+        self.entries
+            .get(name)
+            .and_then(|e| e.waiting.as_ref())
+            .map(|read| read(pool))
     }
 
     /// The registered names, sorted.

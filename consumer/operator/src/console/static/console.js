@@ -100,10 +100,20 @@
         show(g.uncommitted_partitions), g.rate_limit || "none",
         { text: capped(g.dead_letters_open), sort: g.dead_letters_open, cls: g.dead_letters_open > 0 ? "state-bad" : null },
         { text: capped(g.orders_parked), sort: g.orders_parked },
+        waiting(g),
         g.kafka_error ? "Kafka did not answer: " + g.kafka_error : ""] }));
     fill("panel-groups", table("groups", [{ title: "group" }, { title: "state" }, { title: "members", num: true },
       { title: "lag (messages)", num: true }, { title: "lag (age)", num: true }, { title: "uncommitted partitions", num: true },
-      { title: "rate limit" }, { title: "dead letters open", num: true }, { title: "orders parked", num: true }, { title: "note" }], rows));
+      { title: "rate limit" }, { title: "dead letters open", num: true }, { title: "orders parked", num: true }, { title: "waiting beside" }, { title: "note" }], rows));
+  }
+
+  // What the task beside a group has waiting (export jobs, say), where the program reads it.
+  function waiting(g) {
+    if (g.waiting_error) return { text: "unreadable: " + g.waiting_error, cls: "state-warn" };
+    if (!g.waiting) return "-";
+    const w = g.waiting;
+    const text = w.count + " " + w.what + (w.oldest_seconds != null ? ", oldest " + age(w.oldest_seconds) : "");
+    return { text: text, sort: w.count, cls: w.count > 0 ? "state-warn" : null };
   }
 
   function partitionsPanel(status) {
