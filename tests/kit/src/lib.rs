@@ -19,6 +19,7 @@
 //! (`cargo build --release --bins`).
 
 pub mod db;
+pub mod effects;
 mod env;
 pub mod history;
 pub mod kafka;

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use pipeline_testkit::{scrape_sum, wait_until, TestEnv};
+use pipeline_testkit::{effects, scrape_sum, wait_until, TestEnv};
 
 const GROUPS: [&str; 2] = ["inventory", "notification"];
 const STOCK: i64 = 1_000_000;
@@ -47,32 +47,10 @@ async fn assert_exactly_once_in_order(env: &TestEnv, expected_events: i64) -> an
         .await?;
     assert_eq!(published, events, "outbox drained");
 
+    // Exactly one effect per event in each group, each order's events in sequence order.
+    effects::assert_exactly_once_in_order(env, &GROUPS).await?;
     for kind in GROUPS {
         let group = env.group(kind);
-        // Exactly one effect per event: none missing, none twice.
-        let wrong: Vec<(uuid::Uuid, i64)> = sqlx::query_as(
-            "SELECT o.event_id, count(a.id) FROM outbox o
-             LEFT JOIN applied_effect a ON a.event_id = o.event_id AND a.group_name = $1
-             GROUP BY o.event_id HAVING count(a.id) <> 1 LIMIT 10",
-        )
-        .bind(&group)
-        .fetch_all(&env.pool)
-        .await?;
-        assert!(
-            wrong.is_empty(),
-            "{kind}: events not applied exactly once: {wrong:?}"
-        );
-        // Each order's events applied in sequence order 1, 2, 3…
-        let reordered: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM (
-                 SELECT sequence, row_number() OVER (PARTITION BY order_id ORDER BY id) AS rn
-                 FROM applied_effect WHERE group_name = $1) x
-             WHERE sequence <> rn",
-        )
-        .bind(&group)
-        .fetch_one(&env.pool)
-        .await?;
-        assert_eq!(reordered, 0, "{kind}: events applied out of sequence order");
         let parked: i64 =
             sqlx::query_scalar("SELECT count(*) FROM parked_event WHERE group_name = $1")
                 .bind(&group)

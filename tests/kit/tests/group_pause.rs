@@ -10,6 +10,7 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use pipeline_testkit::effects::assert_exactly_once_in_order;
 use pipeline_testkit::{bin_dir, metric_sum, scrape, scrape_sum, wait_until, TestEnv};
 
 const GROUPS: [&str; 2] = ["inventory", "notification"];
@@ -100,36 +101,6 @@ async fn paused_in(env: &TestEnv, metrics: &str, paused: bool) -> anyhow::Result
     )
     .await?;
     Ok(started.elapsed())
-}
-
-/// Every event applied exactly once by each group, each order's events in sequence order.
-async fn assert_exactly_once_in_order(env: &TestEnv) -> anyhow::Result<()> {
-    for kind in GROUPS {
-        let group = env.group(kind);
-        let wrong: Vec<(uuid::Uuid, i64)> = sqlx::query_as(
-            "SELECT o.event_id, count(a.id) FROM outbox o
-             LEFT JOIN applied_effect a ON a.event_id = o.event_id AND a.group_name = $1
-             GROUP BY o.event_id HAVING count(a.id) <> 1 LIMIT 10",
-        )
-        .bind(&group)
-        .fetch_all(&env.pool)
-        .await?;
-        assert!(
-            wrong.is_empty(),
-            "{kind}: not applied exactly once: {wrong:?}"
-        );
-        let reordered: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM (
-                 SELECT sequence, row_number() OVER (PARTITION BY order_id ORDER BY id) AS rn
-                 FROM applied_effect WHERE group_name = $1) x
-             WHERE sequence <> rn",
-        )
-        .bind(&group)
-        .fetch_one(&env.pool)
-        .await?;
-        assert_eq!(reordered, 0, "{kind}: applied out of sequence order");
-    }
-    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -284,7 +255,7 @@ async fn a_paused_group_applies_nothing_keeps_its_partitions_and_resumes_exactly
     paused_in(&env, &first_metrics, false).await?;
     paused_in(&env, &second_metrics, false).await?;
     published_and_drained(&env, &GROUPS).await?;
-    assert_exactly_once_in_order(&env).await?;
+    assert_exactly_once_in_order(&env, &GROUPS).await?;
     let again = pipeline_ok(&env, &["group", "resume", "inventory", "--note", "twice"])?;
     assert!(again.contains("is not paused; nothing changed"), "{again}");
 

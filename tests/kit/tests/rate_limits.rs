@@ -6,6 +6,7 @@
 
 use std::time::{Duration, Instant};
 
+use pipeline_testkit::effects::assert_exactly_once_in_order;
 use pipeline_testkit::{metric_sum, scrape, scrape_sum, wait_until, TestEnv};
 
 const GROUPS: [&str; 2] = ["inventory", "notification"];
@@ -51,36 +52,6 @@ async fn backlog(env: &TestEnv, orders: u32) -> anyhow::Result<i64> {
     Ok(sqlx::query_scalar("SELECT count(*) FROM outbox")
         .fetch_one(&env.pool)
         .await?)
-}
-
-/// Every event applied exactly once by each group, each order's events in sequence order.
-async fn assert_exactly_once_in_order(env: &TestEnv) -> anyhow::Result<()> {
-    for kind in GROUPS {
-        let group = env.group(kind);
-        let wrong: Vec<(uuid::Uuid, i64)> = sqlx::query_as(
-            "SELECT o.event_id, count(a.id) FROM outbox o
-             LEFT JOIN applied_effect a ON a.event_id = o.event_id AND a.group_name = $1
-             GROUP BY o.event_id HAVING count(a.id) <> 1 LIMIT 10",
-        )
-        .bind(&group)
-        .fetch_all(&env.pool)
-        .await?;
-        assert!(
-            wrong.is_empty(),
-            "{kind}: not applied exactly once: {wrong:?}"
-        );
-        let reordered: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM (
-                 SELECT sequence, row_number() OVER (PARTITION BY order_id ORDER BY id) AS rn
-                 FROM applied_effect WHERE group_name = $1) x
-             WHERE sequence <> rn",
-        )
-        .bind(&group)
-        .fetch_one(&env.pool)
-        .await?;
-        assert_eq!(reordered, 0, "{kind}: applied out of sequence order");
-    }
-    Ok(())
 }
 
 /// Events applied by `kind`, the seconds from its first commit to its last, and the most it
@@ -169,7 +140,7 @@ async fn a_limited_group_applies_a_backlog_at_its_rate_exactly_once_in_order() -
 
     env.wait_drained(&GROUPS, Duration::from_secs(120)).await?;
     let drained = started.elapsed();
-    assert_exactly_once_in_order(&env).await?;
+    assert_exactly_once_in_order(&env, &GROUPS).await?;
 
     let (applied, span, busiest_second) = applied_span(&env, "inventory").await?;
     assert_eq!(applied, events);
@@ -276,7 +247,7 @@ async fn a_consumer_waiting_for_its_limit_stops_at_once_and_loses_nothing() -> a
     // Without the limit the rest is applied, nothing twice; the operator sees no limit.
     let (consumer, _) = env.consumer("unlimited").await?;
     env.wait_drained(&GROUPS, Duration::from_secs(120)).await?;
-    assert_exactly_once_in_order(&env).await?;
+    assert_exactly_once_in_order(&env, &GROUPS).await?;
     let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM group_rate_limit")
         .fetch_one(&env.pool)
         .await?;
