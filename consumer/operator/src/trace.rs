@@ -59,6 +59,13 @@ pub struct Trace {
 
 /// Reads the trace of `id`: an event id (a UUID the outbox knows) or an order id.
 pub async fn read(targets: &Targets, id: &str) -> anyhow::Result<Trace> {
+    // PostgreSQL's text refuses NUL: no order, event or schedule holds one.
+    if id.contains('\0') {
+        return Err(crate::error::BadInput::Refused(
+            "an id cannot hold a NUL character".to_owned(),
+        )
+        .into());
+    }
     // Names first: a group nothing knows is reported whatever else answers.
     let groups = targets.groups(KnownBy::Database).await?;
     let outbox = targets.outbox().await?;

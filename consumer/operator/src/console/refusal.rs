@@ -58,12 +58,26 @@ impl Refusal {
     }
 }
 
+/// Whether `e` is PostgreSQL refusing a value (SQLSTATE class 22, data exception).
+fn refused_value(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| match c.downcast_ref::<sqlx::Error>() {
+        Some(sqlx::Error::Database(db)) => db.code().is_some_and(|code| code.starts_with("22")),
+        _ => false,
+    })
+}
+
 impl From<anyhow::Error> for Refusal {
     fn from(e: anyhow::Error) -> Self {
         let bad = e.chain().find_map(|c| c.downcast_ref::<BadInput>());
         let (status, message) = match bad {
             Some(BadInput::NotFound { .. }) => (StatusCode::NOT_FOUND, format!("{e:#}")),
             Some(_) => (StatusCode::BAD_REQUEST, format!("{e:#}")),
+            // PostgreSQL refused a value the request carried (SQLSTATE class 22, data exception:
+            // a NUL character, bytes that are not UTF-8, a value too long): the input is at fault.
+            None if refused_value(&e) => (
+                StatusCode::BAD_REQUEST,
+                format!("PostgreSQL refused a value of the request: {e:#}"),
+            ),
             None => {
                 tracing::warn!(error = %format!("{e:#}"), "console: a read or an action failed");
                 (

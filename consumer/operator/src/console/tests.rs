@@ -427,6 +427,10 @@ async fn a_viewer_reads_and_an_operator_acts_on_a_real_database() {
     )
     .await;
     assert_eq!(unknown.status, StatusCode::NOT_FOUND, "{}", unknown.body);
+    // An id PostgreSQL could not even compare (a NUL character) is the request's fault.
+    let nul = send(&router, get("/api/timeline?id=a%00b", Some(&viewer))).await;
+    assert_eq!(nul.status, StatusCode::BAD_REQUEST, "{}", nul.body);
+    assert!(nul.body.contains("NUL"), "{}", nul.body);
     let group = send(
         &router,
         get("/api/dead-letters?group=nosuch", Some(&viewer)),

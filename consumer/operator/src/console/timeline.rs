@@ -23,6 +23,7 @@ fn wanted(q: &TimelineQuery) -> Result<Option<String>, Refusal> {
     match q.id.as_deref().map(str::trim) {
         None | Some("") => Ok(None),
         Some(id) if id.len() > 512 => Err(Refusal::bad("an id is at most 512 characters")),
+        Some(id) if id.contains('\0') => Err(Refusal::bad("an id cannot hold a NUL character")),
         Some(id) => Ok(Some(id.to_owned())),
     }
 }
