@@ -13,8 +13,8 @@
 //! records nothing, and says so ([`GroupPause::changed`] is false, and the pause in force is kept
 //! as it was: its time, actor and note). Running one again after an interruption is safe.
 //!
-//! [`pause`], [`resume`] and [`state`] print nothing, for any caller (the command prints their
-//! results with [`print`]).
+//! [`pause()`], [`resume`] and [`state`] print nothing, for any caller (the command prints their
+//! results with [`print()`]).
 
 use consumer::pause;
 use pipeline_core::record::escape;
@@ -205,7 +205,7 @@ pub fn print(done: &GroupPause) {
     }
 }
 
-/// "paused since <time> (<age> ago) by <actor>: <note>".
+/// "paused since `time` (`age` ago) by `actor`: `note`".
 pub fn describe(p: &PausedSince) -> String {
     let ago = (chrono::Utc::now() - p.since).num_milliseconds().max(0) as f64 / 1000.0;
     format!(
