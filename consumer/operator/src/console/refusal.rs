@@ -44,7 +44,7 @@ impl Refusal {
         }
     }
 
-    /// A POST without this session's CSRF token.
+    /// A POST without the CSRF token of the login its cookie names.
     pub(super) fn csrf() -> Self {
         Refusal::forbidden(
             "refused: the form's CSRF token is missing or wrong (reload the page and try again)",

@@ -40,7 +40,7 @@ impl Session {
         self.role == Role::Operator
     }
 
-    /// Whether `token` is this session's CSRF token.
+    /// Whether `token` is the CSRF token of this login.
     pub(super) fn csrf_matches(&self, token: Option<&str>) -> bool {
         token.is_some_and(|t| constant_time_eq(t.as_bytes(), self.csrf.as_bytes()))
     }
