@@ -11,7 +11,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use anyhow::Context;
-use pipeline_core::retention::{RetentionMetrics, Runner};
+use pipeline_core::retention::{Backlog, RetentionMetrics, Runner};
 use prometheus::Registry;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::PgPool;
@@ -45,6 +45,9 @@ struct Parts {
     dead_letters: Option<Arc<DeadLetterSink>>,
     metrics: ConsumerMetrics,
     lag_collector: LagCollector,
+    /// Raised by a partition task that finds more messages waiting than a batch takes;
+    /// retention yields to it.
+    backlog: Backlog,
 }
 
 impl Runtime {
@@ -95,6 +98,7 @@ impl Runtime {
             dead_letters,
             metrics,
             lag_collector,
+            backlog: Backlog::new(),
         };
         runtime.start_lag_collector(args, &parts)?;
         runtime.start_retention(args, &parts, retention);
@@ -141,7 +145,8 @@ impl Runtime {
     }
 
     /// Retention on the database beside the groups, every `--retention-interval` (one consumer
-    /// of a database at a time works; the others find it busy and wait for their next turn).
+    /// of a database at a time works; the others find it busy and wait for their next turn),
+    /// waiting while this process's groups catch up on a backlog.
     fn start_retention(
         &mut self,
         args: &ConsumerSettings,
@@ -154,6 +159,7 @@ impl Runtime {
         let runner = Runner::new(crate::retention::rules(&args.retention), "consumer")
             .batch_size(args.retention.batch_size)
             .pause_ratio(args.retention.pause_ratio)
+            .yield_to(parts.backlog.clone())
             .with_metrics(metrics);
         self.background.push(tokio::spawn(runner.run_every(
             parts.pool.clone(),
@@ -307,6 +313,7 @@ impl Runtime {
                 retry_budget: Duration::from_millis(args.retry_budget_ms),
                 shared_transactions,
                 rate_limit,
+                backlog: parts.backlog.clone(),
             };
             if let Some(task) = groups.beside_task(group, parts.pool.clone(), self.stop.clone())? {
                 self.background.push(tokio::spawn(task));

@@ -115,6 +115,7 @@ async fn a_dependency_that_is_down_makes_the_partition_wait_and_resume_by_itself
         retry_budget: Duration::from_millis(100),
         shared_transactions: None,
         rate_limit: None,
+        backlog: pipeline_core::retention::Backlog::new(),
     };
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let stop = CancellationToken::new();

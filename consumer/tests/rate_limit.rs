@@ -114,6 +114,7 @@ fn limited_task(
         retry_budget: Duration::from_secs(30),
         shared_transactions: None,
         rate_limit: Some(Arc::new(limiter)),
+        backlog: pipeline_core::retention::Backlog::new(),
     };
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let stop = CancellationToken::new();

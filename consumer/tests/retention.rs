@@ -12,7 +12,7 @@ use consumer::transaction::{process_batch, InboundMessage, Outcome, RecordHeader
 use consumer::{Event, Handler, HandlerError, HandlerTransaction};
 use futures::future::BoxFuture;
 use pipeline_core::envelope::{AGGREGATE_ID, EVENT_ID, EVENT_TYPE, OCCURRED_AT, SEQUENCE};
-use pipeline_core::retention::{Runner, Window};
+use pipeline_core::retention::{Backlog, RetentionMetrics, Runner, Window};
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
@@ -429,6 +429,56 @@ async fn a_dry_run_removes_nothing_and_one_runner_works_at_a_time() {
     .await
     .expect("state");
     assert_eq!((removed, window), (5, 8 * 86_400));
+    drop_database(pool, &name).await;
+}
+
+#[tokio::test]
+async fn a_runner_waits_while_the_pipeline_is_behind_and_goes_on_once_it_caught_up() {
+    let (pool, name) = database().await;
+    process_batch(&pool, &Ledger, &order_events("order-5", 4, 0))
+        .await
+        .expect("batch");
+    let later = Utc::now() + Duration::days(9);
+    let registry = prometheus::Registry::new();
+    let metrics = RetentionMetrics::register(&registry).expect("metrics");
+    let backlog = Backlog::new();
+    let yielding = runner()
+        .yield_to(backlog.clone())
+        .with_metrics(metrics.clone());
+
+    // A partition keeps finding full batches for a second and a half: the run waits, removing
+    // nothing, and starts once nothing was behind for a while.
+    let behind = backlog.clone();
+    let catching_up = tokio::spawn(async move {
+        for _ in 0..15 {
+            behind.behind();
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    });
+    let started = std::time::Instant::now();
+    let run = tokio::spawn({
+        let pool = pool.clone();
+        async move { yielding.run_once(&pool, later, false).await }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(1_200)).await;
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM processed_message").await,
+        4,
+        "retention removed rows while the pipeline was behind"
+    );
+    catching_up.await.expect("catching up");
+    let run = run.await.expect("run").expect("retention");
+    assert!(!run.skipped);
+    assert!(
+        started.elapsed() >= std::time::Duration::from_millis(1_500),
+        "the run did not wait for the backlog ({:?})",
+        started.elapsed()
+    );
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM processed_message").await,
+        0
+    );
+    assert!(metrics.yielded.get() >= 1.0, "{}", metrics.yielded.get());
     drop_database(pool, &name).await;
 }
 

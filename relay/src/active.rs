@@ -10,6 +10,7 @@ use anyhow::Context;
 use chrono::Utc;
 use futures::stream::{FuturesUnordered, StreamExt};
 use outbox::OUTBOX_CHANNEL;
+use pipeline_core::retention::Backlog;
 use sqlx::postgres::PgListener;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
@@ -23,13 +24,14 @@ use crate::settings::RelaySettings;
 
 /// Publishes under `lease` until it is lost (`Ok`), `shutdown` (`Ok`), or the producer cannot be
 /// replaced after a fatal error (`Err`). The batches still out when it stops record their
-/// outcome first, unless the lease was lost.
+/// outcome first, unless the lease was lost. A claim that comes back full raises `backlog`.
 pub async fn run_active(
     settings: &RelaySettings,
     pool: &PgPool,
     producer: &mut ProducerHandle,
     metrics: &RelayMetrics,
     lease: &Lease,
+    backlog: &Backlog,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<()> {
     let retry = settings.retry_policy();
@@ -80,6 +82,9 @@ pub async fn run_active(
             };
             match claimed {
                 Ok(batch) if !batch.is_empty() => {
+                    if batch.events().len() >= usize::try_from(settings.batch_size).unwrap_or(0) {
+                        backlog.behind();
+                    }
                     let aggregates = batch.aggregates();
                     busy.extend(aggregates.iter().cloned());
                     // Its own task: it is produced and marked while this loop claims the next.

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use anyhow::Context;
-use pipeline_core::retention::{RetentionMetrics, Runner};
+use pipeline_core::retention::{Backlog, RetentionMetrics, Runner};
 use prometheus::Registry;
 use rdkafka::producer::Producer;
 use sqlx::PgPool;
@@ -132,6 +132,8 @@ async fn take_turns(
     shutdown: &CancellationToken,
 ) -> anyhow::Result<()> {
     let mut elector = Elector::new(settings.lease_settings(), (*pool.connect_options()).clone());
+    // Raised by a claim that comes back full; retention waits while it is.
+    let backlog = Backlog::new();
     while !shutdown.is_cancelled() {
         let Some((lease, acquired)) = elector.acquire(shutdown).await else {
             break;
@@ -155,10 +157,13 @@ async fn take_turns(
             metrics.clone(),
             stop_renewing.clone(),
         ));
-        let retaining = retain_while_active(settings, pool, retention, &stop_renewing);
+        let retaining = retain_while_active(settings, pool, retention, &backlog, &stop_renewing);
         let (outcome, ()) = tokio::join!(
             async {
-                let outcome = run_active(settings, pool, producer, metrics, &lease, shutdown).await;
+                let outcome = run_active(
+                    settings, pool, producer, metrics, &lease, &backlog, shutdown,
+                )
+                .await;
                 stop_renewing.cancel();
                 outcome
             },
@@ -178,20 +183,22 @@ async fn take_turns(
 }
 
 /// While this relay is active (until `stop`): runs retention on the outbox's database every
-/// `--retention-interval`, unless that is `0s`.
+/// `--retention-interval`, unless that is `0s`, waiting while the relay catches up on a backlog.
 fn retain_while_active(
     settings: &RelaySettings,
     pool: &PgPool,
     metrics: &RetentionMetrics,
+    backlog: &Backlog,
     stop: &CancellationToken,
 ) -> Option<tokio::task::JoinHandle<()>> {
     if !settings.retention.enabled() {
         return None;
     }
-    let (settings, pool, metrics, stop) = (
+    let (settings, pool, metrics, backlog, stop) = (
         settings.retention.clone(),
         pool.clone(),
         metrics.clone(),
+        backlog.clone(),
         stop.clone(),
     );
     Some(tokio::spawn(async move {
@@ -211,6 +218,7 @@ fn retain_while_active(
         let runner = Runner::new(crate::retention::rules(&settings, groups_here), "relay")
             .batch_size(settings.batch_size)
             .pause_ratio(settings.pause_ratio)
+            .yield_to(backlog)
             .with_metrics(metrics);
         runner.run_every(pool, settings.interval, stop).await;
     }))

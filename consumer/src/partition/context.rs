@@ -4,6 +4,7 @@
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
+use pipeline_core::retention::Backlog;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
@@ -80,4 +81,7 @@ pub struct TaskContext {
     /// When set, the group's rate limit in this process: each batch takes a token per message
     /// before its transaction.
     pub rate_limit: Option<Arc<GroupRateLimiter>>,
+    /// Raised when a batch takes as many messages as it may (the partition is behind, not held
+    /// back by a rate limit): retention in this process waits while it is.
+    pub backlog: Backlog,
 }

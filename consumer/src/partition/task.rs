@@ -151,6 +151,9 @@ impl PartitionTask {
         let limit = if isolating { 1 } else { self.context.max_batch };
         let batch: Arc<Vec<InboundMessage>> =
             Arc::new(self.pending.iter().take(limit).cloned().collect());
+        if !isolating && batch.len() >= limit && self.context.rate_limit.is_none() {
+            self.context.backlog.behind();
+        }
         if self.context.rate_limit.is_some() && !self.pay(&batch).await {
             return false;
         }

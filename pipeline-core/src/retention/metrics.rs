@@ -21,6 +21,9 @@ pub struct RetentionMetrics {
     pub caught_up: GaugeVec,
     /// `retention_runs_skipped_total`: runs that found another runner at work on the database.
     pub skipped: prometheus::IntCounter,
+    /// `retention_yielded_seconds_total`: time the runner waited for the pipeline to catch up
+    /// before its steps (see [`super::Backlog`]).
+    pub yielded: prometheus::Counter,
 }
 
 impl RetentionMetrics {
@@ -65,12 +68,17 @@ impl RetentionMetrics {
             "retention_runs_skipped_total",
             "Retention runs that found another runner at work on the database.",
         )?;
+        let yielded = prometheus::Counter::new(
+            "retention_yielded_seconds_total",
+            "Seconds retention waited for the relay or the consumer to catch up on a backlog.",
+        )?;
         registry.register(Box::new(removed.clone()))?;
         registry.register(Box::new(run_duration.clone()))?;
         registry.register(Box::new(oldest_age.clone()))?;
         registry.register(Box::new(window.clone()))?;
         registry.register(Box::new(caught_up.clone()))?;
         registry.register(Box::new(skipped.clone()))?;
+        registry.register(Box::new(yielded.clone()))?;
         Ok(RetentionMetrics {
             removed,
             run_duration,
@@ -78,6 +86,7 @@ impl RetentionMetrics {
             window,
             caught_up,
             skipped,
+            yielded,
         })
     }
 }

@@ -6,19 +6,22 @@
 //! the cutoff, keeping every row something still needs. A [`Runner`] applies a database's rules
 //! one step at a time, each step a short transaction of its own under a transaction-scoped
 //! advisory lock, so one runner works on a set of tables at a time and no statement holds locks
-//! for long, and it pauses after each step in proportion to the step's time. The owners of the tables define their rules (the relay's for the outbox's tables,
+//! for long, and it pauses after each step in proportion to the step's time, and waits while the
+//! pipeline it runs beside is behind ([`Backlog`]). The owners of the tables define their rules (the relay's for the outbox's tables,
 //! the consumer runtime's for the groups'); the operator command runs the same rules by hand.
 //!
 //! Layout: [`window`] (durations and their floors), [`rule`] (what a rule is and the SQL it runs),
-//! [`runner`] (steps, runs, the loop), [`state`] (what the runners record per table in
+//! [`runner`] (steps, runs, the loop), [`backlog`] (the signal a runner yields to), [`state`] (what the runners record per table in
 //! `retention_state`, read by `pipeline retention status`), [`metrics`].
 
+pub mod backlog;
 pub mod metrics;
 pub mod rule;
 pub mod runner;
 pub mod state;
 pub mod window;
 
+pub use backlog::Backlog;
 pub use metrics::RetentionMetrics;
 pub use rule::{Rule, Step};
 pub use runner::{Report, Runner, TableReport};

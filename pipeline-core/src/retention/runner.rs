@@ -12,6 +12,7 @@ use serde::Serialize;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
+use super::backlog::Backlog;
 use super::metrics::RetentionMetrics;
 use super::rule::Rule;
 use super::state::{self, Recorded};
@@ -34,9 +35,26 @@ const STEP_LOCK_TIMEOUT: &str = "1s";
 /// (a consumer's is seconds), which a step may pass while the disk is saturated.
 const STEP_STATEMENT_TIMEOUT: &str = "30s";
 
+// Each step also runs without JIT compilation and without waiting for its COMMIT to reach the
+// disk. A step is a few milliseconds of index lookups, but its estimated cost (the more so under
+// a consumer's key-lookup planner, which prices a scan it has disabled in the billions) passes
+// `jit_above_cost`, and compiling it took some 280 ms of CPU, a hundred times the step. A step
+// lost in a crash is only done again; any transaction that saw it and committed has flushed the
+// WAL past it.
+
 /// Pause between runs while a table is not caught up yet (a large backlog is worked through in
 /// runs of bounded size, back to back but for this pause).
 const CATCHING_UP_PAUSE: Duration = Duration::from_secs(1);
+
+/// The pipeline counts as behind for this long after its work last found a backlog.
+const BEHIND_FOR: Duration = Duration::from_secs(2);
+
+/// Longest a runner waits for the pipeline to catch up before a step: under a backlog that never
+/// ends, retention still takes a step this often.
+const MOST_YIELD: Duration = Duration::from_secs(30);
+
+/// How often a yielding runner looks again.
+const YIELD_POLL: Duration = Duration::from_millis(100);
 
 /// How often the loop goes over a table in time order from its start again instead of from
 /// where it stopped: rows kept past the cursor because something still needed them (an open dead
@@ -67,6 +85,8 @@ pub struct Runner {
     /// Who runs it, as recorded.
     by: String,
     metrics: Option<RetentionMetrics>,
+    /// The work it waits for while that is behind.
+    backlog: Option<Backlog>,
 }
 
 /// What one run did.
@@ -102,17 +122,18 @@ pub struct TableReport {
 }
 
 impl Runner {
-    /// A runner of `rules`, recorded as run by `by`, with batches of 1,000 rows and a pause as
-    /// long as each step after it.
+    /// A runner of `rules`, recorded as run by `by`, with batches of 1,000 rows and a pause four
+    /// times as long as each step after it.
     pub fn new(rules: Vec<Rule>, by: impl Into<String>) -> Self {
         Runner {
             rules,
             batch_size: 1_000,
             max_steps: 200,
             sweep_steps: 20,
-            pause_ratio: 1.0,
+            pause_ratio: 4.0,
             by: by.into(),
             metrics: None,
+            backlog: None,
         }
     }
 
@@ -129,14 +150,22 @@ impl Runner {
         self
     }
 
-    /// After each step, pause `ratio` times as long as the step took (0: no pause). At 1 a
-    /// runner works at most half the time, and yields more when the database is slow.
+    /// After each step, pause `ratio` times as long as the step took (0: no pause). At 4 a
+    /// runner works at most a fifth of the time, and yields more when the database is slow.
     pub fn pause_ratio(mut self, ratio: f64) -> Self {
         self.pause_ratio = if ratio.is_finite() {
             ratio.max(0.0)
         } else {
             0.0
         };
+        self
+    }
+
+    /// Before each step, wait while `backlog` says the pipeline is behind (up to 30 s a step, so
+    /// retention still advances under a backlog that never ends): the pipeline catches up
+    /// faster with the database to itself.
+    pub fn yield_to(mut self, backlog: Backlog) -> Self {
+        self.backlog = Some(backlog);
         self
     }
 
@@ -241,6 +270,7 @@ impl Runner {
         let mut removed = 0u64;
         let mut caught_up = false;
         for _ in 0..steps {
+            self.give_way().await;
             let step_started = Instant::now();
             let mut tx = pool.begin().await?;
             let held: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1)")
@@ -252,7 +282,9 @@ impl Runner {
             }
             sqlx::query(
                 "SELECT set_config('lock_timeout', $1, true),
-                        set_config('statement_timeout', $2, true)",
+                        set_config('statement_timeout', $2, true),
+                        set_config('jit', 'off', true),
+                        set_config('synchronous_commit', 'off', true)",
             )
             .bind(STEP_LOCK_TIMEOUT)
             .bind(STEP_STATEMENT_TIMEOUT)
@@ -335,6 +367,20 @@ impl Runner {
             oldest_kept: oldest,
             swept: rule.sweep,
         }))
+    }
+
+    /// Waits while the work this runner yields to is behind, up to [`MOST_YIELD`].
+    async fn give_way(&self) {
+        let Some(backlog) = &self.backlog else {
+            return;
+        };
+        let started = Instant::now();
+        while backlog.behind_within(BEHIND_FOR) && started.elapsed() < MOST_YIELD {
+            tokio::time::sleep(YIELD_POLL).await;
+        }
+        if let Some(m) = &self.metrics {
+            m.yielded.inc_by(started.elapsed().as_secs_f64());
+        }
     }
 
     /// Runs every `every` until `shutdown`; again after a short pause while a table is not

@@ -1,0 +1,67 @@
+//! Whether the pipeline's own work is behind, as the process that runs retention sees it: a
+//! runner yields to a relay or a consumer catching up, since a backlog drains faster with the
+//! database to itself and old rows can wait.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Shared between the work that finds itself behind (a relay's claim that came back full, a
+/// consumer's batch that took as many messages as it may) and the runner that yields to it.
+/// Cloning gives another handle on the same signal.
+#[derive(Clone)]
+pub struct Backlog {
+    since: Instant,
+    /// Milliseconds from `since` to the last time work was found behind, plus one; 0: never.
+    last_behind_ms: Arc<AtomicU64>,
+}
+
+impl Default for Backlog {
+    fn default() -> Self {
+        Backlog {
+            since: Instant::now(),
+            last_behind_ms: Arc::new(AtomicU64::new(0)),
+        }
+    }
+}
+
+impl Backlog {
+    /// A signal no work has raised yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The work found more waiting than one batch takes.
+    pub fn behind(&self) {
+        let ms = u64::try_from(self.since.elapsed().as_millis()).unwrap_or(u64::MAX - 1);
+        self.last_behind_ms.store(ms + 1, Ordering::Relaxed);
+    }
+
+    /// Whether the work was found behind within the last `within`.
+    pub fn behind_within(&self, within: Duration) -> bool {
+        match self.last_behind_ms.load(Ordering::Relaxed) {
+            0 => false,
+            at => {
+                let now = u64::try_from(self.since.elapsed().as_millis()).unwrap_or(u64::MAX);
+                now.saturating_sub(at - 1) <= u64::try_from(within.as_millis()).unwrap_or(u64::MAX)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_signal_is_seen_for_as_long_as_asked_then_no_more() {
+        let backlog = Backlog::new();
+        assert!(!backlog.behind_within(Duration::from_secs(3600)));
+        let seen_by = backlog.clone();
+        backlog.behind();
+        assert!(seen_by.behind_within(Duration::from_millis(200)));
+        std::thread::sleep(Duration::from_millis(60));
+        assert!(!seen_by.behind_within(Duration::from_millis(20)));
+        assert!(seen_by.behind_within(Duration::from_secs(1)));
+    }
+}
