@@ -35,12 +35,17 @@ const STEP_LOCK_TIMEOUT: &str = "1s";
 /// (a consumer's is seconds), which a step may pass while the disk is saturated.
 const STEP_STATEMENT_TIMEOUT: &str = "30s";
 
-// Each step also runs without JIT compilation and without waiting for its COMMIT to reach the
-// disk. A step is a few milliseconds of index lookups, but its estimated cost (the more so under
-// a consumer's key-lookup planner, which prices a scan it has disabled in the billions) passes
-// `jit_above_cost`, and compiling it took some 280 ms of CPU, a hundred times the step. A step
-// lost in a crash is only done again; any transaction that saw it and committed has flushed the
-// WAL past it.
+/// Added to the session's `application_name` for the length of a step, so `pg_stat_activity`
+/// (and whoever watches lock waits) tells retention's steps from the pipeline's own work.
+pub const STEP_APPLICATION_SUFFIX: &str = " (retention)";
+
+// Each step also runs without JIT compilation. A step is a few milliseconds of index lookups,
+// but its estimated cost (the more so under a consumer's key-lookup planner, which prices a scan
+// it has disabled in the billions) passes `jit_above_cost`, and compiling it took some 280 ms of
+// CPU, a hundred times the step. A step's COMMIT waits for the disk as the pipeline's own do:
+// the time it takes, and so the pause after it, grows with the write load the pipeline's
+// commits wait behind (without that wait, steps came faster than the disk took their WAL and
+// the vacuums after them, and the pipeline's commits stalled for seconds).
 
 /// Pause between runs while a table is not caught up yet (a large backlog is worked through in
 /// runs of bounded size, back to back but for this pause).
@@ -284,10 +289,12 @@ impl Runner {
                 "SELECT set_config('lock_timeout', $1, true),
                         set_config('statement_timeout', $2, true),
                         set_config('jit', 'off', true),
-                        set_config('synchronous_commit', 'off', true)",
+                        set_config('application_name',
+                                   left(current_setting('application_name') || $3, 63), true)",
             )
             .bind(STEP_LOCK_TIMEOUT)
             .bind(STEP_STATEMENT_TIMEOUT)
+            .bind(STEP_APPLICATION_SUFFIX)
             .execute(&mut *tx)
             .await?;
             let step = rule

@@ -268,12 +268,14 @@ impl Report {
         if let Some(r) = &self.retention {
             let (on_ms, on_what) = r.longest_lock_wait_on();
             let (off_ms, _) = r.longest_lock_wait_off();
+            let (steps_waits, steps_ms) = r.retention_step_waits();
             t.push(at_most(
                 "retention_longest_lock_wait_ms",
                 retention::LOCK_WAIT_TARGET_MS,
                 Some(on_ms),
                 Some(format!(
-                    "{}; with retention off the longest was {off_ms} ms",
+                    "{}; with retention off the longest was {off_ms} ms; waits with a retention \
+                     step on either side: {steps_waits}, longest {steps_ms} ms",
                     on_what.unwrap_or("(seen only in the server log)")
                 )),
             ));

@@ -8,6 +8,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use pipeline_core::retention::runner::STEP_APPLICATION_SUFFIX;
 use serde::Serialize;
 use sqlx::{Connection, PgConnection, PgPool};
 use tokio::task::JoinHandle;
@@ -49,6 +50,11 @@ pub struct SampledWaits {
     pub longest: Option<String>,
     /// The waits seen at [`LOGGED_WAIT_MS`] or longer (up to ten): ms, and what waited for what.
     pub long_waits: Vec<(f64, String)>,
+    /// Waits in which a retention step waited or was waited for (its session's application name
+    /// ends in the runner's mark while the step runs).
+    pub retention_waits: u64,
+    /// The longest of those, ms.
+    pub retention_longest_ms: f64,
 }
 
 /// A running sampler.
@@ -64,11 +70,14 @@ type Waiting = (i32, Option<f64>, f64, String);
 const WAITING_SQL: &str = "/* bench */
 SELECT a.pid, extract(epoch FROM l.waitstart)::float8,
        coalesce(extract(epoch FROM clock_timestamp() - l.waitstart) * 1000, 0)::float8,
-       a.backend_type || ': ' || l.locktype || ' ' || l.mode
+       a.backend_type || coalesce(' [' || nullif(a.application_name, '') || ']', '')
+       || ': ' || l.locktype || ' ' || l.mode
        || coalesce(' on ' || l.relation::regclass::text, '') || ': '
        || left(regexp_replace(a.query, '\\s+', ' ', 'g'), 160)
        || coalesce(' | waits for: ' || (
-              SELECT string_agg(b.backend_type || ': '
+              SELECT string_agg(b.backend_type
+                                || coalesce(' [' || nullif(b.application_name, '') || ']', '')
+                                || ': '
                                 || left(regexp_replace(b.query, '\\s+', ' ', 'g'), 120), ' / ')
               FROM pg_stat_activity b WHERE b.pid = ANY (pg_blocking_pids(a.pid))), '')
 FROM pg_stat_activity a JOIN pg_locks l ON l.pid = a.pid AND NOT l.granted
@@ -123,6 +132,12 @@ impl LockWatch {
                 }
             }
             seen.waits = waits.len() as u64;
+            for (ms, what) in waits.values() {
+                if what.contains(STEP_APPLICATION_SUFFIX) {
+                    seen.retention_waits += 1;
+                    seen.retention_longest_ms = seen.retention_longest_ms.max(round1(*ms));
+                }
+            }
             let mut long: Vec<(f64, String)> = waits
                 .into_values()
                 .filter(|(ms, _)| *ms >= LOGGED_WAIT_MS as f64)

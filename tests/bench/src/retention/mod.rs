@@ -96,6 +96,19 @@ impl RetentionResult {
         longest(&self.drain_on.lock_waits, &self.on.lock_waits)
     }
 
+    /// Waits in which a retention step waited or was waited for while retention ran, and the
+    /// longest of them, ms.
+    pub fn retention_step_waits(&self) -> (u64, f64) {
+        let (a, b) = (
+            &self.drain_on.lock_waits.sampled,
+            &self.on.lock_waits.sampled,
+        );
+        (
+            a.retention_waits + b.retention_waits,
+            a.retention_longest_ms.max(b.retention_longest_ms),
+        )
+    }
+
     /// The same without retention (the segment and drain off).
     pub fn longest_lock_wait_off(&self) -> (f64, Option<&str>) {
         longest(&self.off.lock_waits, &self.drain_off.lock_waits)

@@ -312,6 +312,15 @@ pub fn write(o: &mut String, r: &RetentionResult) -> std::fmt::Result {
         )?;
     }
     for (name, w) in parts {
+        if w.sampled.retention_waits > 0 {
+            writeln!(
+                o,
+                "     {name}: {} waits with a retention step on either side, longest {:.1} ms",
+                w.sampled.retention_waits, w.sampled.retention_longest_ms
+            )?;
+        }
+    }
+    for (name, w) in parts {
         for (ms, what) in &w.sampled.long_waits {
             writeln!(o, "     {name}: {ms:.0} ms {what}")?;
         }
