@@ -19,6 +19,9 @@ cd "$REPO_ROOT"
 TARGET_DIR="${CARGO_TARGET_DIR:-$REPO_ROOT/target}"
 FAILED=()
 STAGE=start
+# cargo test's whole output, kept so the end of the run can repeat what failed.
+TEST_LOG="$RUN_DIR/cargo-test.log"
+: >"$TEST_LOG"
 
 stage() {
     STAGE=$1
@@ -30,6 +33,9 @@ finish() {
     trap - EXIT INT TERM
     stop_broker
     echo >&2
+    if ((status != 0)); then
+        repeat_test_failures
+    fi
     if ((status == 0)); then
         log "${_BOLD}all steps passed${_RESET} in $(human_duration "$SECONDS")"
     else
@@ -42,6 +48,26 @@ finish() {
         fi
     fi
     exit "$status"
+}
+# Each failed test's name and output, from cargo test's log: the last lines of a long run are
+# the ones a reader sees first.
+repeat_test_failures() {
+    [[ -s $TEST_LOG ]] || return 0
+    grep -qE '^test .* \.\.\. FAILED$|^error: test failed' "$TEST_LOG" || return 0
+    echo >&2
+    warn "failed tests (the whole output: $TEST_LOG):"
+    awk '
+        /^     Running / { binary = $2 }
+        / \.\.\. FAILED$/ { print "  " binary ": " $2 }
+    ' "$TEST_LOG" >&2
+    # Each failure'"'"'s captured output, at most 40 lines a test.
+    awk '
+        /^---- .* stdout ----$/ { shown = 0; printing = 1 }
+        /^failures:$/ && printing { printing = 0 }
+        /^test result: / { printing = 0 }
+        printing && shown < 40 { print; shown++ }
+    ' "$TEST_LOG" >&2
+    grep -E '^error: test failed|^error: [0-9]+ targets? failed' "$TEST_LOG" >&2 || true
 }
 trap finish EXIT
 trap 'exit 130' INT
@@ -124,12 +150,15 @@ library_dependencies() {
     return $status
 }
 step "library dependencies" library_dependencies
-step "cargo test" env \
-    DATABASE_URL="postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable" \
-    KAFKA_BROKERS="$(broker_list)" \
-    PIPELINE_BIN_DIR="$TARGET_DIR/release" \
-    PROMETHEUS_BIN="$(command -v prometheus)" \
-    cargo test --release --workspace "$@"
+# --no-fail-fast: every test binary runs, so one failure does not hide another.
+cargo_test() {
+    env DATABASE_URL="postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable" \
+        KAFKA_BROKERS="$(broker_list)" \
+        PIPELINE_BIN_DIR="$TARGET_DIR/release" \
+        PROMETHEUS_BIN="$(command -v prometheus)" \
+        cargo test --release --workspace --no-fail-fast "$@" 2>&1 | tee "$TEST_LOG"
+}
+step "cargo test" cargo_test "$@"
 # The coverage-guided fuzzer over the path from a raw Kafka record to its decision, bounded
 # (FUZZ_SECONDS, default 60), after replaying every kept regression input; skipped like the
 # verification run when extra cargo test arguments narrow the run.
