@@ -448,6 +448,7 @@ async fn a_runner_waits_while_the_pipeline_is_behind_and_goes_on_once_it_caught_
 
     // A partition keeps finding full batches for a second and a half: the run waits, removing
     // nothing, and starts once nothing was behind for a while.
+    backlog.behind();
     let behind = backlog.clone();
     let catching_up = tokio::spawn(async move {
         for _ in 0..15 {

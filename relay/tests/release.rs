@@ -102,7 +102,7 @@ async fn a_delayed_event_goes_out_when_due_after_what_its_order_committed_before
     let reminder = enqueue_later(
         &pool,
         &event(&topic, "order-a", "order.payment_reminder"),
-        PublishAt::After(Duration::from_millis(1500)),
+        PublishAt::After(Duration::from_secs(5)),
     )
     .await;
     let Delayed::New {

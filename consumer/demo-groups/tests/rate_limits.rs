@@ -208,8 +208,10 @@ async fn the_dispatcher_calls_its_sender_no_faster_than_its_limit(pool: PgPool) 
     let rate = (sent.len() - 1) as f64 / span.as_secs_f64();
     println!("{NOTIFICATIONS} sends limited to {PER_SECOND}/s: {rate:.1}/s over {span:.2?}");
     let limit = f64::from(PER_SECOND);
+    // Never above the limit; below it by at most what a busy machine's stalls take over these
+    // few seconds (a limiter that held back twice as much would still fail).
     assert!(
-        (limit * 0.85..=limit * 1.15).contains(&rate),
+        (limit * 0.75..=limit * 1.15).contains(&rate),
         "{rate:.1} sends/s against a limit of {limit}/s"
     );
     // No second sends more than the limit and the bucket (a tenth of a second's sends).

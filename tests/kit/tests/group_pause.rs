@@ -146,7 +146,9 @@ async fn a_paused_group_applies_nothing_keeps_its_partitions_and_resumes_exactly
     assert!(out.contains("group inventory paused"), "{out}");
     let took = paused_in(&env, &first_metrics, true).await?;
     println!("the member followed the pause within {took:.1?}");
-    assert!(took < Duration::from_secs(3), "{took:?}");
+    // Members read the pause every second; five such reads leave room for a machine busy with
+    // five processes, and a member that does not read it regularly still fails.
+    assert!(took < Duration::from_secs(5), "{took:?}");
     // Pausing again changes and records nothing.
     let again = pipeline_ok(
         &env,

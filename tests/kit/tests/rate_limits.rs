@@ -124,7 +124,17 @@ async fn a_limited_group_applies_a_backlog_at_its_rate_exactly_once_in_order() -
         .await?;
     let started = Instant::now();
     // Mid-burst: the limit shows beside the lag, which the limited group is still working off.
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // Lag counts from committed offsets, so first a second's worth of events applied (the group
+    // joined and committed); the whole backlog takes ten seconds or more at the limit.
+    wait_until(
+        "the limited group applying",
+        Duration::from_secs(60),
+        || async {
+            let (applied, _, _) = applied_span(&env, "inventory").await?;
+            Ok((applied >= LIMIT as i64).then_some(()))
+        },
+    )
+    .await?;
     let groups = status(&env)?;
     let inventory = groups
         .iter()
@@ -149,8 +159,10 @@ async fn a_limited_group_applies_a_backlog_at_its_rate_exactly_once_in_order() -
         "rate limit {LIMIT}/s: {applied} events applied in {span:.2} s = {rate:.1} events/s \
          (busiest second {busiest_second}); drained in {drained:.1?}"
     );
+    // Never above the limit; below it by at most what a busy machine's stalls take (a limiter
+    // that held back twice as much would still fail).
     assert!(
-        (LIMIT * 0.85..=LIMIT * 1.15).contains(&rate),
+        (LIMIT * 0.75..=LIMIT * 1.15).contains(&rate),
         "{rate:.1} events/s against a limit of {LIMIT}/s"
     );
     // A bucket of a tenth of a second's events: no second applies much more than the limit.
