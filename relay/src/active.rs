@@ -4,7 +4,7 @@
 
 use std::collections::HashSet;
 use std::future::Future;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use chrono::Utc;
@@ -24,7 +24,8 @@ use crate::settings::RelaySettings;
 
 /// Publishes under `lease` until it is lost (`Ok`), `shutdown` (`Ok`), or the producer cannot be
 /// replaced after a fatal error (`Err`). The batches still out when it stops record their
-/// outcome first, unless the lease was lost. A claim that comes back full raises `backlog`.
+/// outcome first, unless the lease was lost. A claim that comes back full, or slow, raises
+/// `backlog`.
 pub async fn run_active(
     settings: &RelaySettings,
     pool: &PgPool,
@@ -76,10 +77,12 @@ pub async fn run_active(
         let mut failed: Option<MarkError> = None;
         if in_flight.len() < depth {
             let exclude: Vec<&str> = busy.iter().map(String::as_str).collect();
+            let claiming = Instant::now();
             let claimed = tokio::select! {
                 claimed = Batch::claim(pool, settings.batch_size, &exclude) => claimed,
                 _ = lost.cancelled() => continue,
             };
+            backlog.took(claiming.elapsed());
             match claimed {
                 Ok(batch) if !batch.is_empty() => {
                     if batch.events().len() >= usize::try_from(settings.batch_size).unwrap_or(0) {

@@ -175,6 +175,8 @@ impl PartitionTask {
             None if self.stop.is_cancelled() => return false,
             None => process_batch_with(&ctx, &batch).await,
         };
+        // A batch that waited long for the database: retention steps aside until it is quick.
+        self.context.backlog.took(started.elapsed());
         match result {
             Ok(report) => {
                 pipeline_core::crash_point::crash_point(

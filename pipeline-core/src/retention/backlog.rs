@@ -1,14 +1,15 @@
 //! Whether the pipeline's own work is behind, as the process that runs retention sees it: a
-//! runner yields to a relay or a consumer catching up, since a backlog drains faster with the
-//! database to itself and old rows can wait.
+//! runner yields to a relay or a consumer catching up, or waiting for a slow database, since a
+//! backlog drains faster, and a stalled COMMIT recovers sooner, with the database to itself, and
+//! old rows can wait.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Shared between the work that finds itself behind (a relay's claim that came back full, a
-/// consumer's batch that took as many messages as it may) and the runner that yields to it.
-/// Cloning gives another handle on the same signal.
+/// Shared between the work that finds itself behind (a relay's claim that came back full or
+/// slow, a consumer's batch that took as many messages as it may or took long) and the runner
+/// that yields to it. Cloning gives another handle on the same signal.
 #[derive(Clone)]
 pub struct Backlog {
     since: Instant,
@@ -25,6 +26,11 @@ impl Default for Backlog {
     }
 }
 
+/// One round of the pipeline's work (a consumer's batch transaction, a relay's claim) that takes
+/// this long waited for the database: a COMMIT behind the disk's write load, a row lock held
+/// through one. At 1,000 events/s a batch takes a few milliseconds to a few tens.
+pub const SLOW: Duration = Duration::from_millis(200);
+
 impl Backlog {
     /// A signal no work has raised yet.
     pub fn new() -> Self {
@@ -35,6 +41,14 @@ impl Backlog {
     pub fn behind(&self) {
         let ms = u64::try_from(self.since.elapsed().as_millis()).unwrap_or(u64::MAX - 1);
         self.last_behind_ms.store(ms + 1, Ordering::Relaxed);
+    }
+
+    /// One round of the work took `elapsed`: behind when that is [`SLOW`] or longer. Each
+    /// delete retention adds then would add to the write load the pipeline waits behind.
+    pub fn took(&self, elapsed: Duration) {
+        if elapsed >= SLOW {
+            self.behind();
+        }
     }
 
     /// Whether the work was found behind within the last `within`.
@@ -59,9 +73,18 @@ mod tests {
         assert!(!backlog.behind_within(Duration::from_secs(3600)));
         let seen_by = backlog.clone();
         backlog.behind();
-        assert!(seen_by.behind_within(Duration::from_millis(200)));
+        assert!(seen_by.behind_within(Duration::from_secs(5)));
         std::thread::sleep(Duration::from_millis(60));
         assert!(!seen_by.behind_within(Duration::from_millis(20)));
-        assert!(seen_by.behind_within(Duration::from_secs(1)));
+        assert!(seen_by.behind_within(Duration::from_secs(10)));
+    }
+
+    #[test]
+    fn only_a_slow_round_counts_as_behind() {
+        let backlog = Backlog::new();
+        backlog.took(SLOW / 10);
+        assert!(!backlog.behind_within(Duration::from_secs(3600)));
+        backlog.took(SLOW);
+        assert!(backlog.behind_within(Duration::from_secs(1)));
     }
 }

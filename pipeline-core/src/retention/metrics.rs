@@ -70,7 +70,7 @@ impl RetentionMetrics {
         )?;
         let yielded = prometheus::Counter::new(
             "retention_yielded_seconds_total",
-            "Seconds retention waited for the relay or the consumer to catch up on a backlog.",
+            "Seconds retention waited for the relay or the consumer to catch up on a backlog or to be quick again.",
         )?;
         registry.register(Box::new(removed.clone()))?;
         registry.register(Box::new(run_duration.clone()))?;
