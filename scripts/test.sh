@@ -33,12 +33,10 @@ finish() {
     trap - EXIT INT TERM
     stop_broker
     echo >&2
-    if ((status != 0)); then
-        repeat_test_failures
-    fi
     if ((status == 0)); then
         log "${_BOLD}all steps passed${_RESET} in $(human_duration "$SECONDS")"
     else
+        repeat_test_failures
         if ((${#FAILED[@]})); then
             local list
             list=$(printf '%s, ' "${FAILED[@]}")
