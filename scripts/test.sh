@@ -22,6 +22,9 @@ STAGE=start
 # cargo test's whole output, kept so the end of the run can repeat what failed.
 TEST_LOG="$RUN_DIR/cargo-test.log"
 : >"$TEST_LOG"
+# The short verification's output, kept so the end of the run can repeat why it failed.
+VERIFY_LOG="$RUN_DIR/verify-short.log"
+: >"$VERIFY_LOG"
 
 stage() {
     STAGE=$1
@@ -37,6 +40,7 @@ finish() {
         log "${_BOLD}all steps passed${_RESET} in $(human_duration "$SECONDS")"
     else
         repeat_test_failures
+        repeat_verify_failure
         if ((${#FAILED[@]})); then
             local list
             list=$(printf '%s, ' "${FAILED[@]}")
@@ -66,6 +70,15 @@ repeat_test_failures() {
         printing && shown < 40 { print; shown++ }
     ' "$TEST_LOG" >&2
     grep -E '^error: test failed|^error: [0-9]+ targets? failed' "$TEST_LOG" >&2 || true
+}
+# The short verification's seed, errors and verdict, when it did not pass.
+repeat_verify_failure() {
+    [[ -s $VERIFY_LOG ]] || return 0
+    grep -qE '^  result +PASSED$' "$VERIFY_LOG" && return 0
+    echo >&2
+    warn "the short verification did not pass (the whole output: $VERIFY_LOG):"
+    grep -E '^  (seed|error|unplanned exit|result) |^  [a-z ,]*(lost|duplicate|reorder)' "$VERIFY_LOG" >&2 ||
+        tail -n 20 "$VERIFY_LOG" >&2
 }
 trap finish EXIT
 trap 'exit 130' INT
@@ -166,7 +179,10 @@ fi
 # Under load and faults (it restarts PostgreSQL, so it runs once the tests are done with it);
 # a few minutes, skipped when extra cargo test arguments narrow the run.
 if (($# == 0)); then
-    step "verify (short)" scripts/verify.sh --short --report "$RUN_DIR/verify-short.json"
+    verify_short() {
+        scripts/verify.sh --short --report "$RUN_DIR/verify-short.json" 2>&1 | tee "$VERIFY_LOG"
+    }
+    step "verify (short)" verify_short
 fi
 
 stage "[7/9] monitoring: promtool checks, alert unit tests, dashboard queries"

@@ -103,6 +103,7 @@ pub fn run_member(
         finished_rx,
         settings,
         pause,
+        reachability.clone(),
     );
     let mut config = kafka.client_config();
     config

@@ -19,6 +19,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::metrics::ConsumerMetrics;
 
+/// How long the database may miss probes before what waits on it stops waiting: two probes
+/// missed at the probe's pace of a second, each bounded by a second, with a second to spare.
+pub(super) const OUT_OF_REACH: Duration = Duration::from_secs(3);
+
 /// The time of the last probe the database answered, shared with the poll loops.
 #[derive(Debug, Clone)]
 pub struct Reachability {
@@ -40,6 +44,11 @@ impl Reachability {
     pub fn unreachable_for(&self) -> Duration {
         let last_ok = Duration::from_millis(self.last_ok_ms.load(Ordering::Relaxed));
         self.started.elapsed().saturating_sub(last_ok)
+    }
+
+    /// Whether the database has missed probes for longer than [`OUT_OF_REACH`].
+    pub fn out_of_reach(&self) -> bool {
+        self.unreachable_for() > OUT_OF_REACH
     }
 
     fn answered(&self) {

@@ -15,6 +15,7 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 use super::member::MemberSettings;
 use super::offsets::Offsets;
+use super::reachability::Reachability;
 use super::tasks::{PartitionKey, PartitionTasks};
 use crate::metrics::ConsumerMetrics;
 use crate::partition::{FinishedOffset, TaskContext};
@@ -147,11 +148,19 @@ impl MemberContext {
         finished: mpsc::Receiver<FinishedOffset>,
         settings: &MemberSettings,
         group_pause: PauseSignal,
+        reachability: Reachability,
     ) -> Self {
         let metrics = context.metrics.clone();
         MemberContext {
             offsets: Offsets::new(group.clone(), metrics.clone(), finished),
-            tasks: PartitionTasks::new(group.clone(), runtime, context, settings, group_pause),
+            tasks: PartitionTasks::new(
+                group.clone(),
+                runtime,
+                context,
+                settings,
+                group_pause,
+                reachability,
+            ),
             group,
             metrics,
         }

@@ -1,7 +1,8 @@
 //! The member's partition tasks: one per assigned partition, started when the partition is
 //! assigned (or its first message arrives), fed the polled messages in offset order, stopped on
-//! revoke (an in-flight transaction finishes, nothing new starts) and abandoned when the database
-//! is out of reach.
+//! revoke (an in-flight transaction finishes, nothing new starts; a revoke waits for it until the
+//! revoke timeout, or until the database is out of reach) and abandoned when the database is out
+//! of reach.
 //!
 //! A partition's fetch is paused in librdkafka (`Consumer::pause`) while too much is queued for
 //! its task (backpressure, resumed once half of it is done) and while the group is paused by an
@@ -24,6 +25,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 use tokio_util::sync::CancellationToken;
 
 use super::member::MemberSettings;
+use super::reachability::Reachability;
 use crate::partition::{PartitionTask, TaskContext};
 use crate::pause::PauseSignal;
 use crate::transaction::{InboundMessage, RecordHeaders};
@@ -50,6 +52,8 @@ pub(crate) struct PartitionTasks {
     context: TaskContext,
     tasks: Mutex<HashMap<PartitionKey, TaskHandle>>,
     revoke_timeout: Duration,
+    /// Whether the database answers: a revoke does not wait for batches that cannot finish.
+    reachability: Reachability,
     /// Messages queued for one task before its partition's fetch is paused.
     max_queued: usize,
     /// Whether the group is paused by an operator.
@@ -65,13 +69,14 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl PartitionTasks {
     /// No tasks yet; each one started gets `context`, follows `group_pause` and runs on
-    /// `runtime`.
+    /// `runtime`; a revoke follows `reachability`.
     pub(crate) fn new(
         group: String,
         runtime: tokio::runtime::Handle,
         context: TaskContext,
         settings: &MemberSettings,
         group_pause: PauseSignal,
+        reachability: Reachability,
     ) -> Self {
         PartitionTasks {
             group,
@@ -79,6 +84,7 @@ impl PartitionTasks {
             context,
             tasks: Mutex::new(HashMap::new()),
             revoke_timeout: settings.revoke_timeout,
+            reachability,
             max_queued: settings.max_queued,
             group_pause,
             group_paused: Mutex::new(false),
@@ -123,19 +129,34 @@ impl PartitionTasks {
         sender
     }
 
-    /// Stops the tasks of `keys` and waits for them, up to the revoke timeout.
+    /// Stops the tasks of `keys` and waits for them, up to the revoke timeout, or until the
+    /// database is out of reach: a batch cut off from it cannot finish, and waiting would hold
+    /// the poll thread, and with it the whole group's rebalance, for the full timeout. A batch
+    /// given up on is refused later by the ownership check, as an abandoned one is.
     pub(crate) fn stop(&self, keys: &[PartitionKey]) {
         let stopping = self.cancel(keys);
+        if stopping.is_empty() {
+            return;
+        }
         let deadline = self.revoke_timeout;
-        let waited = self.runtime.block_on(async move {
-            tokio::time::timeout(
-                deadline,
-                futures::future::join_all(stopping.into_iter().map(|t| t.done)),
-            )
-            .await
+        let reachability = self.reachability.clone();
+        let gave_up = self.runtime.block_on(async move {
+            let out_of_reach = async {
+                while !reachability.out_of_reach() {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            };
+            tokio::select! {
+                finished = tokio::time::timeout(
+                    deadline,
+                    futures::future::join_all(stopping.into_iter().map(|t| t.done)),
+                ) => finished.err().map(|_| "the revoke timeout passed"),
+                () = out_of_reach => Some("the database is out of reach"),
+            }
         });
-        if waited.is_err() {
-            tracing::warn!(group = %self.group, "in-flight batches did not finish within the revoke timeout");
+        if let Some(reason) = gave_up {
+            tracing::warn!(group = %self.group, reason,
+                "stopped waiting for in-flight batches; the partitions' next owner applies them");
         }
     }
 
