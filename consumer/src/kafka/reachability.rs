@@ -57,7 +57,14 @@ impl Reachability {
     }
 }
 
-/// Probes the database every `every` with `SELECT 1`, each bounded by `every`, until `stop`.
+/// Longest a probe waits for a new connection. Setting one up (a server process, authentication)
+/// takes far longer than a ping on a busy server: bounded as tightly as the ping, a probe on a
+/// loaded machine never connected, and the member left a group whose database answered.
+const CONNECT_WITHIN: Duration = Duration::from_secs(5);
+
+/// Probes the database every `every` with a ping on a connection of its own, each ping bounded
+/// by `every`, until `stop`. A connection it has no longer trusts after a missed ping is
+/// replaced; a connection made counts as an answer.
 pub async fn probe(
     options: PgConnectOptions,
     every: Duration,
@@ -67,29 +74,26 @@ pub async fn probe(
 ) {
     let mut conn: Option<PgConnection> = None;
     loop {
-        let answered = tokio::time::timeout(every, async {
-            if conn.is_none() {
-                conn = Some(options.connect().await?);
-            }
-            match conn.as_mut() {
-                Some(c) => c.ping().await,
-                None => Ok(()),
-            }
-        })
-        .await;
-        match answered {
-            Ok(Ok(())) => {
-                reachability.answered();
-                metrics.database_reachable.set(1);
-            }
-            Ok(Err(_)) | Err(_) => {
-                metrics.database_reachable.set(0);
-                if let Some(c) = conn.take() {
-                    // Closing politely could hang on the dead path: let it go in the background.
-                    tokio::spawn(async move {
-                        let _ = tokio::time::timeout(Duration::from_secs(1), c.close()).await;
-                    });
+        let answered = match conn.as_mut() {
+            Some(c) => matches!(tokio::time::timeout(every, c.ping()).await, Ok(Ok(()))),
+            None => match tokio::time::timeout(CONNECT_WITHIN, options.connect()).await {
+                Ok(Ok(c)) => {
+                    conn = Some(c);
+                    true
                 }
+                Ok(Err(_)) | Err(_) => false,
+            },
+        };
+        if answered {
+            reachability.answered();
+            metrics.database_reachable.set(1);
+        } else {
+            metrics.database_reachable.set(0);
+            if let Some(c) = conn.take() {
+                // Closing politely could hang on the dead path: let it go in the background.
+                tokio::spawn(async move {
+                    let _ = tokio::time::timeout(Duration::from_secs(1), c.close()).await;
+                });
             }
         }
         tokio::select! {
