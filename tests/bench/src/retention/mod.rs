@@ -18,6 +18,7 @@
 //! Throughout, lock waits are watched ([`locks`]) and the sizes read every 30 s ([`sizes`]).
 
 pub mod applied;
+pub mod background;
 pub mod disk;
 pub mod drain;
 pub mod histogram;

@@ -11,6 +11,7 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use super::applied::{AppliedWatch, Latencies};
+use super::background::{BackgroundWatch, MinuteBackground};
 use super::histogram::{Buckets, HistogramFigures};
 use super::locks::LockWaits;
 use super::processes::{removed_since, retention_series, rows_removed, Process};
@@ -54,6 +55,8 @@ pub struct Segment {
     pub peak_rss_mb: BTreeMap<String, f64>,
     /// Lock waits over the segment (set by the caller, who watches them).
     pub lock_waits: LockWaits,
+    /// Autovacuum and the checkpointer by the minute, on the minutes of `latency.by_minute`.
+    pub background: Vec<MinuteBackground>,
 }
 
 /// The order service and the relay the load goes through.
@@ -111,6 +114,7 @@ pub async fn run(
     };
     let meter = CpuMeter::start(running.watched(consumer));
     let profiler = DbProfiler::start(&env.database_url).await?;
+    let background = BackgroundWatch::start(&env.database_url, settings.warmup).await?;
     let stop = CancellationToken::new();
     // The metrics at the end of the warm-up, and the sizes halfway through.
     let observe = async {
@@ -126,6 +130,7 @@ pub async fn run(
     let after = running.pages(consumer).await?;
     let cpu = meter.finish().with_events(outcome.ok);
     let db_activity = profiler.finish().await;
+    let background = background.finish().await;
     env.wait_drained(&GROUPS, settings.drain_timeout).await?;
     let latency = watch.finish(&outcome.measured, offset_us).await?;
 
@@ -200,6 +205,7 @@ pub async fn run(
             ("consumer", &consumer.service),
         ]),
         lock_waits: LockWaits::default(),
+        background,
     };
     Ok((segment, mid))
 }

@@ -113,6 +113,13 @@ pub fn write(o: &mut String, r: &RetentionResult) -> std::fmt::Result {
             "   e2e p50/p99 ms by minute, both groups, {name}: {}",
             minutes.join(" ")
         )?;
+        for minute in &s.background {
+            writeln!(
+                o,
+                "     autovacuum and checkpointer, {name}, {}",
+                minute.summary()
+            )?;
+        }
     }
     let stage = |s: &super::Segment, name: &str| {
         s.relay_stages.get(name).map_or("-".to_owned(), |h| {
