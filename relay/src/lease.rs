@@ -9,10 +9,12 @@
 //!
 //! So a takeover takes at most the time to live plus the standby's retry interval.
 //!
-//! Every write about events names the epoch and takes a share lock on the lease row in the same
-//! statement (see [`crate::mark`]). A takeover updates that row, so it waits for a write already
-//! under way and every later write of the old epoch finds no row and is refused: a relay that
-//! lost the lease can mark, fail, requeue or reorder nothing, whatever it does when it wakes.
+//! Every write about events names the epoch and takes a key-share lock on the lease row in the
+//! same statement (see [`crate::mark`]). A takeover locks that row `FOR UPDATE`, so it waits for a
+//! write already under way and every later write of the old epoch finds no row and is refused: a
+//! relay that lost the lease can mark, fail, requeue or reorder nothing, whatever it does when it
+//! wakes. A renewal changes no key and takes no such lock, so it does not wait for the holder's
+//! own writes: a COMMIT stalled on a saturated disk does not cost the holder its lease.
 //! It also stops by itself: it stops producing once its own clock says the lease may have
 //! expired (measured from before its last successful renewal was sent, so never later than the
 //! database's expiry), and its next renewal is refused.

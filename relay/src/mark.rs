@@ -53,7 +53,7 @@ pub async fn mark_published(
     let partitions: Vec<i32> = published.iter().map(|p| p.partition).collect();
     let offsets: Vec<i64> = published.iter().map(|p| p.offset).collect();
     let (held, marked): (bool, i64) = sqlx::query_as(
-        "WITH lease AS (SELECT epoch FROM relay_lease WHERE lease_key = $4 AND epoch = $5 FOR SHARE),
+        "WITH lease AS (SELECT epoch FROM relay_lease WHERE lease_key = $4 AND epoch = $5 FOR KEY SHARE),
               d AS (SELECT * FROM unnest($1::bigint[], $2::int[], $3::bigint[])
                         AS d(id, kafka_partition, kafka_offset)),
               sent AS (DELETE FROM outbox_unpublished u USING d
@@ -97,7 +97,7 @@ pub async fn record_failures(
         .collect();
     let give_up: Vec<bool> = failures.iter().map(|f| f.give_up).collect();
     let (held, recorded): (bool, i64) = sqlx::query_as(
-        "WITH lease AS (SELECT epoch FROM relay_lease WHERE lease_key = $5 AND epoch = $6 FOR SHARE),
+        "WITH lease AS (SELECT epoch FROM relay_lease WHERE lease_key = $5 AND epoch = $6 FOR KEY SHARE),
               upd AS (UPDATE outbox_unpublished o
                       SET attempts = o.attempts + 1, last_attempt_at = now(),
                           last_error = d.error,

@@ -60,7 +60,7 @@ pub async fn release_due(pool: &PgPool, fence: Fence, limit: i64) -> Result<u64,
 
 /// `$1` the most events to release, `$2`/`$3` the lease key and epoch.
 const RELEASE_SQL: &str = "WITH lease AS (
-         SELECT epoch FROM relay_lease WHERE lease_key = $2 AND epoch = $3 FOR SHARE),
+         SELECT epoch FROM relay_lease WHERE lease_key = $2 AND epoch = $3 FOR KEY SHARE),
      due AS (
          SELECT event_id FROM outbox_delayed
          WHERE publish_at <= now() AND EXISTS (SELECT 1 FROM lease)

@@ -21,7 +21,7 @@ pub async fn materialise_step(
     let mut tx = pool.begin().await?;
     let held: Option<chrono::DateTime<chrono::Utc>> = sqlx::query_scalar(
         "SELECT clock_timestamp() FROM relay_lease
-         WHERE lease_key = $1 AND epoch = $2 FOR SHARE",
+         WHERE lease_key = $1 AND epoch = $2 FOR KEY SHARE",
     )
     .bind(fence.key)
     .bind(fence.epoch)

@@ -291,7 +291,7 @@ impl RelaySettings {
 
 /// `options` with the session settings the relay's pool needs.
 ///
-/// A relay frozen inside a transaction (one holding its lease row FOR SHARE) must not keep a
+/// A relay frozen inside a transaction (one holding its lease row FOR KEY SHARE) must not keep a
 /// standby from taking the lease over: the server ends such a transaction, as it ends the lease
 /// sessions' own, after one lease operation's timeout (`idle_in_transaction_session_timeout`).
 pub fn session_options(options: PgConnectOptions, settings: &RelaySettings) -> PgConnectOptions {

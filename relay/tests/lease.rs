@@ -250,3 +250,100 @@ async fn a_holder_whose_renewal_is_refused_is_fenced_and_stands_by(pool: PgPool)
         (1, 1)
     );
 }
+
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn a_slow_write_holds_off_a_takeover_but_not_its_holders_renewals(pool: PgPool) {
+    let settings = common::lease_settings(Duration::from_millis(1_500));
+    let mut holder = common::elector(&pool, settings.clone());
+    let (lease, _) = holder
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("vacant");
+    let event = enqueue(&pool, "order-a").await;
+    // Another session holds the event's queue row, so the mark below takes the lease's fence
+    // and then waits, as a mark whose COMMIT stalls on a saturated disk holds it.
+    let mut blocker = pool.begin().await.expect("begin");
+    sqlx::query("SELECT 1 FROM outbox_unpublished WHERE id = $1 FOR UPDATE")
+        .bind(event)
+        .execute(&mut *blocker)
+        .await
+        .expect("row locked");
+    let mark = {
+        let (pool, fence) = (pool.clone(), lease.fence());
+        tokio::spawn(async move { mark_published(&pool, fence, &[published(event)]).await })
+    };
+    let waiting = Instant::now() + Duration::from_secs(10);
+    loop {
+        let marks_waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND wait_event_type = 'Lock'
+               AND query LIKE '%outbox_unpublished%' AND pid <> pg_backend_pid()",
+        )
+        .fetch_one(&pool)
+        .await
+        .expect("activity");
+        if marks_waiting > 0 {
+            break;
+        }
+        assert!(Instant::now() < waiting, "the mark never waited");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // The holder renews meanwhile: its renewals do not wait for its own write, so the lease
+    // outlives its time to live several times over.
+    let stop = CancellationToken::new();
+    let keeper = {
+        let (lease, stop) = (lease.clone(), stop.clone());
+        tokio::spawn(async move { holder.keep(&lease, &stop).await })
+    };
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        assert!(
+            lease.is_live(),
+            "the holder lost its lease behind its own write"
+        );
+        let outlived: bool = sqlx::query_scalar(
+            "SELECT renewed_at > acquired_at + $2 * interval '1 millisecond'
+             FROM relay_lease WHERE lease_key = $1",
+        )
+        .bind(settings.key)
+        .bind(2 * i64::try_from(settings.ttl.as_millis()).expect("ttl"))
+        .fetch_one(&pool)
+        .await
+        .expect("lease row");
+        if outlived {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not renewed past twice its time to live within 15 s while its write waited"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(!mark.is_finished(), "the mark still waits");
+
+    // The holder hands the lease back; a standby cannot take it while the write made under it
+    // is in flight, and takes it once that write is done.
+    stop.cancel();
+    assert_eq!(keeper.await.expect("keeper"), LeaseEnd::HandedBack);
+    let mut standby = common::elector(&pool, settings.clone());
+    let taken = tokio::time::timeout(Duration::from_secs(1), standby.try_acquire()).await;
+    assert!(
+        !matches!(taken, Ok(Ok(Some(_)))),
+        "taken over while a write under the lease was in flight"
+    );
+    blocker.rollback().await.expect("rollback");
+    assert_eq!(
+        mark.await.expect("mark task").expect("mark"),
+        1,
+        "the write made under the lease went through"
+    );
+    let (new_lease, _) = standby
+        .try_acquire()
+        .await
+        .expect("try")
+        .expect("taken once the write was done");
+    assert!(new_lease.fence().epoch > lease.fence().epoch);
+    assert_eq!(queue_row(&pool, event).await, None);
+}
