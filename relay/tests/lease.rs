@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use prometheus::Registry;
-use relay::lease::{LeaseEnd, TakeoverReason};
+use relay::lease::{LeaseEnd, LeaseSettings, TakeoverReason};
 use relay::mark::{mark_published, record_failures, FailedAttempt, MarkError, Published};
 use relay::metrics::RelayMetrics;
 use sqlx::PgPool;
@@ -40,6 +40,20 @@ async fn queue_row(pool: &PgPool, id: i64) -> Option<i32> {
         .fetch_optional(pool)
         .await
         .expect("queue row")
+}
+
+/// Whether the database holds a renewal of the lease made more than twice its time to live
+/// after it was taken.
+async fn renewed_past_twice_its_ttl(pool: &PgPool, settings: &LeaseSettings) -> bool {
+    sqlx::query_scalar(
+        "SELECT renewed_at > acquired_at + $2 * interval '1 millisecond'
+         FROM relay_lease WHERE lease_key = $1",
+    )
+    .bind(settings.key)
+    .bind(2 * i64::try_from(settings.ttl.as_millis()).expect("ttl"))
+    .fetch_one(pool)
+    .await
+    .expect("lease row")
 }
 
 fn published(id: i64) -> Published {
@@ -187,16 +201,7 @@ async fn a_lease_handed_back_on_shutdown_is_taken_at_once_and_renewals_keep_it(p
             "taken from its renewing holder"
         );
         assert!(lease.is_live());
-        let outlived: bool = sqlx::query_scalar(
-            "SELECT renewed_at > acquired_at + $2 * interval '1 millisecond'
-             FROM relay_lease WHERE lease_key = $1",
-        )
-        .bind(settings.key)
-        .bind(2 * i64::try_from(settings.ttl.as_millis()).expect("ttl"))
-        .fetch_one(&pool)
-        .await
-        .expect("lease row");
-        if outlived {
+        if renewed_past_twice_its_ttl(&pool, &settings).await {
             break;
         }
         assert!(
@@ -303,16 +308,7 @@ async fn a_slow_write_holds_off_a_takeover_but_not_its_holders_renewals(pool: Pg
             lease.is_live(),
             "the holder lost its lease behind its own write"
         );
-        let outlived: bool = sqlx::query_scalar(
-            "SELECT renewed_at > acquired_at + $2 * interval '1 millisecond'
-             FROM relay_lease WHERE lease_key = $1",
-        )
-        .bind(settings.key)
-        .bind(2 * i64::try_from(settings.ttl.as_millis()).expect("ttl"))
-        .fetch_one(&pool)
-        .await
-        .expect("lease row");
-        if outlived {
+        if renewed_past_twice_its_ttl(&pool, &settings).await {
             break;
         }
         assert!(
