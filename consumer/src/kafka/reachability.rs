@@ -102,3 +102,70 @@ pub async fn probe(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::str::FromStr;
+    use std::time::Duration;
+
+    use prometheus::Registry;
+    use sqlx::postgres::PgConnectOptions;
+    use tokio::net::{TcpListener, TcpStream};
+    use tokio_util::sync::CancellationToken;
+
+    use super::{probe, Reachability};
+    use crate::metrics::ConsumerMetrics;
+
+    /// A path to the database on which a new connection's first bytes take `delay`, as on a
+    /// loaded server where starting a session is slow; what follows passes at once.
+    async fn slow_to_connect(target: String, delay: Duration) -> u16 {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                let target = target.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(delay).await;
+                    if let Ok(mut server) = TcpStream::connect(target).await {
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                    }
+                });
+            }
+        });
+        port
+    }
+
+    #[tokio::test]
+    async fn a_database_slow_to_take_a_connection_still_answers_the_probe() {
+        let url = std::env::var("DATABASE_URL").expect("DATABASE_URL names the test server");
+        let options = PgConnectOptions::from_str(&url).expect("DATABASE_URL");
+        let target = format!("{}:{}", options.get_host(), options.get_port());
+        // Slower than a ping's bound (the probe's second), well within a connection's.
+        let port = slow_to_connect(target, Duration::from_millis(1_500)).await;
+        let reachability = Reachability::default();
+        let metrics = ConsumerMetrics::register(&Registry::new()).expect("metrics");
+        let stop = CancellationToken::new();
+        let probing = tokio::spawn(probe(
+            options.host("127.0.0.1").port(port),
+            Duration::from_secs(1),
+            reachability.clone(),
+            metrics.clone(),
+            stop.clone(),
+        ));
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(8);
+        while metrics.database_reachable.get() != 1 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the probe never connected through a path 1.5 s slow to connect"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(
+            !reachability.out_of_reach(),
+            "{:?} without an answer",
+            reachability.unreachable_for()
+        );
+        stop.cancel();
+        probing.await.expect("probe");
+    }
+}
