@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::time::Instant;
 
-/// A fault is abandoned when the pipeline has not recovered this long after it.
+/// A fault is abandoned when the pipeline has not recovered this long after it ended.
 pub(crate) const RECOVERY_DEADLINE: Duration = Duration::from_secs(180);
 /// After two nodes went down: acknowledgements already on their way, and the relay's marking
 /// of a batch wholly acknowledged before, end within this. From then on until a node is back,
