@@ -46,7 +46,7 @@ impl Reachability {
         self.started.elapsed().saturating_sub(last_ok)
     }
 
-    /// Whether the database has missed probes for longer than [`OUT_OF_REACH`].
+    /// Whether the database has missed probes for longer than `OUT_OF_REACH` (3 s).
     pub fn out_of_reach(&self) -> bool {
         self.unreachable_for() > OUT_OF_REACH
     }
