@@ -114,6 +114,10 @@ pub struct BenchArgs {
     /// [10000000; quick 1000000].
     #[arg(long, env = "BENCH_RETENTION_HISTORY_EVENTS")]
     pub retention_history_events: Option<u64>,
+    /// Seconds of load with retention off before the baseline is measured, so that it starts
+    /// after the writes and cache misses that follow the bulk load [120; quick 30; 0: none].
+    #[arg(long, env = "BENCH_RETENTION_SETTLE_SECONDS")]
+    pub retention_settle_seconds: Option<u64>,
     /// Seconds of load with retention off, the retention phase's baseline [300; quick 120].
     #[arg(long, env = "BENCH_RETENTION_OFF_SECONDS")]
     pub retention_off_seconds: Option<u64>,
@@ -204,6 +208,8 @@ pub struct Settings {
 pub struct RetentionSettings {
     pub history_events: i64,
     #[serde(serialize_with = "as_seconds")]
+    pub settle_duration: Duration,
+    #[serde(serialize_with = "as_seconds")]
     pub off_duration: Duration,
     #[serde(serialize_with = "as_seconds")]
     pub on_duration: Duration,
@@ -264,6 +270,7 @@ impl Settings {
                     10_000_000,
                     1_000_000,
                 ))?,
+                settle_duration: secs(args.retention_settle_seconds, 120, 30),
                 off_duration: secs(args.retention_off_seconds, 300, 120),
                 on_duration: secs(args.retention_on_seconds, 600, 240),
                 drain_events: pick(args.retention_drain_events, 100_000, 20_000),

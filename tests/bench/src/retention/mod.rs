@@ -6,7 +6,9 @@
 //! 1. [`history`]: `--retention-history-events` events three days old, published and applied by
 //!    both groups, loaded in bulk; the table sizes then are the start;
 //! 2. segment "off": relay and consumer with retention off (`--retention-interval 0s`), the order
-//!    service at `--retention-rate` for `--retention-off-seconds` ([`segment`]);
+//!    service at `--retention-rate` for `--retention-off-seconds` ([`segment`]), after
+//!    `--retention-settle-seconds` of the same load not measured (the bulk load leaves the
+//!    server writing it out and its caches cold for the first minutes);
 //! 3. drain "off": the consumer stopped while `--retention-drain-events` pile up, then started
 //!    again and timed through them ([`drain`]), retention still off, the history all there;
 //! 4. drain "on": the same with a relay and a consumer that run retention with windows of
@@ -239,6 +241,22 @@ async fn measure(
         url: &url,
         relay: &relay,
     };
+    if !r.settle_duration.is_zero() {
+        say(&format!(
+            "retention: {} s of load to settle before the baseline (not measured)",
+            r.settle_duration.as_secs()
+        ));
+        segment::run(
+            settings,
+            &running,
+            &consumer,
+            false,
+            r.settle_duration,
+            started,
+        )
+        .await?;
+        steps.next("settle");
+    }
     let watch = locks.watch().await?;
     let (mut off, _) = segment::run(
         settings,
