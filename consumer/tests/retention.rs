@@ -483,6 +483,54 @@ async fn a_runner_waits_while_the_pipeline_is_behind_and_goes_on_once_it_caught_
     drop_database(pool, &name).await;
 }
 
+#[tokio::test]
+async fn a_table_with_a_long_backlog_does_not_hold_off_the_tables_after_it() {
+    let (pool, name) = database().await;
+    // 600 events: 600 dedupe rows (the first table), 600 effects (the second), all past their
+    // windows at `later`.
+    process_batch(&pool, &Ledger, &order_events("order-b", 600, 0))
+        .await
+        .expect("batch");
+    let later = Utc::now() + Duration::days(9);
+    // Steps of 50 rows, each followed by a pause fifty times as long: the dedupe rows alone take
+    // 12 steps, seconds in all.
+    let sliced = runner()
+        .batch_size(50)
+        .pause_ratio(50.0)
+        .table_slice(std::time::Duration::from_millis(300));
+    let dedupe_rows = "SELECT count(*) FROM processed_message";
+    let effects = "SELECT count(*) FROM applied_effect";
+
+    let first = sliced.resume_once(&pool, later).await.expect("first run");
+    let part = |table: &str| {
+        first
+            .tables
+            .iter()
+            .find(|t| t.table == table)
+            .unwrap_or_else(|| panic!("{table} in the run"))
+            .clone()
+    };
+    assert!(
+        !part("processed_message").caught_up && count(&pool, dedupe_rows).await > 0,
+        "the first table's part of the run was not cut short: {first:?}"
+    );
+    assert!(
+        part("applied_effect").removed > 0,
+        "the run did not reach the second table: {first:?}"
+    );
+
+    // The runs after it take each table up where the last one stopped, until none is left.
+    for _ in 0..30 {
+        if count(&pool, dedupe_rows).await == 0 && count(&pool, effects).await == 0 {
+            break;
+        }
+        sliced.resume_once(&pool, later).await.expect("next run");
+    }
+    assert_eq!(count(&pool, dedupe_rows).await, 0);
+    assert_eq!(count(&pool, effects).await, 0);
+    drop_database(pool, &name).await;
+}
+
 #[test]
 fn windows_below_their_floors_are_refused() {
     let refused = |change: fn(&mut RetentionSettings)| {

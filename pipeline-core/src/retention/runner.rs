@@ -61,6 +61,13 @@ const MOST_YIELD: Duration = Duration::from_secs(30);
 /// How often a yielding runner looks again.
 const YIELD_POLL: Duration = Duration::from_millis(100);
 
+/// Longest one table's part of a run may take in the runs the loop makes (steps, pauses and
+/// yields): the run then goes on to the next table, and the table is taken up again in the next
+/// run, a second later. A table with a long backlog (a large history, say, whose steps yield to a
+/// busy pipeline for seconds each) would otherwise hold off every table after it for hours while
+/// those grow.
+const TABLE_SLICE: Duration = Duration::from_secs(60);
+
 /// How often the loop goes over a table in time order from its start again instead of from
 /// where it stopped: rows kept past the cursor because something still needed them (an open dead
 /// letter, a parked event) are removed on such a pass once released.
@@ -92,6 +99,8 @@ pub struct Runner {
     metrics: Option<RetentionMetrics>,
     /// The work it waits for while that is behind.
     backlog: Option<Backlog>,
+    /// Longest one table's part of a run as the loop makes them.
+    table_slice: Duration,
 }
 
 /// What one run did.
@@ -139,6 +148,7 @@ impl Runner {
             by: by.into(),
             metrics: None,
             backlog: None,
+            table_slice: TABLE_SLICE,
         }
     }
 
@@ -174,6 +184,14 @@ impl Runner {
         self
     }
 
+    /// The longest one table's part of a run may take in the runs [`Runner::run_every`] and
+    /// [`Runner::resume_once`] make (a minute); a run to the end ([`Runner::run_once`]) takes
+    /// each table as far as its steps go.
+    pub fn table_slice(mut self, slice: Duration) -> Self {
+        self.table_slice = slice;
+        self
+    }
+
     /// Report on `metrics`.
     pub fn with_metrics(mut self, metrics: RetentionMetrics) -> Self {
         for rule in &self.rules {
@@ -200,32 +218,39 @@ impl Runner {
         now: DateTime<Utc>,
         dry_run: bool,
     ) -> Result<Report, sqlx::Error> {
-        self.run(pool, now, dry_run, false).await
+        self.run(pool, now, dry_run, false, None).await
     }
 
     /// One run as [`Runner::run_every`] makes most of them: a table in time order is taken up
     /// where the last run left it (rows it kept behind then, because something still needed
-    /// them, wait for a run from the start).
+    /// them, wait for a run from the start), and each table's part ends after
+    /// [`Runner::table_slice`].
     pub async fn resume_once(
         &self,
         pool: &PgPool,
         now: DateTime<Utc>,
     ) -> Result<Report, sqlx::Error> {
-        self.run(pool, now, false, true).await
+        self.run(pool, now, false, true, Some(self.table_slice))
+            .await
     }
 
-    /// One run; `resume`: a table in time order is taken up where the last run left it.
+    /// One run; `resume`: a table in time order is taken up where the last run left it;
+    /// `slice`: each table's part ends once it took that long.
     async fn run(
         &self,
         pool: &PgPool,
         now: DateTime<Utc>,
         dry_run: bool,
         resume: bool,
+        slice: Option<Duration>,
     ) -> Result<Report, sqlx::Error> {
         let started = Instant::now();
         let mut tables = Vec::with_capacity(self.rules.len());
         for rule in &self.rules {
-            match self.run_rule(pool, rule, now, dry_run, resume).await? {
+            match self
+                .run_rule(pool, rule, now, dry_run, resume, slice)
+                .await?
+            {
                 Some(t) => tables.push(t),
                 None => {
                     if let Some(m) = &self.metrics {
@@ -260,7 +285,9 @@ impl Runner {
         now: DateTime<Utc>,
         dry_run: bool,
         resume: bool,
+        slice: Option<Duration>,
     ) -> Result<Option<TableReport>, sqlx::Error> {
+        let started = Instant::now();
         let cutoff = rule.cutoff(now);
         let mut cursor = if rule.sweep || resume {
             state::cursor(pool, rule.table).await?
@@ -274,7 +301,10 @@ impl Runner {
         };
         let mut removed = 0u64;
         let mut caught_up = false;
-        for _ in 0..steps {
+        for taken in 0..steps {
+            if taken > 0 && slice.is_some_and(|slice| started.elapsed() >= slice) {
+                break;
+            }
             self.give_way().await;
             let step_started = Instant::now();
             let mut tx = pool.begin().await?;
@@ -404,7 +434,7 @@ impl Runner {
             let resume = full_pass.elapsed() < FULL_PASS_EVERY;
             let run = tokio::select! {
                 _ = shutdown.cancelled() => return,
-                run = self.run(&pool, Utc::now(), false, resume) => run,
+                run = self.run(&pool, Utc::now(), false, resume, Some(self.table_slice)) => run,
             };
             if !resume && matches!(&run, Ok(r) if !r.skipped) {
                 full_pass = Instant::now();

@@ -279,6 +279,24 @@ impl Report {
                     on_what.unwrap_or("(seen only in the server log)")
                 )),
             ));
+            let gaining: Vec<String> = r
+                .trimmed_rows_on_mid_to_end()
+                .into_iter()
+                .filter(|(_, n)| *n > 0)
+                .map(|(t, n)| format!("{t} {n:+} rows"))
+                .collect();
+            t.push(at_most(
+                "retention_trimmed_tables_gaining_rows",
+                0.0,
+                Some(gaining.len() as f64),
+                (!gaining.is_empty()).then(|| {
+                    format!(
+                        "{} from the middle to the end of the segment on: retention removes \
+                         fewer rows than arrive",
+                        gaining.join(", ")
+                    )
+                }),
+            ));
             t.push(at_most(
                 "retention_growth_on_mid_to_end_pct",
                 FLAT_GROWTH_PCT,

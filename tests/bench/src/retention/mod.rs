@@ -118,6 +118,33 @@ impl RetentionResult {
     }
 }
 
+/// The tables whose old rows retention removes in the segment on (the history loaded before it
+/// is all past their windows then).
+pub const TRIMMED: [&str; 4] = [
+    "outbox",
+    "outbox_delivery",
+    "processed_message",
+    "applied_effect",
+];
+
+impl RetentionResult {
+    /// Each trimmed table's estimated rows at the end of the segment on minus halfway through
+    /// it: a table that gains rows there takes rows in faster than retention removes them, and
+    /// would grow without end however flat the whole looks.
+    pub fn trimmed_rows_on_mid_to_end(&self) -> Vec<(&'static str, i64)> {
+        let rows = |s: &Sizes, t: &str| s.tables.get(t).map_or(0, |x| x.live_rows);
+        TRIMMED
+            .iter()
+            .map(|t| {
+                (
+                    *t,
+                    rows(&self.sizes_on_end, t) - rows(&self.sizes_on_mid, t),
+                )
+            })
+            .collect()
+    }
+}
+
 fn longest<'a>(a: &'a LockWaits, b: &'a LockWaits) -> (f64, Option<&'a str>) {
     let w = if a.longest_ms() >= b.longest_ms() {
         a

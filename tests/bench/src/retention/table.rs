@@ -286,6 +286,16 @@ pub fn write(o: &mut String, r: &RetentionResult) -> std::fmt::Result {
         "   growth: off {:+.1}% (start → end), on {:+.1}% (middle → end; flat: at most +{FLAT_GROWTH_PCT}%)",
         r.growth_off_pct, r.growth_on_mid_to_end_pct
     )?;
+    let trimmed: Vec<String> = r
+        .trimmed_rows_on_mid_to_end()
+        .iter()
+        .map(|(t, n)| format!("{t} {n:+}"))
+        .collect();
+    writeln!(
+        o,
+        "   rows, middle → end of on (estimated; a trimmed table must not gain): {}",
+        trimmed.join(", ")
+    )?;
 
     writeln!(
         o,
