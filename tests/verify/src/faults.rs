@@ -203,8 +203,10 @@ impl Injector<'_> {
         // From the end of the fault: a rolling restart of the three nodes alone takes some three
         // minutes on a small machine (each back in every ISR before the next goes).
         let deadline = Instant::now() + RECOVERY_DEADLINE;
-        let left = deadline.saturating_duration_since(Instant::now());
-        if wait_pipeline_up(self.topology, left).await.is_err() {
+        if wait_pipeline_up(self.topology, RECOVERY_DEADLINE)
+            .await
+            .is_err()
+        {
             return Ok((injected, None, None));
         }
         let back = Instant::now();

@@ -92,6 +92,15 @@ pub struct RetentionResult {
     pub process_logs: BTreeMap<String, LogLevels>,
 }
 
+/// The tables whose old rows retention removes in the segment on (the history loaded before it
+/// is all past their windows then).
+pub const TRIMMED: [&str; 4] = [
+    "outbox",
+    "outbox_delivery",
+    "processed_message",
+    "applied_effect",
+];
+
 impl RetentionResult {
     /// The longest lock wait while retention ran (the drain and segment on), ms, and what
     /// waited.
@@ -116,18 +125,7 @@ impl RetentionResult {
     pub fn longest_lock_wait_off(&self) -> (f64, Option<&str>) {
         longest(&self.off.lock_waits, &self.drain_off.lock_waits)
     }
-}
 
-/// The tables whose old rows retention removes in the segment on (the history loaded before it
-/// is all past their windows then).
-pub const TRIMMED: [&str; 4] = [
-    "outbox",
-    "outbox_delivery",
-    "processed_message",
-    "applied_effect",
-];
-
-impl RetentionResult {
     /// Each trimmed table's estimated rows at the end of the segment on minus halfway through
     /// it: a table that gains rows there takes rows in faster than retention removes them, and
     /// would grow without end however flat the whole looks.
