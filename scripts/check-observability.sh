@@ -11,7 +11,7 @@
 #      Grafana variables are replaced ($group, $topic -> .*, $__rate_interval -> 1m): each one is
 #      written as a recording rule into a scratch rule file that promtool parses.
 #
-# The end-to-end test tests/kit/tests/prometheus.rs goes further: a real Prometheus scrapes the
+# The end-to-end test tests/kit/tests/it/prometheus.rs goes further: a real Prometheus scrapes the
 # running pipeline and evaluates every dashboard query and alert rule.
 # Installs Debian's prometheus package (prometheus, promtool) when missing.
 set -euo pipefail

@@ -117,7 +117,7 @@ if ((${#missing[@]})); then
     log "installing rustup components: ${missing[*]}"
     rustup component add "${missing[@]}"
 fi
-# The web console's browser tests (tests/kit/tests/console.rs runs tests/console with node):
+# The web console's browser tests (tests/kit/tests/it/console.rs runs tests/console with node):
 # Debian's chromium, and playwright-core from tests/console's lockfile (it downloads no browser).
 ensure_chromium
 if ! have npm; then

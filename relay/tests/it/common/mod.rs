@@ -1,0 +1,53 @@
+//! What the relay's tests share: holding the relay lease of a test database, and one relay step.
+
+use std::time::Duration;
+
+use relay::backoff::RetryPolicy;
+use relay::batch::{Batch, BatchOutcome};
+use relay::lease::{Elector, Lease, LeaseSettings};
+use relay::mark::MarkError;
+use relay::metrics::RelayMetrics;
+use relay::publish::RelayProducer;
+use sqlx::PgPool;
+
+/// Lease settings for tests: a random key (tests run side by side) and a long time to live.
+pub(crate) fn lease_settings(ttl: Duration) -> LeaseSettings {
+    LeaseSettings {
+        key: i64::from(rand::random::<i32>()),
+        ttl,
+        retry_every: Duration::from_millis(100),
+    }
+}
+
+/// An elector for `pool`'s database with `settings`.
+pub(crate) fn elector(pool: &PgPool, settings: LeaseSettings) -> Elector {
+    Elector::new(settings, (*pool.connect_options()).clone())
+}
+
+/// Takes a fresh lease on `pool`'s database; keep the elector alive as long as the lease is used
+/// (its session is the holder's presence).
+pub(crate) async fn hold_lease(pool: &PgPool) -> (Elector, Lease) {
+    let mut elector = elector(pool, lease_settings(Duration::from_secs(120)));
+    let (lease, _) = elector
+        .try_acquire()
+        .await
+        .expect("lease statement")
+        .expect("a vacant lease");
+    (elector, lease)
+}
+
+/// One relay step under `lease`, the two steps the relay loop takes for each batch, with no
+/// other batch out: claim up to `batch_size` events, publish them and record the results.
+pub(crate) async fn relay_batch(
+    pool: &PgPool,
+    producer: &RelayProducer,
+    lease: &Lease,
+    batch_size: i64,
+    retry: &RetryPolicy,
+    metrics: &RelayMetrics,
+) -> Result<BatchOutcome, MarkError> {
+    Batch::claim(pool, batch_size, &[])
+        .await?
+        .publish(pool, producer, lease, retry, metrics)
+        .await
+}

@@ -1,0 +1,99 @@
+//! The relay's queue table stays small: published events leave dead rows behind, and the relay's
+//! vacuum frees them for new events; a table grown by a backlog is given back its pages, so a
+//! claim does not read them. Needs `DATABASE_URL` (see
+//! `claim.rs`).
+
+use crate::common;
+
+use relay::claim::claim_batch;
+use relay::mark::{mark_published, Published};
+use relay::vacuum::{vacuum_once, SHRINK_ABOVE_PAGES};
+use sqlx::PgPool;
+
+async fn enqueue_orders(pool: &PgPool, prefix: &str, orders: usize) {
+    let events: Vec<outbox::NewEvent> = (0..orders)
+        .map(|i| outbox::NewEvent {
+            business_key: format!("{prefix}-{i}"),
+            event_type: "order.placed".to_owned(),
+            aggregate_id: format!("{prefix}-{i}"),
+            topic: "orders".to_owned(),
+            payload: serde_json::json!({"order": i}),
+            headers: vec![],
+        })
+        .collect();
+    let mut tx = pool.begin().await.expect("begin");
+    outbox::enqueue_all(&mut tx, &events)
+        .await
+        .expect("enqueue_all");
+    tx.commit().await.expect("commit");
+}
+
+/// Pages of the queue table.
+async fn queue_pages(pool: &PgPool) -> i64 {
+    sqlx::query_scalar(
+        "SELECT pg_relation_size('outbox_unpublished') / current_setting('block_size')::bigint",
+    )
+    .fetch_one(pool)
+    .await
+    .expect("relation size")
+}
+
+/// Claims and marks published every pending event, as the relay does.
+async fn publish_all(pool: &PgPool, lease: &relay::lease::Lease) {
+    loop {
+        let claimed = claim_batch(pool, 5000).await.expect("claim");
+        if claimed.is_empty() {
+            return;
+        }
+        let published: Vec<Published> = claimed
+            .iter()
+            .enumerate()
+            .map(|(i, e)| Published {
+                id: e.id,
+                partition: 0,
+                offset: i as i64,
+            })
+            .collect();
+        let marked = mark_published(pool, lease.fence(), &published)
+            .await
+            .expect("mark");
+        assert_eq!(marked, published.len() as u64);
+    }
+}
+
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn vacuum_frees_the_rows_of_published_events_and_shrinks_only_a_grown_table(pool: PgPool) {
+    let (_elector, lease) = common::hold_lease(&pool).await;
+    enqueue_orders(&pool, "first", 3000).await;
+    publish_all(&pool, &lease).await;
+    let pending: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_unpublished")
+        .fetch_one(&pool)
+        .await
+        .expect("count");
+    assert_eq!(pending, 0);
+    let small = queue_pages(&pool).await;
+    assert!(small > 5 && small <= SHRINK_ABOVE_PAGES, "{small} pages");
+
+    // A small table keeps its pages (no ACCESS EXCLUSIVE lock for claims and writers to queue
+    // behind); its dead rows are freed, so new events fill the same pages.
+    vacuum_once(&pool).await.expect("vacuum");
+    assert_eq!(queue_pages(&pool).await, small);
+    enqueue_orders(&pool, "again", 3000).await;
+    assert_eq!(
+        queue_pages(&pool).await,
+        small,
+        "the freed pages are reused"
+    );
+    publish_all(&pool, &lease).await;
+
+    // A backlog grows the table past the threshold: once drained, its pages are given back.
+    enqueue_orders(&pool, "backlog", 20_000).await;
+    publish_all(&pool, &lease).await;
+    assert!(queue_pages(&pool).await > SHRINK_ABOVE_PAGES);
+    vacuum_once(&pool).await.expect("vacuum");
+    assert_eq!(queue_pages(&pool).await, 0);
+
+    // The queue goes on working: a new event is claimed.
+    enqueue_orders(&pool, "later", 1).await;
+    assert_eq!(claim_batch(&pool, 10).await.expect("claim").len(), 1);
+}

@@ -1,0 +1,17 @@
+//! The pipeline's binaries end to end, on a real PostgreSQL and Kafka.
+//!
+//! One test binary (`cargo test --test it`): each file beside this one is a module of it, so the
+//! crate's dependencies are compiled into one executable, not one for each file.
+
+mod bad_input;
+mod console;
+mod delayed_events;
+mod end_to_end;
+mod exports;
+mod group_pause;
+mod hostile_records;
+mod prometheus;
+mod rate_limits;
+mod schedules;
+mod topics;
+mod tracing;
