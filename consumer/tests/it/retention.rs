@@ -479,7 +479,61 @@ async fn a_runner_waits_while_the_pipeline_is_behind_and_goes_on_once_it_caught_
         count(&pool, "SELECT count(*) FROM processed_message").await,
         0
     );
-    assert!(metrics.yielded.get() >= 1.0, "{}", metrics.yielded.get());
+    let backlog_waits = metrics.yielded.with_label_values(&["backlog"]).get();
+    assert!(backlog_waits >= 1.0, "{backlog_waits}");
+    drop_database(pool, &name).await;
+}
+
+#[tokio::test]
+async fn a_runner_gives_a_pipeline_that_stays_slow_a_bounded_share_of_its_time() {
+    let (pool, name) = database().await;
+    process_batch(&pool, &Ledger, &order_events("order-s", 300, 0))
+        .await
+        .expect("batch");
+    let later = Utc::now() + Duration::days(9);
+    let registry = prometheus::Registry::new();
+    let metrics = RetentionMetrics::register(&registry).expect("metrics");
+    let backlog = Backlog::new();
+    // Steps of 50 rows: 6 steps for the dedupe rows and as many for the effects.
+    let yielding = runner()
+        .batch_size(50)
+        .yield_to(backlog.clone())
+        .with_metrics(metrics.clone());
+
+    // Every batch of the pipeline takes long, for as long as the run lasts (a saturated
+    // database), but none finds a backlog.
+    let stop = tokio_util::sync::CancellationToken::new();
+    let slow = tokio::spawn({
+        let (backlog, stop) = (backlog.clone(), stop.clone());
+        async move {
+            while !stop.is_cancelled() {
+                backlog.took(pipeline_core::retention::backlog::SLOW);
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        }
+    });
+    let started = std::time::Instant::now();
+    let run = yielding.run_once(&pool, later, false).await.expect("run");
+    let took = started.elapsed();
+    stop.cancel();
+    slow.await.expect("slow pipeline");
+
+    // It waited before its steps, but each wait at most as long as the step and pause before
+    // it: everything went, in less than one wait for a backlog (30 s) would take.
+    assert!(!run.skipped);
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM processed_message").await,
+        0
+    );
+    assert_eq!(count(&pool, "SELECT count(*) FROM applied_effect").await, 0);
+    let slow_waits = metrics.yielded.with_label_values(&["slow"]).get();
+    assert!(slow_waits > 0.0, "the runner did not yield to slowness");
+    assert!(
+        slow_waits <= took.as_secs_f64() / 2.0 + 0.2,
+        "yielded {slow_waits:.2} s of a {took:?} run"
+    );
+    assert!(took < std::time::Duration::from_secs(30), "{took:?}");
+    assert_eq!(metrics.yielded.with_label_values(&["backlog"]).get(), 0.0);
     drop_database(pool, &name).await;
 }
 

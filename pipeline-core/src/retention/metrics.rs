@@ -1,7 +1,8 @@
 //! Retention's Prometheus metrics, registered on the caller's registry.
 
 use prometheus::{
-    exponential_buckets, GaugeVec, Histogram, HistogramOpts, IntCounterVec, Opts, Registry,
+    exponential_buckets, CounterVec, GaugeVec, Histogram, HistogramOpts, IntCounterVec, Opts,
+    Registry,
 };
 
 /// Metrics of the retention runner of one process, labelled by table.
@@ -21,9 +22,10 @@ pub struct RetentionMetrics {
     pub caught_up: GaugeVec,
     /// `retention_runs_skipped_total`: runs that found another runner at work on the database.
     pub skipped: prometheus::IntCounter,
-    /// `retention_yielded_seconds_total`: time the runner waited for the pipeline to catch up
-    /// before its steps (see [`super::Backlog`]).
-    pub yielded: prometheus::Counter,
+    /// `retention_yielded_seconds_total`: time the runner waited before its steps, by `reason`:
+    /// `backlog` (for the pipeline to catch up) or `slow` (for its rounds to be quick again; see
+    /// [`super::Backlog`]).
+    pub yielded: CounterVec,
 }
 
 impl RetentionMetrics {
@@ -68,9 +70,12 @@ impl RetentionMetrics {
             "retention_runs_skipped_total",
             "Retention runs that found another runner at work on the database.",
         )?;
-        let yielded = prometheus::Counter::new(
-            "retention_yielded_seconds_total",
-            "Seconds retention waited for the relay or the consumer to catch up on a backlog or to be quick again.",
+        let yielded = CounterVec::new(
+            Opts::new(
+                "retention_yielded_seconds_total",
+                "Seconds retention waited before its steps for the relay or the consumer to catch up on a backlog (reason=backlog) or to be quick again (reason=slow).",
+            ),
+            &["reason"],
         )?;
         registry.register(Box::new(removed.clone()))?;
         registry.register(Box::new(run_duration.clone()))?;

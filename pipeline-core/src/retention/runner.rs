@@ -178,7 +178,9 @@ impl Runner {
 
     /// Before each step, wait while `backlog` says the pipeline is behind (up to 30 s a step, so
     /// retention still advances under a backlog that never ends): the pipeline catches up
-    /// faster with the database to itself.
+    /// faster with the database to itself. While the pipeline is only slow, wait at most as long
+    /// as the last step and its pause took: a database that stays slow (a saturated one) still
+    /// gets a step at least every other such interval, so retention keeps up a bounded share.
     pub fn yield_to(mut self, backlog: Backlog) -> Self {
         self.backlog = Some(backlog);
         self
@@ -301,11 +303,13 @@ impl Runner {
         };
         let mut removed = 0u64;
         let mut caught_up = false;
+        // What the last step and its pause took: the most a step waits for a slow pipeline.
+        let mut last_step = Duration::ZERO;
         for taken in 0..steps {
             if taken > 0 && slice.is_some_and(|slice| started.elapsed() >= slice) {
                 break;
             }
-            self.give_way().await;
+            self.give_way(last_step).await;
             let step_started = Instant::now();
             let mut tx = pool.begin().await?;
             let held: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1)")
@@ -355,6 +359,7 @@ impl Runner {
             }
             cursor = step.cursor;
             tokio::time::sleep(pause).await;
+            last_step = step_started.elapsed();
         }
         let oldest = rule
             .oldest(&mut *pool.acquire().await?, cursor.as_deref())
@@ -406,17 +411,39 @@ impl Runner {
         }))
     }
 
-    /// Waits while the work this runner yields to is behind, up to [`MOST_YIELD`].
-    async fn give_way(&self) {
+    /// Waits before a step: while the work this runner yields to is behind, up to
+    /// [`MOST_YIELD`]; while it is only slow, up to `slow_bound` (what the last step and its
+    /// pause took), so a database that stays slow still gets a bounded share of steps.
+    async fn give_way(&self, slow_bound: Duration) {
         let Some(backlog) = &self.backlog else {
             return;
         };
         let started = Instant::now();
-        while backlog.behind_within(BEHIND_FOR) && started.elapsed() < MOST_YIELD {
-            tokio::time::sleep(YIELD_POLL).await;
+        let (mut for_backlog, mut for_slowness) = (Duration::ZERO, Duration::ZERO);
+        loop {
+            let waited = started.elapsed();
+            if waited >= MOST_YIELD {
+                break;
+            }
+            let (wait, until) = if backlog.behind_within(BEHIND_FOR) {
+                (&mut for_backlog, MOST_YIELD)
+            } else if backlog.slow_within(BEHIND_FOR) && waited < slow_bound {
+                (&mut for_slowness, slow_bound)
+            } else {
+                break;
+            };
+            let polled = Instant::now();
+            tokio::time::sleep(YIELD_POLL.min(until - waited)).await;
+            *wait += polled.elapsed();
         }
         if let Some(m) = &self.metrics {
-            m.yielded.inc_by(started.elapsed().as_secs_f64());
+            for (reason, waited) in [("backlog", for_backlog), ("slow", for_slowness)] {
+                if !waited.is_zero() {
+                    m.yielded
+                        .with_label_values(&[reason])
+                        .inc_by(waited.as_secs_f64());
+                }
+            }
         }
     }
 
