@@ -123,6 +123,15 @@ fn runner() -> Runner {
     Runner::new(rules(&RetentionSettings::default()), "test")
 }
 
+/// `runner`, yielding to `backlog`, and the metrics it serves.
+fn yielding_runner(runner: Runner, backlog: &Backlog) -> (Runner, RetentionMetrics) {
+    let metrics = RetentionMetrics::register(&prometheus::Registry::new()).expect("metrics");
+    let runner = runner
+        .yield_to(backlog.clone())
+        .with_metrics(metrics.clone());
+    (runner, metrics)
+}
+
 #[tokio::test]
 async fn a_redelivery_after_its_dedupe_row_was_removed_is_stale_not_applied() {
     let (pool, name) = database().await;
@@ -439,12 +448,8 @@ async fn a_runner_waits_while_the_pipeline_is_behind_and_goes_on_once_it_caught_
         .await
         .expect("batch");
     let later = Utc::now() + Duration::days(9);
-    let registry = prometheus::Registry::new();
-    let metrics = RetentionMetrics::register(&registry).expect("metrics");
     let backlog = Backlog::new();
-    let yielding = runner()
-        .yield_to(backlog.clone())
-        .with_metrics(metrics.clone());
+    let (yielding, metrics) = yielding_runner(runner(), &backlog);
 
     // A partition keeps finding full batches for a second and a half: the run waits, removing
     // nothing, and starts once nothing was behind for a while.
@@ -491,14 +496,9 @@ async fn a_runner_gives_a_pipeline_that_stays_slow_a_bounded_share_of_its_time()
         .await
         .expect("batch");
     let later = Utc::now() + Duration::days(9);
-    let registry = prometheus::Registry::new();
-    let metrics = RetentionMetrics::register(&registry).expect("metrics");
     let backlog = Backlog::new();
     // Steps of 50 rows: 6 steps for the dedupe rows and as many for the effects.
-    let yielding = runner()
-        .batch_size(50)
-        .yield_to(backlog.clone())
-        .with_metrics(metrics.clone());
+    let (yielding, metrics) = yielding_runner(runner().batch_size(50), &backlog);
 
     // Every batch of the pipeline takes long, for as long as the run lasts (a saturated
     // database), but none finds a backlog.
