@@ -79,6 +79,22 @@ repeat_verify_failure() {
     warn "the short verification did not pass (the whole output: $VERIFY_LOG):"
     grep -E '^  (seed|error|unplanned exit|result) |^  [a-z ,]*(lost|duplicate|reorder)' "$VERIFY_LOG" >&2 ||
         tail -n 20 "$VERIFY_LOG" >&2
+    # What the faults did, and why the processes that exited unasked last said they stopped.
+    grep -E '^\[verify [0-9:]+\] fault [0-9]+: ' "$VERIFY_LOG" | cut -c1-300 >&2 || true
+    local logs label
+    logs=$(sed -nE 's/.* logs in (.*)$/\1/p' "$VERIFY_LOG" | head -n1)
+    for label in $(sed -nE 's/^  unplanned exit +([^ ]+) .*/\1/p' "$VERIFY_LOG"); do
+        [[ -f $logs/$label.log ]] || continue
+        echo "  -- $label: its last errors (the whole log: $logs/$label.log)" >&2
+        grep -E ' (ERROR|WARN) |^Error|^Caused by|^ +[0-9]+: ' "$logs/$label.log" | tail -n 12 | cut -c1-300 >&2 || true
+    done
+    # PostgreSQL's own account of its restarts (crash recovery), from the server log.
+    local pg_log
+    pg_log=$(ls /var/log/postgresql/postgresql-*.log 2>/dev/null | head -n1)
+    if [[ -n $pg_log ]]; then
+        echo "  -- PostgreSQL's restarts ($pg_log):" >&2
+        grep -E 'interrupted|redo (starts|done)|syncing data directory|ready to accept|did not start' "$pg_log" | tail -n 12 | cut -c1-200 >&2 || true
+    fi
 }
 trap finish EXIT
 trap 'exit 130' INT

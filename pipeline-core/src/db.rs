@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::PgPool;
+use sqlx::{Connection, PgConnection, PgPool};
 
 use sqlx::migrate::Migrator;
 
@@ -67,7 +67,21 @@ pub struct DbArgs {
         arg(long, env = "DATABASE_MIGRATE", default_value_t = true, action = clap::ArgAction::Set)
     )]
     pub migrate: bool,
+    /// How long start-up waits for a database that is down or still starting (recovering after
+    /// a crash, say) before it gives up; `0s`: not at all. A database that refuses the
+    /// connection outright (bad password, no such database) fails at once.
+    #[cfg_attr(
+        feature = "cli",
+        arg(long, env = "DATABASE_WAIT", default_value = "5m", value_parser = humantime::parse_duration)
+    )]
+    pub database_wait: Duration,
 }
+
+/// The default of [`DbArgs::database_wait`].
+pub const DEFAULT_DATABASE_WAIT: Duration = Duration::from_secs(300);
+
+/// Longest pause between two attempts to reach a database at start-up.
+const MOST_CONNECT_PAUSE: Duration = Duration::from_secs(5);
 
 impl Default for DbArgs {
     fn default() -> Self {
@@ -75,6 +89,7 @@ impl Default for DbArgs {
             database_url: DEFAULT_DATABASE_URL.to_owned(),
             database_max_connections: 16,
             migrate: true,
+            database_wait: DEFAULT_DATABASE_WAIT,
         }
     }
 }
@@ -85,6 +100,7 @@ impl std::fmt::Debug for DbArgs {
             .field("database_url", &redact_url(&self.database_url))
             .field("database_max_connections", &self.database_max_connections)
             .field("migrate", &self.migrate)
+            .field("database_wait", &self.database_wait)
             .finish()
     }
 }
@@ -168,28 +184,78 @@ impl DbArgs {
         Ok(options)
     }
 
-    /// A pool of sessions made with `options` (waiting up to 10 s for the server), with the
-    /// migrations of `schema` applied when asked to.
+    /// A pool of sessions made with `options`, with the migrations of `schema` applied when
+    /// asked to. A server that is down or still starting is tried again, with growing pauses,
+    /// for up to [`DbArgs::database_wait`].
     pub async fn connect_pool(
         &self,
         options: PgConnectOptions,
         schema: &[&Migrator],
     ) -> anyhow::Result<PgPool> {
-        let pool = PgPoolOptions::new()
-            .max_connections(self.database_max_connections)
-            .acquire_timeout(Duration::from_secs(10))
-            .connect_with(options)
-            .await
-            .with_context(|| {
-                format!(
-                    "cannot connect to PostgreSQL at {}",
-                    redact_url(&self.database_url)
-                )
-            })?;
+        let pool = match self.wait_for_server(&options).await {
+            Ok(()) => {
+                PgPoolOptions::new()
+                    .max_connections(self.database_max_connections)
+                    .acquire_timeout(Duration::from_secs(10))
+                    .connect_with(options)
+                    .await
+            }
+            Err(e) => Err(e),
+        }
+        .with_context(|| {
+            format!(
+                "cannot connect to PostgreSQL at {}",
+                redact_url(&self.database_url)
+            )
+        })?;
         if self.migrate {
             migrate(&pool, schema).await?;
         }
         Ok(pool)
+    }
+
+    /// Tries single connections, with growing pauses, while the server is down or still
+    /// starting, for up to [`DbArgs::database_wait`]: the last attempt's error when the server
+    /// refuses outright or the wait is over.
+    async fn wait_for_server(&self, options: &PgConnectOptions) -> Result<(), sqlx::Error> {
+        let deadline = tokio::time::Instant::now() + self.database_wait;
+        let mut pause = Duration::from_millis(250);
+        loop {
+            let e = match PgConnection::connect_with(options).await {
+                Ok(conn) => {
+                    let _ = conn.close().await;
+                    return Ok(());
+                }
+                Err(e) => e,
+            };
+            let now = tokio::time::Instant::now();
+            if !not_reachable_yet(&e) || now >= deadline {
+                return Err(e);
+            }
+            tracing::warn!(
+                database = %redact_url(&self.database_url),
+                error = %e,
+                retry_in_ms = pause.as_millis() as u64,
+                "the database is not reachable yet; waiting for it"
+            );
+            tokio::time::sleep(pause.min(deadline - now)).await;
+            pause = (pause * 2).min(MOST_CONNECT_PAUSE);
+        }
+    }
+}
+
+/// Whether a failed connection attempt may succeed later without anyone changing anything: the
+/// server is down, unreachable, starting, shutting down or out of connections, as opposed to
+/// refusing who asks (authentication, a database that does not exist, a bad setting).
+fn not_reachable_yet(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::Tls(_) => true,
+        sqlx::Error::Database(db) => db.code().is_some_and(|c| {
+            // 08: connection exception; 57P01-57P03: admin shutdown, crash shutdown, cannot
+            // connect now (starting up, recovering); 53300: too many connections.
+            c.starts_with("08") || c.starts_with("57P") || c == "53300"
+        }),
+        _ => false,
     }
 }
 

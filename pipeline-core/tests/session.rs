@@ -4,12 +4,14 @@
 use std::time::Duration;
 
 use pipeline_core::db::{DbArgs, Planner};
+use sqlx::postgres::PgConnectOptions;
 
 fn args() -> DbArgs {
     DbArgs {
         database_url: std::env::var("DATABASE_URL").expect("DATABASE_URL names the test server"),
         database_max_connections: 2,
         migrate: false,
+        ..DbArgs::default()
     }
 }
 
@@ -79,4 +81,112 @@ async fn key_lookup_sessions_plan_small_tables_by_index() {
     assert!(keyed.contains("Index Scan using lookup_pkey"), "{keyed}");
     assert!(!keyed.contains("Seq Scan on lookup"), "{keyed}");
     assert!(!keyed.contains("Hash Join"), "{keyed}");
+}
+
+/// The test server's connection options, from `DATABASE_URL`.
+fn server() -> PgConnectOptions {
+    args().database_url.parse().expect("DATABASE_URL is a URL")
+}
+
+/// The test server's address (`host:port`).
+fn server_address() -> String {
+    let server = server();
+    format!("{}:{}", server.get_host(), server.get_port())
+}
+
+/// A URL of the test server's user and `database` on 127.0.0.1:`port`.
+fn url_on(port: u16, database: &str) -> String {
+    format!(
+        "postgres://{}@127.0.0.1:{port}/{database}?sslmode=disable",
+        server().get_username()
+    )
+}
+
+/// A URL of the test server's database on 127.0.0.1:`port`.
+fn url_on_port(port: u16) -> String {
+    url_on(port, server().get_database().unwrap_or("postgres"))
+}
+
+/// A port nothing listens on (until someone binds it again).
+async fn closed_port() -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    listener.local_addr().expect("address").port()
+}
+
+#[tokio::test]
+async fn start_up_waits_for_a_database_that_comes_up_late() {
+    let port = closed_port().await;
+    let down_for = Duration::from_millis(1500);
+    // The "server" comes up after `down_for`: a proxy to the test server on the port start-up
+    // was given.
+    let target = server_address();
+    let proxy = tokio::spawn(async move {
+        tokio::time::sleep(down_for).await;
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+            .await
+            .expect("bind the proxy");
+        loop {
+            let (mut client, _) = listener.accept().await.expect("accept");
+            let target = target.clone();
+            tokio::spawn(async move {
+                let mut server = tokio::net::TcpStream::connect(target)
+                    .await
+                    .expect("reach the test server");
+                let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+            });
+        }
+    });
+    let started = std::time::Instant::now();
+    let pool = DbArgs {
+        database_url: url_on_port(port),
+        database_wait: Duration::from_secs(30),
+        ..args()
+    }
+    .connect(&[])
+    .await
+    .expect("connects once the database is up");
+    assert!(started.elapsed() >= down_for, "{:?}", started.elapsed());
+    assert_eq!(show(&pool, "server_version_num").await.len(), 6);
+    pool.close().await;
+    proxy.abort();
+}
+
+#[tokio::test]
+async fn start_up_gives_up_on_a_database_that_stays_down_and_at_once_on_a_refusal() {
+    let port = closed_port().await;
+    let started = std::time::Instant::now();
+    let error = DbArgs {
+        database_url: url_on_port(port),
+        database_wait: Duration::from_secs(2),
+        ..args()
+    }
+    .connect(&[])
+    .await
+    .expect_err("nothing listens");
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_secs(2) && waited < Duration::from_secs(10),
+        "{waited:?}"
+    );
+    assert!(format!("{error:#}").contains("cannot connect"), "{error:#}");
+
+    // A database that does not exist is a refusal no wait cures.
+    let server = server();
+    let started = std::time::Instant::now();
+    let error = DbArgs {
+        database_url: url_on(server.get_port(), "no_such_database_here"),
+        database_wait: Duration::from_secs(60),
+        ..args()
+    }
+    .connect(&[])
+    .await
+    .expect_err("no such database");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(format!("{error:#}").contains("does not exist"), "{error:#}");
 }

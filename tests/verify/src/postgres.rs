@@ -12,6 +12,9 @@ use pipeline_testkit::wait_until;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, PgConnection};
 
+/// Longest a start waits for the server to accept connections.
+const START_WAIT: Duration = Duration::from_secs(300);
+
 /// One `pg_ctlcluster` cluster (version and name), found by its port.
 #[derive(Debug)]
 pub struct PgCluster {
@@ -86,9 +89,18 @@ impl PgCluster {
         Ok(())
     }
 
-    /// Starts the cluster and waits until it accepts connections.
+    /// Starts the cluster and waits until it accepts connections: after `stop -m immediate`
+    /// the server replays the WAL written since its last checkpoint first (up to
+    /// `checkpoint_timeout` of the run's writes), which takes longer than `pg_ctl`'s own minute
+    /// on a busy machine.
     pub async fn start(&self) -> anyhow::Result<()> {
-        let out = run("pg_ctlcluster", &self.ctl_args("start", &[]), self.sudo).await?;
+        let wait = START_WAIT.as_secs().to_string();
+        let out = run(
+            "pg_ctlcluster",
+            &self.ctl_args("start", &["--", "-t", &wait]),
+            self.sudo,
+        )
+        .await?;
         // Exit status 2: already running.
         if !out.status.success() && out.status.code() != Some(2) {
             bail!(
@@ -97,16 +109,12 @@ impl PgCluster {
                 String::from_utf8_lossy(&out.stderr).trim()
             );
         }
-        wait_until(
-            "PostgreSQL to accept connections",
-            Duration::from_secs(60),
-            || async {
-                let mut conn = PgConnection::connect(&self.server_url).await?;
-                sqlx::query("SELECT 1").execute(&mut conn).await?;
-                let _ = conn.close().await;
-                Ok(Some(()))
-            },
-        )
+        wait_until("PostgreSQL to accept connections", START_WAIT, || async {
+            let mut conn = PgConnection::connect(&self.server_url).await?;
+            sqlx::query("SELECT 1").execute(&mut conn).await?;
+            let _ = conn.close().await;
+            Ok(Some(()))
+        })
         .await?;
         self.stopped_by_us.store(false, Ordering::SeqCst);
         Ok(())
