@@ -4,8 +4,11 @@
 //! dead letters, parked events (and their dedupe rows), the history of an order that has an open
 //! dead letter or parked events, and partition ownership.
 //!
-//! Tables in time order (dedupe rows by event id, which the outbox makes time-ordered; the
-//! history by id) are removed from their old end. `order_progress` is one row per order, in no
+//! The effect history (`applied_effect`) is in time partitions, dropped whole once past the
+//! history window ([`EFFECT_PARTITIONS`]); what an order with an open dead letter or parked events
+//! still needs is copied into `applied_effect_held` first, and removed from there in steps once
+//! released. Other tables in time order (dedupe rows by event id, which the outbox makes
+//! time-ordered; the transitions by id) are removed from their old end in bounded steps. `order_progress` is one row per order, in no
 //! time order: it is swept, a few batches a run.
 //!
 //! The dedupe window may be short without an event ever being applied twice: a redelivery
@@ -13,7 +16,9 @@
 //! is removed once the order has been silent for the progress window; its events that occurred
 //! before then are flagged stale too (the group's progress horizon, `progress_horizon`).
 
-use pipeline_core::retention::{rule, runner::GROUPS_LOCK, BelowFloor, Rule, Window};
+use pipeline_core::retention::{
+    partitions, rule, runner::GROUPS_LOCK, BelowFloor, Rule, TimePartitions, Window,
+};
 
 /// How long a group's database keeps what exactly-once and the history need.
 #[derive(Debug, Clone)]
@@ -190,18 +195,20 @@ pub fn rules(settings: &RetentionSettings) -> Vec<Rule> {
             ),
             sweep: false,
             lock: GROUPS_LOCK,
+            partitions: None,
         },
         Rule {
             table: "applied_effect",
             window: settings.history,
             keeps: "the history of orders with an open dead letter or parked events",
-            step_sql: EFFECTS_STEP,
+            step_sql: HELD_EFFECTS_STEP,
             oldest_sql: Some(
-                "SELECT (SELECT applied_at FROM applied_effect
+                "SELECT (SELECT applied_at FROM applied_effect_held
                          WHERE id > COALESCE($1::bigint, 0) ORDER BY id LIMIT 1)",
             ),
             sweep: false,
             lock: GROUPS_LOCK,
+            partitions: Some(EFFECT_PARTITIONS),
         },
         Rule {
             table: "group_transition",
@@ -214,6 +221,7 @@ pub fn rules(settings: &RetentionSettings) -> Vec<Rule> {
             ),
             sweep: false,
             lock: GROUPS_LOCK,
+            partitions: None,
         },
         Rule {
             table: "dead_letter",
@@ -223,6 +231,7 @@ pub fn rules(settings: &RetentionSettings) -> Vec<Rule> {
             oldest_sql: Some("SELECT (SELECT created_at FROM dead_letter ORDER BY id LIMIT 1)"),
             sweep: true,
             lock: GROUPS_LOCK,
+            partitions: None,
         },
         Rule {
             table: "order_progress",
@@ -232,6 +241,7 @@ pub fn rules(settings: &RetentionSettings) -> Vec<Rule> {
             oldest_sql: None,
             sweep: true,
             lock: GROUPS_LOCK,
+            partitions: None,
         },
         rule::operator_actions(settings.operator_actions, GROUPS_LOCK),
     ]
@@ -280,10 +290,46 @@ SELECT (SELECT count(*) FROM removed),
         || COALESCE((SELECT jsonb_object_agg(group_name, last) FROM walked), '{}'::jsonb))::text,
        NOT EXISTS (SELECT 1 FROM walked WHERE n >= $3)";
 
-/// Applied effects older than the cutoff, from the oldest id on.
-const EFFECTS_STEP: &str = "
+/// The effect history's time partitions (`applied_at`): a partition goes once all of it is
+/// older than the history window; the history of orders with an open dead letter or parked
+/// events is copied into `applied_effect_held` first.
+pub const EFFECT_PARTITIONS: TimePartitions = TimePartitions {
+    table: "applied_effect",
+    column: "applied_at",
+    keep_sql: Some(KEEP_EFFECTS),
+};
+
+/// Creates the effect history's partitions for the time to come, on the grid the history
+/// window gives them (see [`pipeline_core::retention::partitions::span`]): consumers do it at
+/// start and every few seconds, whether or not they run retention.
+pub async fn ensure_partitions(
+    pool: &sqlx::PgPool,
+    settings: &RetentionSettings,
+) -> Result<u32, sqlx::Error> {
+    let span = partitions::span(settings.history.duration());
+    EFFECT_PARTITIONS
+        .ensure(pool, span, partitions::runway(span))
+        .await
+}
+
+/// A detached partition's effects that outlive it: those of orders with an open dead letter or
+/// parked events, found from those (few) orders through the partition's order index.
+const KEEP_EFFECTS: &str = "
+INSERT INTO applied_effect_held (id, group_name, event_id, order_id, sequence, event_type,
+                                 occurred_at, applied_at)
+SELECT a.id, a.group_name, a.event_id, a.order_id, a.sequence, a.event_type, a.occurred_at,
+       a.applied_at
+FROM (SELECT group_name, order_id FROM dead_letter WHERE status = 'open' AND order_id IS NOT NULL
+      UNION
+      SELECT group_name, order_id FROM parked_event) k
+JOIN {partition} a ON a.group_name = k.group_name AND a.order_id = k.order_id
+ON CONFLICT (id) DO NOTHING";
+
+/// Effects kept past their partition (`applied_effect_held`) once older than the cutoff and no
+/// longer needed, from the oldest id on.
+const HELD_EFFECTS_STEP: &str = "
 WITH batch AS (
-    SELECT id, group_name, order_id, applied_at FROM applied_effect
+    SELECT id, group_name, order_id, applied_at FROM applied_effect_held
     WHERE id > COALESCE($2::bigint, 0) ORDER BY id LIMIT $3),
 old AS (
     SELECT * FROM batch WHERE applied_at < $1),
@@ -295,7 +341,7 @@ doomed AS (
       AND NOT EXISTS (SELECT 1 FROM parked_event p
                       WHERE p.order_id = o.order_id AND p.group_name = o.group_name)),
 removed AS (
-    DELETE FROM applied_effect a WHERE a.id = ANY (ARRAY(SELECT id FROM doomed)) RETURNING 1)
+    DELETE FROM applied_effect_held a WHERE a.id = ANY (ARRAY(SELECT id FROM doomed)) RETURNING 1)
 SELECT (SELECT count(*) FROM removed),
        (SELECT max(id) FROM old)::text,
        (SELECT count(*) FROM old) < $3";

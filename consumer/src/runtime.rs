@@ -29,6 +29,9 @@ use crate::transaction::{DeadLetterSink, SharedTransactionSettings, SharedTransa
 /// How often the database probe runs (see [`Reachability`]).
 const PROBE_EVERY: Duration = Duration::from_secs(1);
 
+/// How often a consumer makes sure the effect history has partitions for the time to come.
+const PARTITIONS_EVERY: Duration = Duration::from_secs(10);
+
 /// A running consumer process: its groups' poll threads and what runs beside them.
 pub struct Runtime {
     stop: CancellationToken,
@@ -101,6 +104,7 @@ impl Runtime {
             backlog: Backlog::new(),
         };
         runtime.start_lag_collector(args, &parts)?;
+        runtime.keep_partitions(args, &parts).await;
         runtime.start_retention(args, &parts, retention);
         let reachability = runtime.probe_database(&parts);
         let pauses = runtime.watch_pauses(args, &parts).await?;
@@ -166,6 +170,30 @@ impl Runtime {
             args.retention.interval,
             self.stop.clone(),
         )));
+    }
+
+    /// The effect history's partitions for the time to come: made now, before any batch needs
+    /// them, and every few seconds after, whether or not this process runs retention.
+    async fn keep_partitions(&mut self, args: &ConsumerSettings, parts: &Parts) {
+        let (pool, settings, stop) = (
+            parts.pool.clone(),
+            args.retention.clone(),
+            self.stop.clone(),
+        );
+        if let Err(e) = crate::retention::ensure_partitions(&pool, &settings).await {
+            tracing::warn!(error = %e, "could not create the effect history's partitions yet; trying again");
+        }
+        self.background.push(tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(PARTITIONS_EVERY) => {}
+                }
+                if let Err(e) = crate::retention::ensure_partitions(&pool, &settings).await {
+                    tracing::warn!(error = %e, "could not create the effect history's partitions; trying again");
+                }
+            }
+        }));
     }
 
     /// Every part stops when the process is asked to, or when one of them raises a fatal error.

@@ -130,6 +130,7 @@ pub fn rules(settings: &RetentionSettings, groups_here: bool) -> Vec<Rule> {
             ),
             sweep: false,
             lock: OUTBOX_LOCK,
+            partitions: None,
         },
         Rule {
             table: "outbox_schedule_occurrence",
@@ -139,6 +140,7 @@ pub fn rules(settings: &RetentionSettings, groups_here: bool) -> Vec<Rule> {
             oldest_sql: Some("SELECT min(recorded_at) FROM outbox_schedule_occurrence"),
             sweep: true,
             lock: OUTBOX_LOCK,
+            partitions: None,
         },
         pipeline_core::retention::rule::operator_actions(settings.operator_actions, OUTBOX_LOCK),
     ]

@@ -132,7 +132,11 @@ pub async fn reprocess_group(
                                   AND pm.kafka_offset >= r.from_offset
                             WHERE pm.group_name = $1),
                   firsts AS (SELECT a.order_id, min(a.sequence) AS first
-                             FROM applied_effect a
+                             FROM (SELECT group_name, event_id, order_id, sequence
+                                   FROM applied_effect
+                                   UNION ALL
+                                   SELECT group_name, event_id, order_id, sequence
+                                   FROM applied_effect_held) a
                              WHERE a.group_name = $1 AND a.event_id IN (SELECT event_id FROM range)
                              GROUP BY a.order_id),
                   rewound AS (UPDATE order_progress p SET last_sequence = f.first - 1,

@@ -286,7 +286,14 @@ fn print_runs(runs: &[DatabaseRun], dry_run: bool) {
                 table
                     .cutoff
                     .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-                table.removed.to_string(),
+                if table.partitions_removed > 0 {
+                    format!(
+                        "{} ({} partitions)",
+                        table.removed, table.partitions_removed
+                    )
+                } else {
+                    table.removed.to_string()
+                },
                 if table.caught_up { "yes" } else { "no" }.to_owned(),
             ]);
         }

@@ -25,7 +25,11 @@ pub enum ProcessError {
 
 impl From<sqlx::Error> for ProcessError {
     fn from(e: sqlx::Error) -> Self {
-        if is_fatal(&e) {
+        if is_missing_partition(&e) {
+            // The effect history has no partition for the time now yet: the consumers create
+            // them ahead (see `crate::retention::ensure_partitions`); wait for it.
+            ProcessError::Unavailable(format!("{e}; waiting for the partition to be created"))
+        } else if is_fatal(&e) {
             ProcessError::Fatal(e)
         } else if is_unavailable(&e) {
             ProcessError::Unavailable(e.to_string())
@@ -58,6 +62,18 @@ fn sqlstate(e: &sqlx::Error) -> Option<String> {
     match e {
         sqlx::Error::Database(db) => db.code().map(|c| c.into_owned()),
         _ => None,
+    }
+}
+
+/// A row for which a partitioned table has no partition (check violation, raised by the
+/// table's routing rather than a constraint).
+pub(crate) fn is_missing_partition(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(db) => {
+            db.code().as_deref() == Some("23514")
+                && db.message().starts_with("no partition of relation")
+        }
+        _ => false,
     }
 }
 
@@ -98,7 +114,8 @@ fn is_unavailable(e: &sqlx::Error) -> bool {
 /// (54000, a value too large for an index entry, say) raised while applying one event are about
 /// that event: it is dead-lettered rather than retried.
 pub(crate) fn is_rejection(e: &sqlx::Error) -> bool {
-    sqlstate(e)
-        .map(|c| c.starts_with("22") || c.starts_with("23") || c == "54000")
-        .unwrap_or(false)
+    !is_missing_partition(e)
+        && sqlstate(e)
+            .map(|c| c.starts_with("22") || c.starts_with("23") || c == "54000")
+            .unwrap_or(false)
 }

@@ -6,6 +6,7 @@
 mod common;
 mod hostile_records;
 mod outside_dependency;
+mod partitions;
 mod plans;
 mod rate_limit;
 mod retention;

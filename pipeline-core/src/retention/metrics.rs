@@ -10,6 +10,9 @@ use prometheus::{
 pub struct RetentionMetrics {
     /// `retention_rows_removed_total`: rows removed, by table.
     pub removed: IntCounterVec,
+    /// `retention_partitions_removed_total`: partitions of a table in time partitions dropped,
+    /// by table.
+    pub partitions_removed: IntCounterVec,
     /// `retention_run_duration_seconds`: one run over every table.
     pub run_duration: Histogram,
     /// `retention_oldest_row_age_seconds`: age of the oldest row a table keeps, after the last
@@ -35,6 +38,13 @@ impl RetentionMetrics {
             Opts::new(
                 "retention_rows_removed_total",
                 "Rows removed by retention, by table.",
+            ),
+            &["table"],
+        )?;
+        let partitions_removed = IntCounterVec::new(
+            Opts::new(
+                "retention_partitions_removed_total",
+                "Partitions of a table in time partitions that retention dropped, by table.",
             ),
             &["table"],
         )?;
@@ -78,6 +88,7 @@ impl RetentionMetrics {
             &["reason"],
         )?;
         registry.register(Box::new(removed.clone()))?;
+        registry.register(Box::new(partitions_removed.clone()))?;
         registry.register(Box::new(run_duration.clone()))?;
         registry.register(Box::new(oldest_age.clone()))?;
         registry.register(Box::new(window.clone()))?;
@@ -86,6 +97,7 @@ impl RetentionMetrics {
         registry.register(Box::new(yielded.clone()))?;
         Ok(RetentionMetrics {
             removed,
+            partitions_removed,
             run_duration,
             oldest_age,
             window,

@@ -10,12 +10,17 @@
 //! pipeline it runs beside is behind ([`Backlog`]). The owners of the tables define their rules (the relay's for the outbox's tables,
 //! the consumer runtime's for the groups'); the operator command runs the same rules by hand.
 //!
+//! A table in time partitions ([`TimePartitions`]) sheds whole partitions instead: its rule's
+//! steps then only go over the rows kept past their partition.
+//!
 //! Layout: [`window`] (durations and their floors), [`rule`] (what a rule is and the SQL it runs),
+//! [`partitions`] (tables partitioned by time),
 //! [`runner`] (steps, runs, the loop), [`backlog`] (the signal a runner yields to), [`state`] (what the runners record per table in
 //! `retention_state`, read by `pipeline retention status`), [`metrics`].
 
 pub mod backlog;
 pub mod metrics;
+pub mod partitions;
 pub mod rule;
 pub mod runner;
 pub mod state;
@@ -23,6 +28,7 @@ pub mod window;
 
 pub use backlog::Backlog;
 pub use metrics::RetentionMetrics;
+pub use partitions::TimePartitions;
 pub use rule::{Rule, Step};
 pub use runner::{Report, Runner, TableReport};
 pub use window::{BelowFloor, Window};

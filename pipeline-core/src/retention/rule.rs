@@ -3,6 +3,7 @@
 use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 
+use super::partitions::TimePartitions;
 use super::window::Window;
 
 /// How one table (with the tables that hang off its rows) sheds old rows.
@@ -33,6 +34,9 @@ pub struct Rule {
     /// The advisory lock its runner takes for each step: runners of rules with the same lock
     /// exclude each other (see [`super::runner::OUTBOX_LOCK`], [`super::runner::GROUPS_LOCK`]).
     pub lock: i64,
+    /// The table is partitioned by time: each run first drops its partitions older than the
+    /// cutoff (copying out what must be kept), and the steps then only go over those kept rows.
+    pub partitions: Option<TimePartitions>,
 }
 
 /// What one step did.
@@ -74,17 +78,28 @@ impl Rule {
     }
 
     /// The time of the oldest row kept past `cursor` (a rule in time order; a swept rule looks
-    /// at the whole table), where the table tells it cheaply.
+    /// at the whole table), where the table tells it cheaply; in a partitioned table, the older
+    /// of that and its oldest partition's.
     pub async fn oldest(
         &self,
         conn: &mut PgConnection,
         cursor: Option<&str>,
     ) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
-        match (self.oldest_sql, self.sweep) {
-            (Some(sql), false) => sqlx::query_scalar(sql).bind(cursor).fetch_one(conn).await,
-            (Some(sql), true) => sqlx::query_scalar(sql).fetch_one(conn).await,
-            (None, _) => Ok(None),
-        }
+        let kept: Option<DateTime<Utc>> = match (self.oldest_sql, self.sweep) {
+            (Some(sql), false) => {
+                sqlx::query_scalar(sql)
+                    .bind(cursor)
+                    .fetch_one(&mut *conn)
+                    .await?
+            }
+            (Some(sql), true) => sqlx::query_scalar(sql).fetch_one(&mut *conn).await?,
+            (None, _) => None,
+        };
+        let partitioned = match &self.partitions {
+            Some(p) => p.oldest(conn).await?,
+            None => None,
+        };
+        Ok(kept.into_iter().chain(partitioned).min())
     }
 }
 
@@ -103,6 +118,7 @@ pub fn operator_actions(window: Window, lock: i64) -> Rule {
         ),
         sweep: false,
         lock,
+        partitions: None,
     }
 }
 

@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::backlog::Backlog;
 use super::metrics::RetentionMetrics;
+use super::partitions::{Removed, TimePartitions};
 use super::rule::Rule;
 use super::state::{self, Recorded};
 use super::window::Window;
@@ -125,8 +126,11 @@ pub struct TableReport {
     pub window: String,
     /// Rows older than this were removable.
     pub cutoff: DateTime<Utc>,
-    /// Rows removed (or, in a dry run, that would be).
+    /// Rows removed (or, in a dry run, that would be); in a table in time partitions, the
+    /// partitions' rows are the planner's estimate where a partition is large.
     pub removed: u64,
+    /// Partitions dropped (or, in a dry run, that would be), in a table in time partitions.
+    pub partitions_removed: u64,
     /// Nothing removable older than the cutoff is left (a swept table: its pass ended).
     pub caught_up: bool,
     /// The oldest row kept, where the table tells it cheaply.
@@ -302,6 +306,17 @@ impl Runner {
             self.max_steps
         };
         let mut removed = 0u64;
+        let mut partitions_removed = 0u64;
+        if let Some(partitions) = &rule.partitions {
+            let Some(dropped) = self
+                .remove_partitions(pool, rule, partitions, cutoff, dry_run)
+                .await?
+            else {
+                return Ok(None);
+            };
+            removed += dropped.rows;
+            partitions_removed = dropped.partitions;
+        }
         let mut caught_up = false;
         // What the last step and its pause took: the most a step waits for a slow pipeline.
         let mut last_step = Duration::ZERO;
@@ -405,10 +420,51 @@ impl Runner {
             window: rule.window.to_string(),
             cutoff,
             removed,
+            partitions_removed,
             caught_up,
             oldest_kept: oldest,
             swept: rule.sweep,
         }))
+    }
+
+    /// Drops `partitions`' partitions older than `cutoff` under the rule's lock, held by a
+    /// session of its own for the length of it (a detach that blocks no one cannot run in a
+    /// transaction); `None` when another runner holds the lock.
+    async fn remove_partitions(
+        &self,
+        pool: &PgPool,
+        rule: &Rule,
+        partitions: &TimePartitions,
+        cutoff: DateTime<Utc>,
+        dry_run: bool,
+    ) -> Result<Option<Removed>, sqlx::Error> {
+        let mut conn = pool.acquire().await?;
+        let held: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
+            .bind(rule.lock)
+            .fetch_one(&mut *conn)
+            .await?;
+        if !held {
+            return Ok(None);
+        }
+        let removed = partitions.remove_old(&mut conn, cutoff, dry_run).await;
+        let unlocked = sqlx::query("SELECT pg_advisory_unlock($1)")
+            .bind(rule.lock)
+            .execute(&mut *conn)
+            .await;
+        if unlocked.is_err() {
+            // A session whose lock state is unknown goes, rather than back to the pool.
+            let _ = conn.detach();
+        }
+        let removed = removed?;
+        if let (Some(m), false) = (&self.metrics, dry_run) {
+            m.partitions_removed
+                .with_label_values(&[rule.table])
+                .inc_by(removed.partitions);
+            m.removed
+                .with_label_values(&[rule.table])
+                .inc_by(removed.rows);
+        }
+        Ok(Some(removed))
     }
 
     /// Waits before a step: while the work this runner yields to is behind, up to

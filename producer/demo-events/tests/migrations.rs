@@ -18,16 +18,21 @@ use sqlx::PgPool;
 
 async fn tables(pool: &PgPool) -> Vec<String> {
     sqlx::query_scalar(
-        "SELECT table_name::text FROM information_schema.tables
-         WHERE table_schema = 'public' AND table_name <> '_sqlx_migrations' ORDER BY 1",
+        "SELECT table_name::text FROM information_schema.tables t
+         WHERE table_schema = 'public' AND table_name <> '_sqlx_migrations'
+           -- a partitioned table's partitions are part of it
+           AND NOT EXISTS (SELECT 1 FROM pg_class c
+                           WHERE c.relname = t.table_name AND c.relispartition)
+         ORDER BY 1",
     )
     .fetch_all(pool)
     .await
     .expect("tables")
 }
 
-const PIPELINE_TABLES: [&str; 24] = [
+const PIPELINE_TABLES: [&str; 25] = [
     "applied_effect",
+    "applied_effect_held",
     "dead_letter",
     "group_history",
     "group_pause",

@@ -151,6 +151,13 @@ async fn a_database_filled_before_retention_migrates_with_every_row_and_guarante
         .expect("consumer migrations");
     let took = started.elapsed();
     assert!(took < std::time::Duration::from_secs(5), "{took:?}");
+    // A consumer's start attaches the effect history from before its time partitions.
+    consumer::retention::ensure_partitions(
+        &pool,
+        &consumer::retention::RetentionSettings::default(),
+    )
+    .await
+    .expect("partitions");
     assert_eq!(counts(&pool).await, before_counts, "{TABLES:?}");
 
     // The guarantees' keys still hold.
@@ -201,7 +208,9 @@ async fn a_database_filled_before_retention_migrates_with_every_row_and_guarante
         .expect("retention");
     let removed = |t: &str| run.tables.iter().find(|r| r.table == t).expect(t).removed;
     assert_eq!(removed("outbox"), 2_000);
-    assert_eq!(removed("applied_effect"), 2_000);
+    // The effect history from before the migration is one partition, kept whole until its
+    // newest row is past the window.
+    assert_eq!(removed("applied_effect"), 0);
     assert_eq!(removed("dead_letter"), 0, "open letters stay");
     assert_eq!(removed("operator_action"), 1);
     assert_eq!(count(&pool, "SELECT count(*) FROM outbox").await, 500);
@@ -220,6 +229,25 @@ async fn a_database_filled_before_retention_migrates_with_every_row_and_guarante
         .await,
         400
     );
+
+    // A week on, that partition goes whole, but for what an order held back still needs.
+    let effects: Vec<_> =
+        consumer::retention::rules(&consumer::retention::RetentionSettings::default())
+            .into_iter()
+            .filter(|r| r.table == "applied_effect")
+            .collect();
+    let week_on = Runner::new(effects, "test")
+        .run_once(&pool, Utc::now() + chrono::Duration::days(8), false)
+        .await
+        .expect("retention a week on");
+    let held = count(&pool, "SELECT count(*) FROM applied_effect_held").await;
+    assert_eq!(week_on.tables[0].partitions_removed, 1, "{week_on:?}");
+    assert_eq!(
+        week_on.tables[0].removed,
+        2_400 - held as u64,
+        "{week_on:?}"
+    );
+    assert_eq!(count(&pool, "SELECT count(*) FROM applied_effect").await, 0);
     pool.close().await;
     drop_database(&server, &name).await.expect("drop");
 }

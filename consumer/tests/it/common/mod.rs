@@ -5,9 +5,24 @@ use sqlx::postgres::PgPoolOptions;
 use sqlx::{Connection, PgConnection, PgPool};
 use uuid::Uuid;
 
-/// A new database `<prefix>_<random>`, migrated, then `setup` run in it (any SQL, several
+/// A new database `<prefix>_<random>`, migrated, with the effect history's partitions for the
+/// time to come (as a consumer makes them at start), then `setup` run in it (any SQL, several
 /// statements allowed); returns a pool and its name.
 pub(crate) async fn database(prefix: &str, setup: &str) -> (PgPool, String) {
+    let (pool, name) = empty_database(prefix).await;
+    consumer::MIGRATOR.run(&pool).await.expect("migrate");
+    consumer::retention::ensure_partitions(
+        &pool,
+        &consumer::retention::RetentionSettings::default(),
+    )
+    .await
+    .expect("partitions");
+    sqlx::raw_sql(setup).execute(&pool).await.expect("setup");
+    (pool, name)
+}
+
+/// A new database `<prefix>_<random>` with nothing in it; returns a pool and its name.
+pub(crate) async fn empty_database(prefix: &str) -> (PgPool, String) {
     let url = std::env::var("DATABASE_URL").expect("DATABASE_URL");
     let name = format!("{prefix}_{}", Uuid::new_v4().simple());
     let mut admin = PgConnection::connect(&url).await.expect("connect");
@@ -22,8 +37,6 @@ pub(crate) async fn database(prefix: &str, setup: &str) -> (PgPool, String) {
         .connect(&format!("{base}/{name}?{query}"))
         .await
         .expect("connect");
-    consumer::MIGRATOR.run(&pool).await.expect("migrate");
-    sqlx::raw_sql(setup).execute(&pool).await.expect("setup");
     (pool, name)
 }
 

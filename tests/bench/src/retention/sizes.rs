@@ -1,6 +1,7 @@
 //! The sizes of the tables retention keeps small: on disk (heap and indexes) and in rows (the
 //! statistics collector's estimates, which need no scan), at named moments and every 30 s in
-//! between.
+//! between. A table in time partitions counts its partitions and the rows kept past them
+//! (`<table>_held`).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -63,11 +64,19 @@ type Row = (String, i64, i64, i64, i64);
 /// Reads the sizes; `t` is the phase's clock.
 pub async fn read(pool: &PgPool, t: f64) -> anyhow::Result<Sizes> {
     let rows: Vec<Row> = sqlx::query_as(
-        "/* bench */ SELECT t, pg_table_size(c.oid), pg_indexes_size(c.oid),
-                coalesce(s.n_live_tup, 0), coalesce(s.n_dead_tup, 0)
+        "/* bench */ SELECT t, sum(pg_table_size(p.relid))::bigint,
+                sum(pg_indexes_size(p.relid))::bigint,
+                sum(coalesce(s.n_live_tup, 0))::bigint, sum(coalesce(s.n_dead_tup, 0))::bigint
          FROM unnest($1::text[]) AS t
-         JOIN pg_class c ON c.oid = to_regclass(t)
-         LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid",
+         CROSS JOIN LATERAL (
+             SELECT oid AS relid FROM pg_class WHERE oid = to_regclass(t) AND relkind = 'r'
+             UNION ALL
+             SELECT relid FROM pg_partition_tree(to_regclass(t))
+             WHERE isleaf AND (SELECT relkind FROM pg_class WHERE oid = to_regclass(t)) = 'p'
+             UNION ALL
+             SELECT to_regclass(t || '_held') WHERE to_regclass(t || '_held') IS NOT NULL) p
+         LEFT JOIN pg_stat_user_tables s ON s.relid = p.relid
+         GROUP BY t",
     )
     .bind(TABLES)
     .fetch_all(pool)

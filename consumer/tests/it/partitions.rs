@@ -1,0 +1,221 @@
+//! The effect history in time partitions: a database of the layout before them migrates
+//! without losing or rewriting a row, the consumers create partitions ahead, and retention drops
+//! whole partitions once past the window, keeping what an open dead letter still needs.
+
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use consumer::retention::{ensure_partitions, rules, RetentionSettings, EFFECT_PARTITIONS};
+use pipeline_core::retention::{partitions, Report, Runner, TableReport, Window};
+use sqlx::migrate::Migrator;
+use sqlx::PgPool;
+
+use crate::common;
+
+/// The last migration of the layout before time partitions.
+const BEFORE_PARTITIONS: i64 = 20261126000106;
+
+/// Rows the old layout holds in the test.
+const OLD_ROWS: i64 = 200_000;
+
+async fn count(pool: &PgPool, sql: &str) -> i64 {
+    sqlx::query_scalar(sql).fetch_one(pool).await.expect(sql)
+}
+
+/// The effect history's part of a retention run.
+fn effects_part(report: Report) -> TableReport {
+    report
+        .tables
+        .into_iter()
+        .find(|t| t.table == "applied_effect")
+        .expect("applied_effect's part")
+}
+
+/// The consumer's migrations up to `last` (all of them: `i64::MAX`).
+async fn migrate_up_to(pool: &PgPool, last: i64) {
+    let mut migrator = Migrator {
+        migrations: consumer::MIGRATOR.migrations.clone(),
+        ..Migrator::DEFAULT
+    };
+    migrator.migrations = std::borrow::Cow::Owned(
+        migrator
+            .migrations
+            .iter()
+            .filter(|m| m.version <= last)
+            .cloned()
+            .collect(),
+    );
+    migrator.set_ignore_missing(true);
+    migrator.run(pool).await.expect("migrate");
+}
+
+#[tokio::test]
+async fn a_database_of_the_old_layout_migrates_without_rewriting_its_history_and_drops_it_whole() {
+    // A database of the old layout, its history filled: an old order with an open dead letter,
+    // and many others.
+    let (pool, name) = common::empty_database("partitions").await;
+    migrate_up_to(&pool, BEFORE_PARTITIONS).await;
+    sqlx::raw_sql(&format!(
+        "INSERT INTO applied_effect (group_name, event_id, order_id, sequence, event_type,
+                                     applied_at)
+         SELECT 'g', gen_random_uuid(), 'order-' || (n % 20000), n / 20000 + 1, 'order.placed',
+                now() - interval '30 days' + n * interval '1 millisecond'
+         FROM generate_series(1, {OLD_ROWS}) n;
+         INSERT INTO dead_letter (group_name, topic, partition, kafka_offset, order_id, reason)
+         VALUES ('g', 't', 0, 1, 'order-7', 'kept for the test');"
+    ))
+    .execute(&pool)
+    .await
+    .expect("fill the old layout");
+    let old_max: i64 = count(&pool, "SELECT max(id) FROM applied_effect").await;
+
+    // The migration reads no row: it takes a moment whatever the history's size.
+    let started = Instant::now();
+    migrate_up_to(&pool, i64::MAX).await;
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(5), "the migration took {took:?}");
+
+    // Until a consumer attaches them, the old rows are apart but all there; new effects go to
+    // the partitioned table, numbered after the old ones.
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM applied_effect_before").await,
+        OLD_ROWS
+    );
+    sqlx::query(
+        "INSERT INTO applied_effect (group_name, event_id, order_id, sequence, event_type)
+         VALUES ('g', gen_random_uuid(), 'order-new', 1, 'order.placed')",
+    )
+    .execute(&pool)
+    .await
+    .expect("a new effect has a partition");
+    assert!(count(&pool, "SELECT max(id) FROM applied_effect").await > old_max);
+
+    // A consumer's start: partitions ahead, the old rows attached, every one of them visible
+    // in the table and in the history view, with its id.
+    let settings = RetentionSettings::default();
+    let created = ensure_partitions(&pool, &settings).await.expect("ensure");
+    assert!(created >= 1, "partitions made ahead: {created}");
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM applied_effect").await,
+        OLD_ROWS + 1
+    );
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM applied_effect WHERE id <= (SELECT max(id) FROM applied_effect_before)").await,
+        OLD_ROWS
+    );
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(*) FROM group_history WHERE transition = 'applied'"
+        )
+        .await,
+        OLD_ROWS + 1
+    );
+    // Each of the partitioned table's indexes has its part on the old rows (the one the old
+    // table lacked built beforehand, so the attach built none).
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(*) FROM pg_inherits i JOIN pg_index x ON x.indexrelid = i.inhrelid
+             WHERE x.indrelid = 'applied_effect_before'::regclass"
+        )
+        .await,
+        count(
+            &pool,
+            "SELECT count(*) FROM pg_index WHERE indrelid = 'applied_effect'::regclass"
+        )
+        .await
+    );
+    // Again: nothing more to do, and the partitions cover the time ahead.
+    assert_eq!(ensure_partitions(&pool, &settings).await.expect("again"), 0);
+    let span = partitions::span(settings.history.duration());
+    let covered_until: chrono::DateTime<Utc> = EFFECT_PARTITIONS
+        .list(&mut pool.acquire().await.expect("conn"))
+        .await
+        .expect("list")
+        .last()
+        .expect("a partition")
+        .to;
+    let runway = chrono::Duration::from_std(partitions::runway(span)).expect("runway");
+    assert!(covered_until >= Utc::now() + runway - chrono::Duration::seconds(60));
+
+    // Retention a little later than the history window after the migration: the partition of
+    // the old rows goes whole, but for the history of the order with an open dead letter.
+    let runner = Runner::new(rules(&settings), "test");
+    let later = Utc::now() + chrono::Duration::days(8);
+    let effects = effects_part(runner.run_once(&pool, later, false).await.expect("run"));
+    assert!(effects.partitions_removed >= 1, "{effects:?}");
+    let kept = count(&pool, "SELECT count(*) FROM applied_effect_held").await;
+    assert_eq!(kept, OLD_ROWS / 20_000, "the dead-lettered order's history");
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(*) FROM applied_effect_held WHERE order_id <> 'order-7'"
+        )
+        .await,
+        0
+    );
+    assert!(effects.removed >= (OLD_ROWS - kept) as u64, "{effects:?}");
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(*) FROM pg_class WHERE relname = 'applied_effect_before'"
+        )
+        .await,
+        0,
+        "dropped, not deleted row by row"
+    );
+    // What is kept still shows in the history; the effect applied since the migration is in a
+    // partition whose time has not passed, and stays.
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM group_history WHERE transition = 'applied' AND order_id = 'order-7'").await,
+        kept
+    );
+    assert_eq!(count(&pool, "SELECT count(*) FROM applied_effect").await, 1);
+
+    // Once the dead letter is resolved, the held rows go by the steps.
+    sqlx::query("UPDATE dead_letter SET status = 'discarded', resolved_at = now()")
+        .execute(&pool)
+        .await
+        .expect("resolve");
+    runner.run_once(&pool, later, false).await.expect("run");
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM applied_effect_held").await,
+        0
+    );
+    common::drop_database(pool, &name).await;
+}
+
+#[tokio::test]
+async fn a_dry_run_drops_no_partition_and_windows_give_partition_spans_of_a_quarter_or_less() {
+    let (pool, name) = common::database("partitions_dry", "").await;
+    sqlx::raw_sql(
+        "INSERT INTO applied_effect (group_name, event_id, order_id, sequence, event_type,
+                                     applied_at)
+         SELECT 'g', gen_random_uuid(), 'order-' || n, 1, 'order.placed',
+                now() - interval '30 days'
+         FROM generate_series(1, 500) n",
+    )
+    .execute(&pool)
+    .await
+    .expect("old effects");
+    let runner = Runner::new(rules(&RetentionSettings::default()), "test");
+    let later = Utc::now() + chrono::Duration::days(8);
+    let part = effects_part(runner.run_once(&pool, later, true).await.expect("dry run"));
+    assert!(
+        part.partitions_removed >= 1 && part.removed >= 500,
+        "{part:?}"
+    );
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM applied_effect").await,
+        500
+    );
+
+    for (window, span) in [(60, 60), (3_600, 900), (7 * 86_400, 86_400)] {
+        assert_eq!(
+            partitions::span(Window::secs(window).duration()),
+            Duration::from_secs(span)
+        );
+    }
+    common::drop_database(pool, &name).await;
+}
