@@ -219,3 +219,30 @@ async fn a_dry_run_drops_no_partition_and_windows_give_partition_spans_of_a_quar
     }
     common::drop_database(pool, &name).await;
 }
+
+#[tokio::test]
+async fn a_table_in_the_way_of_a_partition_is_an_error_not_a_loop() {
+    let (pool, name) = common::database("partitions_taken", "").await;
+    let settings = RetentionSettings::default();
+    // Tomorrow's partition is detached and dropped, and a table of its name left in its place.
+    let tomorrow = (Utc::now() + chrono::Duration::days(1))
+        .format("applied_effect_p%Y%m%dt000000")
+        .to_string();
+    sqlx::raw_sql(&format!(
+        "ALTER TABLE applied_effect DETACH PARTITION {tomorrow};
+         DROP TABLE {tomorrow};
+         CREATE TABLE {tomorrow} (x int);"
+    ))
+    .execute(&pool)
+    .await
+    .expect("a table in the way");
+    let error = tokio::time::timeout(Duration::from_secs(30), ensure_partitions(&pool, &settings))
+        .await
+        .expect("ensure ends")
+        .expect_err("the name is taken");
+    assert!(
+        error.to_string().contains("is not its partition"),
+        "{error}"
+    );
+    common::drop_database(pool, &name).await;
+}

@@ -146,6 +146,9 @@ impl TimePartitions {
             .await?;
         let until = now + chrono::Duration::from_std(runway).unwrap_or_default();
         let mut created = 0;
+        // The last attempt found the partition's name taken: another writer made it then, or
+        // something else holds the name.
+        let mut stalled = false;
         let mut at = slot_start(now, span);
         while at < until {
             let slot_end = at + chrono::Duration::from_std(span).unwrap_or_default();
@@ -166,10 +169,23 @@ impl TimePartitions {
                     .map_or(slot_end, |f| f.min(slot_end));
                 if self.create(&mut conn, from, to).await? {
                     created += 1;
+                    stalled = false;
+                } else if stalled {
+                    // The name is taken by a table that is not the partition (one detached and
+                    // not yet dropped): retention's next run drops it.
+                    return Err(sqlx::Error::Protocol(format!(
+                        "cannot create the partition of {} from {from}: a table named {} exists \
+                         and is not its partition",
+                        self.table,
+                        self.name_at(from)
+                    )));
+                } else {
+                    stalled = true;
                 }
                 continue;
             }
             at = slot_end;
+            stalled = false;
         }
         Ok(created)
     }
@@ -432,8 +448,11 @@ impl TimePartitions {
         name: &str,
         removed: &mut Removed,
     ) -> Result<(), sqlx::Error> {
-        let rows = rows_of(conn, name).await?;
         let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+        // The table is no one's but this transaction's now: counting or copying from it may
+        // take longer than the session's statement timeout (a consumer's seconds) allows.
+        simple(&mut tx, "SET LOCAL statement_timeout = 0").await?;
+        let rows = rows_of(&mut tx, name).await?;
         let kept = match self.keep_sql {
             Some(sql) => simple(&mut tx, &sql.replace("{partition}", &quote(name))).await?,
             None => 0,
