@@ -132,7 +132,7 @@ impl TimePartitions {
     /// of `span` (a slot that meets an existing partition is cut short to fit), and attaches the
     /// table's rows from before it was partitioned once they are checked. Returns the
     /// partitions created. Writers call it at start and every so often; a batch that finds no
-    /// partition for its rows calls it before it tries again.
+    /// partition for its rows waits and tries again until the next call has made one.
     pub async fn ensure(
         &self,
         pool: &PgPool,
