@@ -246,3 +246,69 @@ async fn a_table_in_the_way_of_a_partition_is_an_error_not_a_loop() {
     );
     common::drop_database(pool, &name).await;
 }
+
+#[tokio::test]
+async fn a_lowered_history_window_narrows_the_partitions_made_ahead() {
+    // Made with the default window: a partition a day, four days ahead.
+    let (pool, name) = common::database("partitions_narrow", "").await;
+    // A row already in a partition ahead (a clock that ran ahead, say): that one stays.
+    sqlx::raw_sql(
+        "INSERT INTO applied_effect (group_name, event_id, order_id, sequence, event_type,
+                                     applied_at)
+         VALUES ('g', gen_random_uuid(), 'order-ahead', 1, 'order.placed',
+                 date_trunc('day', now()) + interval '3 days 1 hour')",
+    )
+    .execute(&pool)
+    .await
+    .expect("a row ahead");
+    let ahead = |conn_pool: PgPool| async move {
+        let mut conn = conn_pool.acquire().await.expect("connection");
+        let now: chrono::DateTime<Utc> = sqlx::query_scalar("SELECT now()")
+            .fetch_one(&mut *conn)
+            .await
+            .expect("now");
+        EFFECT_PARTITIONS
+            .list(&mut conn)
+            .await
+            .expect("partitions")
+            .into_iter()
+            .filter(|p| {
+                p.from
+                    .is_some_and(|f| f > now + chrono::Duration::minutes(11))
+            })
+            .collect::<Vec<_>>()
+    };
+    assert!(ahead(pool.clone()).await.len() >= 3, "days made ahead");
+
+    let short = RetentionSettings {
+        history: Window::secs(120),
+        ..RetentionSettings::default()
+    };
+    ensure_partitions(&pool, &short).await.expect("ensure");
+    let left = ahead(pool.clone()).await;
+    assert_eq!(
+        left.len(),
+        1,
+        "only the partition with a row is left ahead: {left:?}"
+    );
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(*) FROM applied_effect WHERE order_id = 'order-ahead'"
+        )
+        .await,
+        1
+    );
+    // The time to come is still covered: the runway of the short window.
+    sqlx::raw_sql(
+        "INSERT INTO applied_effect (group_name, event_id, order_id, sequence, event_type,
+                                     applied_at)
+         SELECT 'g', gen_random_uuid(), 'order-' || m, 1, 'order.placed',
+                now() + m * interval '1 minute'
+         FROM generate_series(0, 9) m",
+    )
+    .execute(&pool)
+    .await
+    .expect("the next ten minutes have partitions");
+    common::drop_database(pool, &name).await;
+}

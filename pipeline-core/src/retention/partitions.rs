@@ -26,6 +26,14 @@ use sqlx::{PgConnection, PgPool};
 /// a lock that attaching waits for briefly); the next attempt tries again.
 const LOCK_TIMEOUT: &str = "2s";
 
+/// A partition made ahead is narrowed (after the window was lowered) only if it starts at least
+/// this long after the database's clock: no row can be on its way into it.
+const NARROW_MARGIN: Duration = Duration::from_secs(60);
+
+/// Longest the drop of a partition made ahead waits for the table's writers: it holds them off
+/// once it has the lock, so it gives up soon and tries again at the next call.
+const NARROW_LOCK_TIMEOUT: &str = "50ms";
+
 /// Most partitions one run removes.
 const MOST_REMOVED_PER_RUN: usize = 16;
 
@@ -145,6 +153,7 @@ impl TimePartitions {
             .fetch_one(&mut *conn)
             .await?;
         let until = now + chrono::Duration::from_std(runway).unwrap_or_default();
+        self.narrow_ahead(&mut conn, now, span).await?;
         let mut created = 0;
         // The last attempt found the partition's name taken: another writer made it then, or
         // something else holds the name.
@@ -188,6 +197,77 @@ impl TimePartitions {
             stalled = false;
         }
         Ok(created)
+    }
+
+    /// Drops the partitions made ahead that are wider than `span` and start more than
+    /// [`NARROW_MARGIN`] after `now`, so that [`TimePartitions::ensure`] makes them again on the
+    /// grid of `span` as their time comes: after the window was lowered, the time to come is
+    /// partitioned for the new window, not for the old one (the partition that holds `now`
+    /// stays as it is, and goes once all of it is past the window). Such a partition is empty
+    /// (its time has not come); it is dropped under a lock that holds off the table's writers,
+    /// taken for at most [`NARROW_LOCK_TIMEOUT`] (the next call tries again), and only if still
+    /// empty. Writers of one table that disagree on its window would undo each other's
+    /// partitions ahead: each drop is logged.
+    async fn narrow_ahead(
+        &self,
+        conn: &mut PgConnection,
+        now: DateTime<Utc>,
+        span: Duration,
+    ) -> Result<(), sqlx::Error> {
+        let span = chrono::Duration::from_std(span).unwrap_or_default();
+        let margin = chrono::Duration::from_std(NARROW_MARGIN).unwrap_or_default();
+        let wide: Vec<Partition> = self
+            .list(conn)
+            .await?
+            .into_iter()
+            .filter(|p| {
+                p.from
+                    .is_some_and(|from| from > now + margin && p.to - from > span)
+            })
+            .collect();
+        for p in wide {
+            let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+            sqlx::query("SELECT set_config('lock_timeout', $1, true)")
+                .bind(NARROW_LOCK_TIMEOUT)
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query("SELECT pg_advisory_xact_lock(hashtext('partitions of ' || $1))")
+                .bind(self.table)
+                .execute(&mut *tx)
+                .await?;
+            let locked = simple(
+                &mut tx,
+                &format!("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE", quote(self.table)),
+            )
+            .await;
+            match locked {
+                Ok(_) => {}
+                Err(e) if is_lock_timeout(&e) => {
+                    tx.rollback().await?;
+                    tracing::debug!(table = self.table, partition = %p.name,
+                                    "partition ahead left for now: the table is busy");
+                    return Ok(());
+                }
+                Err(e) => return Err(e),
+            }
+            let empty: bool = sqlx::query_scalar(&format!(
+                "SELECT NOT EXISTS (SELECT 1 FROM {})",
+                quote(&p.name)
+            ))
+            .fetch_one(&mut *tx)
+            .await?;
+            if !empty {
+                tx.rollback().await?;
+                tracing::warn!(table = self.table, partition = %p.name,
+                               "a partition ahead of the database's clock has rows; kept");
+                continue;
+            }
+            simple(&mut tx, &format!("DROP TABLE {}", quote(&p.name))).await?;
+            tx.commit().await?;
+            tracing::info!(table = self.table, partition = %p.name, from = ?p.from, to = %p.to,
+                           "partition ahead dropped: wider than the window now asks for");
+        }
+        Ok(())
     }
 
     /// Creates and attaches the partition [from, to): the table made apart with the CHECK
@@ -486,6 +566,13 @@ impl TimePartitions {
         }
         Ok(None)
     }
+}
+
+/// Whether `e` is PostgreSQL's `lock_timeout` (55P03).
+fn is_lock_timeout(e: &sqlx::Error) -> bool {
+    e.as_database_error()
+        .and_then(|d| d.code())
+        .is_some_and(|c| c == "55P03")
 }
 
 /// Rows in the table `name`: counted when the planner estimates it small (or has not estimated

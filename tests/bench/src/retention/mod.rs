@@ -5,7 +5,8 @@
 //!
 //! 1. [`history`]: `--retention-history-events` events three days old, published and applied by
 //!    both groups, loaded in bulk; the table sizes then are the start;
-//! 2. segment "off": relay and consumer with retention off (`--retention-interval 0s`), the order
+//! 2. segment "off": relay and consumer with retention off (`--retention-interval 0s`, the same
+//!    windows as "on", which shape the effect history's partitions), the order
 //!    service at `--retention-rate` for `--retention-off-seconds` ([`segment`]), after
 //!    `--retention-settle-seconds` of the same load not measured (the bulk load leaves the
 //!    server writing it out and its caches cold for the first minutes);

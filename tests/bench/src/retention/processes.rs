@@ -23,27 +23,33 @@ fn flag_duration(d: Duration) -> String {
     format!("{}s", d.as_secs())
 }
 
-/// The relay's retention flags.
-fn relay_retention_args(settings: &Settings, on: bool) -> Vec<String> {
-    let r = &settings.retention;
-    if !on {
-        return vec!["--retention-interval".into(), "0s".into()];
-    }
-    vec![
-        "--retention-interval".into(),
-        flag_duration(r.interval),
-        "--retain-published".into(),
-        flag_duration(r.window),
-    ]
+/// `--retention-interval`: the phase's interval when on, `0s` (never) when off.
+fn interval_args(settings: &Settings, on: bool) -> Vec<String> {
+    let interval = if on {
+        flag_duration(settings.retention.interval)
+    } else {
+        "0s".into()
+    };
+    vec!["--retention-interval".into(), interval]
 }
 
-/// The consumer's retention flags; progress keeps its default window.
+/// The relay's retention flags: the same windows on and off, only the interval differs.
+fn relay_retention_args(settings: &Settings, on: bool) -> Vec<String> {
+    let mut args = interval_args(settings, on);
+    args.extend([
+        "--retain-published".into(),
+        flag_duration(settings.retention.window),
+    ]);
+    args
+}
+
+/// The consumer's retention flags; progress keeps its default window. The windows are the same
+/// on and off: a consumer makes the effect history's partitions on the grid its history window
+/// gives them even with retention off, and a segment "off" run with the 7-day default would
+/// leave day-long partitions that the segment "on" could drop only once the day is over.
 fn consumer_retention_args(settings: &Settings, on: bool) -> Vec<String> {
     let r = &settings.retention;
-    if !on {
-        return vec!["--retention-interval".into(), "0s".into()];
-    }
-    let mut args = vec!["--retention-interval".into(), flag_duration(r.interval)];
+    let mut args = interval_args(settings, on);
     for flag in [
         "--retain-dedupe",
         "--retain-history",
