@@ -312,3 +312,58 @@ async fn a_lowered_history_window_narrows_the_partitions_made_ahead() {
     .expect("the next ten minutes have partitions");
     common::drop_database(pool, &name).await;
 }
+
+#[tokio::test]
+async fn a_detach_waiting_for_a_reader_shows_as_retention_and_the_session_is_named_back() {
+    let (pool, name) = common::database("partitions_mark", "").await;
+    sqlx::raw_sql(
+        "INSERT INTO applied_effect (group_name, event_id, order_id, sequence, event_type,
+                                     applied_at)
+         SELECT 'g', gen_random_uuid(), 'order-' || n, 1, 'order.placed',
+                now() - interval '30 days'
+         FROM generate_series(1, 100) n",
+    )
+    .execute(&pool)
+    .await
+    .expect("old effects");
+    // A reader whose snapshot the detach must wait out.
+    let mut reader = pool.begin().await.expect("reader");
+    sqlx::raw_sql(
+        "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM applied_effect",
+    )
+    .execute(&mut *reader)
+    .await
+    .expect("reader's snapshot");
+
+    let runner = Runner::new(rules(&RetentionSettings::default()), "test");
+    let later = Utc::now() + chrono::Duration::days(8);
+    let run = {
+        let pool = pool.clone();
+        tokio::spawn(async move { runner.run_once(&pool, later, false).await })
+    };
+    let waiting = "SELECT count(*) FROM pg_stat_activity
+                   WHERE datname = current_database() AND wait_event_type = 'Lock'
+                     AND query LIKE '%DETACH PARTITION%'
+                     AND application_name LIKE '%(retention)'";
+    let deadline = Instant::now() + Duration::from_millis(1_500);
+    let mut seen = false;
+    while !seen && Instant::now() < deadline {
+        seen = count(&pool, waiting).await == 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    reader.commit().await.expect("reader done");
+    assert!(seen, "the waiting detach is marked as retention's");
+    let part = effects_part(run.await.expect("run").expect("retention run"));
+    assert!(part.partitions_removed >= 1, "{part:?}");
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND application_name LIKE '%(retention)'"
+        )
+        .await,
+        0,
+        "no session keeps the mark"
+    );
+    common::drop_database(pool, &name).await;
+}

@@ -446,13 +446,34 @@ impl Runner {
         if !held {
             return Ok(None);
         }
-        let removed = partitions.remove_old(&mut conn, cutoff, dry_run).await;
+        // The session is marked as a step's is, for the length of it: a detach that waits for
+        // the table's readers shows in pg_stat_activity as retention's.
+        let mut marked = false;
+        let removed = async {
+            let name: String = sqlx::query_scalar("SELECT current_setting('application_name')")
+                .fetch_one(&mut *conn)
+                .await?;
+            sqlx::query("SELECT set_config('application_name', left($1 || $2, 63), false)")
+                .bind(&name)
+                .bind(STEP_APPLICATION_SUFFIX)
+                .execute(&mut *conn)
+                .await?;
+            marked = true;
+            let removed = partitions.remove_old(&mut conn, cutoff, dry_run).await;
+            sqlx::query("SELECT set_config('application_name', $1, false)")
+                .bind(&name)
+                .execute(&mut *conn)
+                .await?;
+            marked = false;
+            removed
+        }
+        .await;
         let unlocked = sqlx::query("SELECT pg_advisory_unlock($1)")
             .bind(rule.lock)
             .execute(&mut *conn)
             .await;
-        if unlocked.is_err() {
-            // A session whose lock state is unknown goes, rather than back to the pool.
+        if unlocked.is_err() || marked {
+            // A session whose lock state or name is unknown goes, rather than back to the pool.
             let _ = conn.detach();
         }
         let removed = removed?;

@@ -280,9 +280,8 @@ impl Report {
                 )),
             ));
             let gaining: Vec<String> = r
-                .trimmed_rows_on_mid_to_end()
+                .trimmed_tables_gaining()
                 .into_iter()
-                .filter(|(_, n)| *n > 0)
                 .map(|(t, n)| format!("{t} {n:+} rows"))
                 .collect();
             t.push(at_most(

@@ -84,6 +84,9 @@ pub struct RetentionResult {
     pub growth_on_mid_to_end_pct: f64,
     /// The same over the segment off (end of the segment over the start).
     pub growth_off_pct: f64,
+    /// The span of the effect history's time partitions for the phase's window: the table
+    /// sheds a partition at a time, so its rows swing by that much of the load.
+    pub effect_partition_span_seconds: f64,
     /// The server log lock waits were read from (`None`: it could not be read, and the notes
     /// say why; the sampler's figures stand alone).
     pub server_log: Option<String>,
@@ -142,6 +145,29 @@ impl RetentionResult {
             })
             .collect()
     }
+
+    /// The trimmed tables that gained more rows from the middle to the end of the segment on
+    /// than their removal swings by: none for a table trimmed in steps (each run takes it back to
+    /// its window), the rows one partition span of the load brings for the effect history,
+    /// which goes a partition at a time.
+    pub fn trimmed_tables_gaining(&self) -> Vec<(&'static str, i64)> {
+        let partition_rows =
+            (self.on.rate * GROUPS.len() as f64 * self.effect_partition_span_seconds) as i64;
+        gaining(self.trimmed_rows_on_mid_to_end(), partition_rows)
+    }
+}
+
+/// Of each trimmed table's gain, those over what its removal swings by (`partition_rows` for
+/// the effect history, nothing for the others).
+fn gaining(gains: Vec<(&'static str, i64)>, partition_rows: i64) -> Vec<(&'static str, i64)> {
+    let swing = |table: &str| {
+        if table == "applied_effect" {
+            partition_rows
+        } else {
+            0
+        }
+    };
+    gains.into_iter().filter(|(t, n)| *n > swing(t)).collect()
 }
 
 fn longest<'a>(a: &'a LockWaits, b: &'a LockWaits) -> (f64, Option<&'a str>) {
@@ -342,6 +368,10 @@ async fn measure(
     Ok(RetentionResult {
         growth_on_mid_to_end_pct: growth(&sizes_on_mid, &sizes_on_end),
         growth_off_pct: growth(&sizes_start, &sizes_off_end),
+        effect_partition_span_seconds: pipeline_core::retention::partitions::span(
+            settings.retention.window,
+        )
+        .as_secs_f64(),
         history,
         off,
         on,
@@ -356,4 +386,23 @@ async fn measure(
         steps: steps.done,
         process_logs: BTreeMap::new(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::gaining;
+
+    #[test]
+    fn the_effect_history_may_swing_by_a_partition_and_other_tables_not_at_all() {
+        let gains = vec![
+            ("outbox", 1),
+            ("processed_message", -625_285),
+            ("applied_effect", 1_184),
+        ];
+        assert_eq!(gaining(gains, 120_000), vec![("outbox", 1)]);
+        assert_eq!(
+            gaining(vec![("applied_effect", 599_000)], 120_000),
+            vec![("applied_effect", 599_000)]
+        );
+    }
 }

@@ -293,7 +293,7 @@ pub fn write(o: &mut String, r: &RetentionResult) -> std::fmt::Result {
         .collect();
     writeln!(
         o,
-        "   rows, middle → end of on (estimated; a trimmed table must not gain): {}",
+        "   rows, middle → end of on (estimated; a trimmed table must not gain, the effect history no more than one partition's span of the load): {}",
         trimmed.join(", ")
     )?;
 
