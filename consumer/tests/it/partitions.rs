@@ -31,6 +31,22 @@ fn effects_part(report: Report) -> TableReport {
         .expect("applied_effect's part")
 }
 
+/// `n` effects of distinct orders applied 30 days ago (in the partition of everything before
+/// the migration).
+async fn insert_old_effects(pool: &PgPool, n: i32) {
+    sqlx::query(
+        "INSERT INTO applied_effect (group_name, event_id, order_id, sequence, event_type,
+                                     applied_at)
+         SELECT 'g', gen_random_uuid(), 'order-' || n, 1, 'order.placed',
+                now() - interval '30 days'
+         FROM generate_series(1, $1) n",
+    )
+    .bind(n)
+    .execute(pool)
+    .await
+    .expect("old effects");
+}
+
 /// The consumer's migrations up to `last` (all of them: `i64::MAX`).
 async fn migrate_up_to(pool: &PgPool, last: i64) {
     let mut migrator = Migrator {
@@ -189,16 +205,7 @@ async fn a_database_of_the_old_layout_migrates_without_rewriting_its_history_and
 #[tokio::test]
 async fn a_dry_run_drops_no_partition_and_windows_give_partition_spans_of_a_quarter_or_less() {
     let (pool, name) = common::database("partitions_dry", "").await;
-    sqlx::raw_sql(
-        "INSERT INTO applied_effect (group_name, event_id, order_id, sequence, event_type,
-                                     applied_at)
-         SELECT 'g', gen_random_uuid(), 'order-' || n, 1, 'order.placed',
-                now() - interval '30 days'
-         FROM generate_series(1, 500) n",
-    )
-    .execute(&pool)
-    .await
-    .expect("old effects");
+    insert_old_effects(&pool, 500).await;
     let runner = Runner::new(rules(&RetentionSettings::default()), "test");
     let later = Utc::now() + chrono::Duration::days(8);
     let part = effects_part(runner.run_once(&pool, later, true).await.expect("dry run"));
@@ -316,16 +323,7 @@ async fn a_lowered_history_window_narrows_the_partitions_made_ahead() {
 #[tokio::test]
 async fn a_detach_waiting_for_a_reader_shows_as_retention_and_the_session_is_named_back() {
     let (pool, name) = common::database("partitions_mark", "").await;
-    sqlx::raw_sql(
-        "INSERT INTO applied_effect (group_name, event_id, order_id, sequence, event_type,
-                                     applied_at)
-         SELECT 'g', gen_random_uuid(), 'order-' || n, 1, 'order.placed',
-                now() - interval '30 days'
-         FROM generate_series(1, 100) n",
-    )
-    .execute(&pool)
-    .await
-    .expect("old effects");
+    insert_old_effects(&pool, 100).await;
     // A reader whose snapshot the detach must wait out.
     let mut reader = pool.begin().await.expect("reader");
     sqlx::raw_sql(

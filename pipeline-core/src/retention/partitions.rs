@@ -226,15 +226,7 @@ impl TimePartitions {
             })
             .collect();
         for p in wide {
-            let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-            sqlx::query("SELECT set_config('lock_timeout', $1, true)")
-                .bind(NARROW_LOCK_TIMEOUT)
-                .execute(&mut *tx)
-                .await?;
-            sqlx::query("SELECT pg_advisory_xact_lock(hashtext('partitions of ' || $1))")
-                .bind(self.table)
-                .execute(&mut *tx)
-                .await?;
+            let mut tx = self.begin_change(conn, NARROW_LOCK_TIMEOUT).await?;
             let locked = simple(
                 &mut tx,
                 &format!("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE", quote(self.table)),
@@ -270,6 +262,25 @@ impl TimePartitions {
         Ok(())
     }
 
+    /// A transaction that changes the table's partitions: the table's writers change them one
+    /// at a time, and it waits at most `lock_timeout` for a lock on a table.
+    async fn begin_change<'c>(
+        &self,
+        conn: &'c mut PgConnection,
+        lock_timeout: &str,
+    ) -> Result<sqlx::Transaction<'c, sqlx::Postgres>, sqlx::Error> {
+        let mut tx = sqlx::Connection::begin(conn).await?;
+        sqlx::query("SELECT set_config('lock_timeout', $1, true)")
+            .bind(lock_timeout)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtext('partitions of ' || $1))")
+            .bind(self.table)
+            .execute(&mut *tx)
+            .await?;
+        Ok(tx)
+    }
+
     /// Creates and attaches the partition [from, to): the table made apart with the CHECK
     /// constraint its bounds imply, then attached, which takes a lock that lets the table's
     /// readers and writers go on (creating it as a partition outright would block them).
@@ -282,16 +293,7 @@ impl TimePartitions {
     ) -> Result<bool, sqlx::Error> {
         let name = self.name_at(from);
         let (table, column, quoted) = (quote(self.table), quote(self.column), quote(&name));
-        let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-        sqlx::query("SELECT set_config('lock_timeout', $1, true)")
-            .bind(LOCK_TIMEOUT)
-            .execute(&mut *tx)
-            .await?;
-        // Writers of one table make its partitions one at a time.
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtext('partitions of ' || $1))")
-            .bind(self.table)
-            .execute(&mut *tx)
-            .await?;
+        let mut tx = self.begin_change(conn, LOCK_TIMEOUT).await?;
         let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
             .bind(&quoted)
             .fetch_one(&mut *tx)
