@@ -7,7 +7,12 @@
 //! - once the lease has expired, when the holder stopped renewing but its session lingers (the
 //!   holder is frozen, or cut off from the database by the network).
 //!
-//! So a takeover takes at most the time to live plus the standby's retry interval.
+//! So a takeover takes at most the time to live plus the standby's retry interval. A standby
+//! looks at the lease without locking it, and only a lease it may take is locked: a standby
+//! polling a live lease never holds up the holder's writes, nor waits behind them (or behind a
+//! frozen holder's open transaction). When it looks, it also learns when the lease expires and
+//! makes its next attempt then if that comes before its retry interval is over, so a frozen
+//! holder is replaced about one statement's time after its lease ran out.
 //!
 //! Every write about events names the epoch and takes a key-share lock on the lease row in the
 //! same statement (see [`crate::mark`]). A takeover locks that row `FOR UPDATE`, so it waits for a
@@ -187,6 +192,8 @@ pub struct Elector {
     options: PgConnectOptions,
     holder: Uuid,
     conn: Option<PgConnection>,
+    /// When the lease seen live at the last attempt expires, by the local clock.
+    seen_expiring: Option<Instant>,
 }
 
 impl Elector {
@@ -204,6 +211,7 @@ impl Elector {
             options,
             holder: Uuid::new_v4(),
             conn: None,
+            seen_expiring: None,
         }
     }
 
@@ -211,7 +219,8 @@ impl Elector {
         &self.settings
     }
 
-    /// Waits until this relay holds the lease, trying every `retry_every`; `None` on shutdown.
+    /// Waits until this relay holds the lease, trying every `retry_every`, and as soon as the
+    /// lease seen at the last attempt expires when that comes first; `None` on shutdown.
     pub async fn acquire(&mut self, shutdown: &CancellationToken) -> Option<(Lease, Acquired)> {
         let mut logged_standby = false;
         loop {
@@ -230,9 +239,11 @@ impl Elector {
                     self.conn = None;
                 }
             }
+            let retry_at = Instant::now() + self.settings.retry_every;
+            let next = self.seen_expiring.map_or(retry_at, |at| at.min(retry_at));
             tokio::select! {
                 _ = shutdown.cancelled() => return None,
-                _ = tokio::time::sleep(self.settings.retry_every) => {}
+                _ = tokio::time::sleep_until(next) => {}
             }
         }
     }
@@ -240,8 +251,9 @@ impl Elector {
     /// One attempt: takes the lease when it is vacant, expired, or its holder's session is gone.
     pub async fn try_acquire(&mut self) -> Result<Option<(Lease, Acquired)>, LeaseError> {
         let (key, ttl_ms, holder) = (self.settings.key, ttl_ms(&self.settings), self.holder);
+        self.seen_expiring = None;
         let sent = Instant::now();
-        let row: Option<(i64, bool, bool, Option<f64>)> = self
+        let attempt: Attempt = self
             .with_conn(move |conn| {
                 Box::pin(async move {
                     sqlx::query(
@@ -250,15 +262,34 @@ impl Elector {
                     .bind(key)
                     .execute(&mut *conn)
                     .await?;
+                    let (takeable, expires_in): (bool, f64) = sqlx::query_as(LOOK_SQL)
+                        .bind(key)
+                        .fetch_one(&mut *conn)
+                        .await?;
+                    if !takeable {
+                        return Ok(Attempt::Live { expires_in });
+                    }
                     sqlx::query_as(ACQUIRE_SQL)
                         .bind(key)
                         .bind(holder)
                         .bind(ttl_ms)
                         .fetch_optional(&mut *conn)
                         .await
+                        .map(Attempt::Taken)
                 })
             })
             .await?;
+        let row = match attempt {
+            Attempt::Live { expires_in } => {
+                // Measured from before the look was sent: never later than the database's expiry
+                // plus the time the answer took to come back.
+                self.seen_expiring = Duration::try_from_secs_f64(expires_in)
+                    .ok()
+                    .map(|d| sent + d);
+                None
+            }
+            Attempt::Taken(row) => row,
+        };
         Ok(row.map(|(epoch, vacant, expired, since)| {
             let reason = if vacant {
                 TakeoverReason::Vacant
@@ -404,6 +435,13 @@ impl Elector {
     }
 }
 
+/// What one acquisition attempt found: a live lease and the seconds until it expires by the
+/// database's clock, or the outcome of taking it (`None` when another standby was first).
+enum Attempt {
+    Live { expires_in: f64 },
+    Taken(Option<(i64, bool, bool, Option<f64>)>),
+}
+
 /// Why a lease statement did not answer.
 #[derive(Debug, thiserror::Error)]
 pub enum LeaseError {
@@ -416,6 +454,15 @@ pub enum LeaseError {
 fn ttl_ms(settings: &LeaseSettings) -> i64 {
     i64::try_from(settings.ttl.as_millis()).unwrap_or(i64::MAX)
 }
+
+/// Looks at lease `$1` without locking it: whether it may be taken (vacant, expired, or its
+/// holder's presence session has ended) and the seconds until it expires.
+pub const LOOK_SQL: &str = "SELECT holder IS NULL
+        OR expires_at < clock_timestamp()
+        OR NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = holder_pid),
+     CASE WHEN isfinite(expires_at)
+          THEN EXTRACT(EPOCH FROM expires_at - clock_timestamp())::float8 ELSE 0 END
+ FROM relay_lease WHERE lease_key = $1";
 
 /// Takes the lease `$1` for holder `$2` for `$3` ms when it is vacant, expired, or its holder's
 /// presence session has ended; returns the new epoch, whether it was vacant, whether it had

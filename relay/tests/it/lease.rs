@@ -343,3 +343,69 @@ async fn a_slow_write_holds_off_a_takeover_but_not_its_holders_renewals(pool: Pg
     assert!(new_lease.fence().epoch > lease.fence().epoch);
     assert_eq!(queue_row(&pool, event).await, None);
 }
+
+/// A standby whose retry interval is long still takes a frozen holder's lease as it runs out:
+/// each attempt learns when the lease expires and the next one is made then.
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn a_standby_tries_again_when_the_lease_it_saw_expires(pool: PgPool) {
+    let ttl = Duration::from_millis(2_000);
+    let settings = LeaseSettings {
+        retry_every: Duration::from_millis(1_500),
+        ..common::lease_settings(ttl)
+    };
+    let mut old = common::elector(&pool, settings.clone());
+    let (old_lease, _) = old.try_acquire().await.expect("acquire").expect("vacant");
+    let held_at = Instant::now();
+
+    // Attempts at 0 and 1.5 s find the lease live; the second learns it expires at 2 s.
+    let mut standby = common::elector(&pool, settings.clone());
+    let (new_lease, acquired) = standby
+        .acquire(&CancellationToken::new())
+        .await
+        .expect("acquired");
+    let within = held_at.elapsed();
+    assert_eq!(acquired.reason, TakeoverReason::Expired);
+    assert!(
+        within < ttl + Duration::from_millis(400),
+        "taken over {within:?} after a lease of {ttl:?} was taken: the standby waited for its \
+         next retry (every {:?}) instead of the expiry",
+        settings.retry_every
+    );
+    assert!(new_lease.fence().epoch > old_lease.fence().epoch);
+}
+
+/// A standby looking at a live lease does not wait for the holder's open transaction (one that
+/// took the lease row's fence and is stalled, or frozen with the holder).
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn a_standby_looking_at_a_live_lease_waits_for_no_write_of_the_holder(pool: PgPool) {
+    let settings = common::lease_settings(Duration::from_secs(30));
+    let mut holder = common::elector(&pool, settings.clone());
+    let (lease, _) = holder
+        .try_acquire()
+        .await
+        .expect("acquire")
+        .expect("vacant");
+    let mut write = pool.begin().await.expect("begin");
+    sqlx::query("SELECT epoch FROM relay_lease WHERE lease_key = $1 AND epoch = $2 FOR KEY SHARE")
+        .bind(lease.fence().key)
+        .bind(lease.fence().epoch)
+        .execute(&mut *write)
+        .await
+        .expect("fence taken");
+
+    let mut standby = common::elector(&pool, settings.clone());
+    for _ in 0..3 {
+        let started = Instant::now();
+        let attempt = standby.try_acquire().await;
+        assert!(
+            matches!(attempt, Ok(None)),
+            "a live lease is neither taken nor failed on: {attempt:?}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_millis(500),
+            "an attempt on a live lease took {:?} behind the holder's open write",
+            started.elapsed()
+        );
+    }
+    write.commit().await.expect("the holder's write commits");
+}

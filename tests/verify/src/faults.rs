@@ -144,7 +144,7 @@ impl Injector<'_> {
                 injected: injected.happened,
                 back_seconds: back.map(since),
                 recovery_seconds: recovered.map(since),
-                takeover_seconds: injected.takeover.map(since),
+                takeover_seconds: injected.takeover.map(|t| round2(t.as_secs_f64())),
                 takeover_bound_seconds: fault
                     .kind
                     .needs_takeover()
@@ -281,7 +281,7 @@ impl Injector<'_> {
                 let standby = self.standby_of(&relay)?;
                 supervisor.signal(&relay.label, Signal::SIGSTOP)?;
                 let mut injected = self
-                    .await_takeover(&standby, &[], started + fault.down)
+                    .await_takeover(&standby, &[], Instant::now(), started + fault.down)
                     .await;
                 tokio::time::sleep_until(started + fault.down).await;
                 supervisor.signal(&relay.label, Signal::SIGCONT)?;
@@ -300,7 +300,7 @@ impl Injector<'_> {
                     bail!("one of {} has no database proxy", labels(cut));
                 }
                 let mut injected = self
-                    .await_takeover(&standby, consumers, started + fault.down)
+                    .await_takeover(&standby, consumers, Instant::now(), started + fault.down)
                     .await;
                 tokio::time::sleep_until(started + fault.down).await;
                 topology.restore_databases();
@@ -354,13 +354,15 @@ impl Injector<'_> {
             .context("no standby relay")
     }
 
-    /// Waits, until `until`, for `standby` to report itself active and for the cut-off
-    /// `consumers` to have handed over their partitions; then for both groups to apply events.
-    /// Reads the standby alone: the frozen relay would answer no probe.
+    /// Waits, until `until`, for `standby` to report itself active (timed from `in_place`, when
+    /// the fault took hold) and for the cut-off `consumers` to have handed over their
+    /// partitions; then for both groups to apply events. Reads the standby alone: the frozen
+    /// relay would answer no probe.
     async fn await_takeover(
         &self,
         standby: &Member,
         consumers: &[Member],
+        in_place: Instant,
         until: Instant,
     ) -> Injected {
         let topology = self.topology;
@@ -368,7 +370,7 @@ impl Injector<'_> {
         let relay_active = async {
             while Instant::now() < until {
                 if topology.scrape(standby.ops, "relay_active").await.ok() == Some(1.0) {
-                    return Some(Instant::now());
+                    return Some(in_place.elapsed());
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }

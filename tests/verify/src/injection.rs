@@ -18,8 +18,9 @@ pub(crate) struct Injected {
     pub(crate) target: String,
     pub(crate) happened: bool,
     pub(crate) note: Option<String>,
-    /// When another process took over while the fault was in place.
-    pub(crate) takeover: Option<Instant>,
+    /// How long after the fault was in place (the relay stopped, or its database cut off)
+    /// another process took over.
+    pub(crate) takeover: Option<Duration>,
     /// When both groups applied events after that takeover.
     pub(crate) recovered: Option<Instant>,
     /// For a Kafka node fault: whether a failover was awaited, and when the faulted node's
