@@ -365,3 +365,84 @@ async fn a_detach_waiting_for_a_reader_shows_as_retention_and_the_session_is_nam
     );
     common::drop_database(pool, &name).await;
 }
+
+/// A reader that keeps its snapshot past the detach's bound (a long report, a backup) does not
+/// fail the run: the detach is left pending, the tables after the effect history are still
+/// trimmed, and a run after the reader is gone finishes the detach and drops the partition.
+#[tokio::test]
+async fn a_detach_cut_short_by_a_long_reader_is_finished_later_and_the_run_goes_on() {
+    let (pool, name) = common::database("partitions_cut_short", "").await;
+    insert_old_effects(&pool, 100).await;
+    let old_transition = "INSERT INTO group_transition (group_name, event_id, order_id, sequence,
+                                                       event_type, transition, at)
+                          VALUES ('g', gen_random_uuid(), 'order-old', 1, 'order.placed',
+                                  'duplicate', now() - interval '30 days')";
+    let old_transitions = "SELECT count(*) FROM group_transition WHERE order_id = 'order-old'";
+    let pending = "SELECT count(*) FROM pg_inherits
+                   WHERE inhparent = 'applied_effect'::regclass AND inhdetachpending";
+    let old_effects =
+        "SELECT count(*) FROM applied_effect WHERE applied_at < now() - interval '1 day'";
+    sqlx::query(old_transition)
+        .execute(&pool)
+        .await
+        .expect("old transition");
+    let mut reader = pool.begin().await.expect("reader");
+    sqlx::raw_sql(
+        "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM applied_effect",
+    )
+    .execute(&mut *reader)
+    .await
+    .expect("reader's snapshot");
+
+    let runner = Runner::new(rules(&RetentionSettings::default()), "test");
+    let later = Utc::now() + chrono::Duration::days(8);
+    for run in 1..=2 {
+        let report = runner
+            .run_once(&pool, later, false)
+            .await
+            .unwrap_or_else(|e| panic!("run {run} beside a long reader failed: {e}"));
+        assert!(!report.skipped);
+        assert_eq!(
+            report.tables.len(),
+            runner.rules().len(),
+            "run {run}: every table had its part"
+        );
+        assert_eq!(effects_part(report).partitions_removed, 0, "run {run}");
+        assert_eq!(
+            count(&pool, pending).await,
+            1,
+            "run {run}: the detach is pending"
+        );
+        assert_eq!(count(&pool, old_transitions).await, 0, "run {run}");
+        // A partition pending detach is left out of new queries: its rows are counted in it.
+        let partition: String = sqlx::query_scalar(
+            "SELECT c.relname::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+             WHERE i.inhparent = 'applied_effect'::regclass AND i.inhdetachpending",
+        )
+        .fetch_one(&pool)
+        .await
+        .expect("the pending partition");
+        assert_eq!(
+            count(&pool, &format!("SELECT count(*) FROM {partition}")).await,
+            100,
+            "run {run}: its rows are all still there"
+        );
+        sqlx::query(old_transition)
+            .execute(&pool)
+            .await
+            .expect("old transition");
+    }
+
+    reader.commit().await.expect("reader done");
+    let part = effects_part(
+        runner
+            .run_once(&pool, later, false)
+            .await
+            .expect("the run after the reader"),
+    );
+    assert!(part.partitions_removed >= 1, "{part:?}");
+    assert_eq!(count(&pool, pending).await, 0, "the detach was finished");
+    assert_eq!(count(&pool, old_effects).await, 0);
+    assert_eq!(count(&pool, old_transitions).await, 0);
+    common::drop_database(pool, &name).await;
+}

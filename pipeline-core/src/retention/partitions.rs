@@ -8,8 +8,11 @@
 //! database's clock ([`TimePartitions::remove_old`]): `DETACH PARTITION … CONCURRENTLY` (which
 //! blocks neither readers nor writers of the table, and needs the table to have no default
 //! partition), then, in one transaction, the copy of the rows that must outlive it into a table
-//! of their own and `DROP TABLE`. A detach cut short is finished by the next run; a table
-//! detached but not dropped yet (the runner died in between) is copied and dropped then too.
+//! of their own and `DROP TABLE`. A detach waits for the transactions that were reading the table
+//! when it began; one that waits longer than [`LOCK_TIMEOUT`] (a long report, a backup) is cut
+//! short and left pending, the run goes on with its other work, and a later run finishes it
+//! (`DETACH … FINALIZE`, under the same bound) once the readers are gone. A table detached but
+//! not dropped yet (the runner died in between) is copied and dropped then too.
 //!
 //! A table that was not partitioned before is renamed `<table>_before` by its migration, with a
 //! `<table>_before_bound` CHECK constraint on the column that is not validated yet;
@@ -74,6 +77,8 @@ pub struct Removed {
     pub rows: u64,
     /// Rows copied out to be kept.
     pub kept: u64,
+    /// A detach waited for a reader past [`LOCK_TIMEOUT`]: it is left for a later run.
+    pub cut_short: bool,
 }
 
 /// The partition span for a table kept for `window`: the longest of a minute, five minutes,
@@ -448,6 +453,9 @@ impl TimePartitions {
         let mut removed = Removed::default();
         if !dry_run {
             self.finish_cut_short(conn, &mut removed).await?;
+            if removed.cut_short {
+                return Ok(removed);
+            }
         }
         let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
             .fetch_one(&mut *conn)
@@ -465,26 +473,58 @@ impl TimePartitions {
                 removed.rows += rows_of(conn, &p.name).await?;
                 continue;
             }
-            // Alone in its statement: it cannot run in a transaction block.
-            simple(&mut *conn, &format!("SET lock_timeout = '{LOCK_TIMEOUT}'")).await?;
-            let detached = simple(
-                &mut *conn,
-                &format!(
-                    "ALTER TABLE {} DETACH PARTITION {} CONCURRENTLY",
-                    quote(self.table),
-                    quote(&p.name)
-                ),
-            )
-            .await;
-            simple(&mut *conn, "RESET lock_timeout").await?;
-            detached?;
+            if !self
+                .detach(conn, &p.name, "CONCURRENTLY", &mut removed)
+                .await?
+            {
+                break;
+            }
             self.drop_detached(conn, &p.name, &mut removed).await?;
         }
         Ok(removed)
     }
 
-    /// Finishes what a run that died left: a detach cut short, a partition detached but not
-    /// dropped.
+    /// `ALTER TABLE … DETACH PARTITION name <how>`, waiting at most [`LOCK_TIMEOUT`] for a lock
+    /// or for the table's readers; `false` (and [`Removed::cut_short`]) when it waited that long.
+    async fn detach(
+        &self,
+        conn: &mut PgConnection,
+        name: &str,
+        how: &str,
+        removed: &mut Removed,
+    ) -> Result<bool, sqlx::Error> {
+        // Alone in its statement: a detach cannot run in a transaction block.
+        simple(&mut *conn, &format!("SET lock_timeout = '{LOCK_TIMEOUT}'")).await?;
+        let detached = simple(
+            &mut *conn,
+            &format!(
+                "ALTER TABLE {} DETACH PARTITION {} {how}",
+                quote(self.table),
+                quote(name)
+            ),
+        )
+        .await;
+        simple(&mut *conn, "RESET lock_timeout").await?;
+        match detached {
+            Ok(_) => Ok(true),
+            Err(e) if is_lock_timeout(&e) => {
+                tracing::warn!(
+                    table = self.table,
+                    partition = %name,
+                    waited = LOCK_TIMEOUT,
+                    how,
+                    "the partition's detach waited for a lock, or for transactions reading the \
+                     table since before it began, longer than its bound; a later run finishes it"
+                );
+                removed.cut_short = true;
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Finishes what an earlier run left: a detach cut short (by its bound, or by the runner's
+    /// death), a partition detached but not dropped.
     async fn finish_cut_short(
         &self,
         conn: &mut PgConnection,
@@ -498,15 +538,15 @@ impl TimePartitions {
         .fetch_all(&mut *conn)
         .await?;
         for name in pending {
-            simple(
-                &mut *conn,
-                &format!(
-                    "ALTER TABLE {} DETACH PARTITION {} FINALIZE",
-                    quote(self.table),
-                    quote(&name)
-                ),
-            )
-            .await?;
+            if !self.detach(conn, &name, "FINALIZE", removed).await? {
+                // The readers it waits for are still there: nothing more is detached before it
+                // is finished (the table allows one pending detach). Those detached in full are
+                // still dropped below.
+                break;
+            }
+            // Dropped by name: the scan below knows a detached table by the name partitions are
+            // made with, which the partition of the rows before the migration does not have.
+            self.drop_detached(conn, &name, removed).await?;
         }
         let detached: Vec<String> = sqlx::query_scalar(
             "SELECT c.relname::text FROM pg_class c
