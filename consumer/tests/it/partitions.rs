@@ -47,6 +47,19 @@ async fn insert_old_effects(pool: &PgPool, n: i32) {
     .expect("old effects");
 }
 
+/// A transaction that has read the effect history and keeps its snapshot until it ends: a
+/// detach of one of its partitions waits for it.
+async fn reader_of_effects(pool: &PgPool) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    let mut reader = pool.begin().await.expect("reader");
+    sqlx::raw_sql(
+        "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM applied_effect",
+    )
+    .execute(&mut *reader)
+    .await
+    .expect("reader's snapshot");
+    reader
+}
+
 /// The consumer's migrations up to `last` (all of them: `i64::MAX`).
 async fn migrate_up_to(pool: &PgPool, last: i64) {
     let mut migrator = Migrator {
@@ -325,13 +338,7 @@ async fn a_detach_waiting_for_a_reader_shows_as_retention_and_the_session_is_nam
     let (pool, name) = common::database("partitions_mark", "").await;
     insert_old_effects(&pool, 100).await;
     // A reader whose snapshot the detach must wait out.
-    let mut reader = pool.begin().await.expect("reader");
-    sqlx::raw_sql(
-        "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM applied_effect",
-    )
-    .execute(&mut *reader)
-    .await
-    .expect("reader's snapshot");
+    let reader = reader_of_effects(&pool).await;
 
     let runner = Runner::new(rules(&RetentionSettings::default()), "test");
     let later = Utc::now() + chrono::Duration::days(8);
@@ -386,13 +393,7 @@ async fn a_detach_cut_short_by_a_long_reader_is_finished_later_and_the_run_goes_
         .execute(&pool)
         .await
         .expect("old transition");
-    let mut reader = pool.begin().await.expect("reader");
-    sqlx::raw_sql(
-        "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM applied_effect",
-    )
-    .execute(&mut *reader)
-    .await
-    .expect("reader's snapshot");
+    let reader = reader_of_effects(&pool).await;
 
     let runner = Runner::new(rules(&RetentionSettings::default()), "test");
     let later = Utc::now() + chrono::Duration::days(8);

@@ -69,9 +69,8 @@ async fn a_frozen_holder_is_replaced_once_its_lease_expires_and_is_fenced(pool: 
     let ttl = Duration::from_millis(2_000);
     let settings = common::lease_settings(ttl);
     // The old holder takes the lease, then stops renewing (frozen): its session stays open.
-    let mut old = common::elector(&pool, settings.clone());
     let taken_at = Instant::now();
-    let (old_lease, _) = old.try_acquire().await.expect("acquire").expect("vacant");
+    let (mut old, old_lease) = common::hold_lease_with(&pool, settings.clone()).await;
     // The lease started between the two instants: the earliest bounds the takeover from below,
     // the latest from above (a slow connection before the acquisition counts against neither).
     let held_at = Instant::now();
@@ -158,8 +157,7 @@ async fn a_frozen_holder_is_replaced_once_its_lease_expires_and_is_fenced(pool: 
 #[sqlx::test(migrator = "outbox::MIGRATOR")]
 async fn a_holder_whose_session_ends_is_replaced_at_once(pool: PgPool) {
     let settings = common::lease_settings(Duration::from_secs(120));
-    let mut old = common::elector(&pool, settings.clone());
-    let (old_lease, _) = old.try_acquire().await.expect("acquire").expect("vacant");
+    let (old, old_lease) = common::hold_lease_with(&pool, settings.clone()).await;
     drop(old); // the process died: its presence session ends with it
 
     let started = Instant::now();
@@ -179,12 +177,7 @@ async fn a_holder_whose_session_ends_is_replaced_at_once(pool: PgPool) {
 #[sqlx::test(migrator = "outbox::MIGRATOR")]
 async fn a_lease_handed_back_on_shutdown_is_taken_at_once_and_renewals_keep_it(pool: PgPool) {
     let settings = common::lease_settings(Duration::from_millis(1_500));
-    let mut holder = common::elector(&pool, settings.clone());
-    let (lease, _) = holder
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("vacant");
+    let (mut holder, lease) = common::hold_lease_with(&pool, settings.clone()).await;
     let stop = CancellationToken::new();
     let keeper = {
         let (lease, stop) = (lease.clone(), stop.clone());
@@ -224,12 +217,7 @@ async fn a_lease_handed_back_on_shutdown_is_taken_at_once_and_renewals_keep_it(p
 #[sqlx::test(migrator = "outbox::MIGRATOR")]
 async fn a_holder_whose_renewal_is_refused_is_fenced_and_stands_by(pool: PgPool) {
     let settings = common::lease_settings(Duration::from_millis(1_500));
-    let mut holder = common::elector(&pool, settings.clone());
-    let (lease, _) = holder
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("vacant");
+    let (mut holder, lease) = common::hold_lease_with(&pool, settings.clone()).await;
     // Another relay takes the lease over while this one's clock still says it holds it.
     let _ = sqlx::query("UPDATE relay_lease SET epoch = epoch + 1 WHERE lease_key = $1")
         .bind(settings.key)
@@ -259,12 +247,7 @@ async fn a_holder_whose_renewal_is_refused_is_fenced_and_stands_by(pool: PgPool)
 #[sqlx::test(migrator = "outbox::MIGRATOR")]
 async fn a_slow_write_holds_off_a_takeover_but_not_its_holders_renewals(pool: PgPool) {
     let settings = common::lease_settings(Duration::from_millis(1_500));
-    let mut holder = common::elector(&pool, settings.clone());
-    let (lease, _) = holder
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("vacant");
+    let (mut holder, lease) = common::hold_lease_with(&pool, settings.clone()).await;
     let event = enqueue(&pool, "order-a").await;
     // Another session holds the event's queue row, so the mark below takes the lease's fence
     // and then waits, as a mark whose COMMIT stalls on a saturated disk holds it.
@@ -353,8 +336,7 @@ async fn a_standby_tries_again_when_the_lease_it_saw_expires(pool: PgPool) {
         retry_every: Duration::from_millis(1_500),
         ..common::lease_settings(ttl)
     };
-    let mut old = common::elector(&pool, settings.clone());
-    let (old_lease, _) = old.try_acquire().await.expect("acquire").expect("vacant");
+    let (_old, old_lease) = common::hold_lease_with(&pool, settings.clone()).await;
     let held_at = Instant::now();
 
     // Attempts at 0 and 1.5 s find the lease live; the second learns it expires at 2 s.
@@ -379,12 +361,7 @@ async fn a_standby_tries_again_when_the_lease_it_saw_expires(pool: PgPool) {
 #[sqlx::test(migrator = "outbox::MIGRATOR")]
 async fn a_standby_looking_at_a_live_lease_waits_for_no_write_of_the_holder(pool: PgPool) {
     let settings = common::lease_settings(Duration::from_secs(30));
-    let mut holder = common::elector(&pool, settings.clone());
-    let (lease, _) = holder
-        .try_acquire()
-        .await
-        .expect("acquire")
-        .expect("vacant");
+    let (_holder, lease) = common::hold_lease_with(&pool, settings.clone()).await;
     let mut write = pool.begin().await.expect("begin");
     sqlx::query("SELECT epoch FROM relay_lease WHERE lease_key = $1 AND epoch = $2 FOR KEY SHARE")
         .bind(lease.fence().key)

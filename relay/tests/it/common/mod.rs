@@ -27,7 +27,12 @@ pub(crate) fn elector(pool: &PgPool, settings: LeaseSettings) -> Elector {
 /// Takes a fresh lease on `pool`'s database; keep the elector alive as long as the lease is used
 /// (its session is the holder's presence).
 pub(crate) async fn hold_lease(pool: &PgPool) -> (Elector, Lease) {
-    let mut elector = elector(pool, lease_settings(Duration::from_secs(120)));
+    hold_lease_with(pool, lease_settings(Duration::from_secs(120))).await
+}
+
+/// Takes a fresh lease on `pool`'s database with `settings`, as [`hold_lease`] does.
+pub(crate) async fn hold_lease_with(pool: &PgPool, settings: LeaseSettings) -> (Elector, Lease) {
+    let mut elector = elector(pool, settings);
     let (lease, _) = elector
         .try_acquire()
         .await
