@@ -9,7 +9,7 @@
 //! blocks neither readers nor writers of the table, and needs the table to have no default
 //! partition), then, in one transaction, the copy of the rows that must outlive it into a table
 //! of their own and `DROP TABLE`. A detach waits for the transactions that were reading the table
-//! when it began; one that waits longer than [`LOCK_TIMEOUT`] (a long report, a backup) is cut
+//! when it began; one that waits longer than its bound, 2 s (a long report, a backup), is cut
 //! short and left pending, the run goes on with its other work, and a later run finishes it
 //! (`DETACH … FINALIZE`, under the same bound) once the readers are gone. A table detached but
 //! not dropped yet (the runner died in between) is copied and dropped then too.
@@ -77,7 +77,7 @@ pub struct Removed {
     pub rows: u64,
     /// Rows copied out to be kept.
     pub kept: u64,
-    /// A detach waited for a reader past [`LOCK_TIMEOUT`]: it is left for a later run.
+    /// A detach waited for a lock or a reader past its bound (2 s): it is left for a later run.
     pub cut_short: bool,
 }
 
