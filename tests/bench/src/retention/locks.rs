@@ -55,6 +55,24 @@ pub struct SampledWaits {
     pub retention_waits: u64,
     /// The longest of those, ms.
     pub retention_longest_ms: f64,
+    /// The longest wait of a statement of the pipeline (any but a retention step's), ms.
+    pub pipeline_longest_ms: f64,
+    /// What waited longest of those.
+    pub pipeline_longest: Option<String>,
+    /// Waits of a statement of the pipeline for a retention step.
+    pub held_by_retention: u64,
+    /// The longest of those, ms.
+    pub held_by_retention_longest_ms: f64,
+}
+
+/// Of a wait as the sampler describes it (`waiter | waits for: holders`), whether a retention
+/// step waited and whether one was waited for.
+fn retention_sides(what: &str) -> (bool, bool) {
+    let (waiter, holders) = what.split_once(" | waits for: ").unwrap_or((what, ""));
+    (
+        waiter.contains(STEP_APPLICATION_SUFFIX),
+        holders.contains(STEP_APPLICATION_SUFFIX),
+    )
 }
 
 /// A running sampler.
@@ -133,9 +151,21 @@ impl LockWatch {
             }
             seen.waits = waits.len() as u64;
             for (ms, what) in waits.values() {
-                if what.contains(STEP_APPLICATION_SUFFIX) {
+                let (retention_waited, retention_held) = retention_sides(what);
+                if retention_waited || retention_held {
                     seen.retention_waits += 1;
                     seen.retention_longest_ms = seen.retention_longest_ms.max(round1(*ms));
+                }
+                if !retention_waited {
+                    if *ms > seen.pipeline_longest_ms {
+                        seen.pipeline_longest_ms = round1(*ms);
+                        seen.pipeline_longest = Some(what.clone());
+                    }
+                    if retention_held {
+                        seen.held_by_retention += 1;
+                        seen.held_by_retention_longest_ms =
+                            seen.held_by_retention_longest_ms.max(round1(*ms));
+                    }
                 }
             }
             let mut long: Vec<(f64, String)> = waits
@@ -178,6 +208,18 @@ impl LockWaits {
             .unwrap_or(0.0);
         logged.max(self.sampled.longest_ms)
     }
+
+    /// The longest wait of a statement of the pipeline either way of watching saw, ms: the
+    /// sampler tells a retention step by its session's name, the log a partition's detach by
+    /// its statement (a retention step's wait there counts as the pipeline's).
+    pub fn pipeline_longest_ms(&self) -> f64 {
+        let logged = self
+            .logged
+            .as_ref()
+            .and_then(|l| l.pipeline_longest_ms)
+            .unwrap_or(0.0);
+        logged.max(self.sampled.pipeline_longest_ms)
+    }
 }
 
 /// Watches lock waits in one database, part by part.
@@ -218,5 +260,32 @@ impl PartWatch<'_, '_> {
             _ => None,
         };
         LockWaits { sampled, logged }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wait_tells_which_side_was_a_retention_step() {
+        let step = format!("client backend [consumer{STEP_APPLICATION_SUFFIX}]");
+        let detach = format!(
+            "{step}: virtualxid ShareLock: ALTER TABLE \"applied_effect\" DETACH PARTITION \
+             \"applied_effect_p1\" CONCURRENTLY | waits for: client backend [consumer]: COMMIT"
+        );
+        assert_eq!(retention_sides(&detach), (true, false));
+        let held = format!(
+            "client backend [consumer]: transactionid ShareLock: INSERT INTO processed_message \
+             | waits for: client backend [relay]: COMMIT / {step}: WITH state AS"
+        );
+        assert_eq!(retention_sides(&held), (false, true));
+        let neither = "client backend [consumer]: tuple ExclusiveLock: UPDATE inventory_stock \
+                       | waits for: client backend [consumer]: COMMIT";
+        assert_eq!(retention_sides(neither), (false, false));
+        assert_eq!(
+            retention_sides("client backend [consumer]: extend"),
+            (false, false)
+        );
     }
 }

@@ -56,7 +56,7 @@ use crate::envs::EnvRegistry;
 use crate::run::say;
 use crate::services::{self, GROUPS};
 
-/// The longest lock wait any statement may see.
+/// The longest lock wait a statement of the pipeline may see while retention runs.
 pub const LOCK_WAIT_TARGET_MS: f64 = 100.0;
 
 /// Growth of the tables from the middle to the end of the segment with retention on, in
@@ -110,6 +110,38 @@ impl RetentionResult {
     /// waited.
     pub fn longest_lock_wait_on(&self) -> (f64, Option<&str>) {
         longest(&self.drain_on.lock_waits, &self.on.lock_waits)
+    }
+
+    /// The longest lock wait of a statement of the pipeline while retention ran, ms: retention's
+    /// own waits left out (a partition's detach waits for the transactions reading the table to
+    /// end, and holds up no one meanwhile).
+    pub fn pipeline_longest_lock_wait_on(&self) -> f64 {
+        self.drain_on
+            .lock_waits
+            .pipeline_longest_ms()
+            .max(self.on.lock_waits.pipeline_longest_ms())
+    }
+
+    /// The same without retention.
+    pub fn pipeline_longest_lock_wait_off(&self) -> f64 {
+        self.drain_off
+            .lock_waits
+            .pipeline_longest_ms()
+            .max(self.off.lock_waits.pipeline_longest_ms())
+    }
+
+    /// Waits of a statement of the pipeline for a retention step while retention ran, and the
+    /// longest of them, ms.
+    pub fn held_by_retention(&self) -> (u64, f64) {
+        let (a, b) = (
+            &self.drain_on.lock_waits.sampled,
+            &self.on.lock_waits.sampled,
+        );
+        (
+            a.held_by_retention + b.held_by_retention,
+            a.held_by_retention_longest_ms
+                .max(b.held_by_retention_longest_ms),
+        )
     }
 
     /// Waits in which a retention step waited or was waited for while retention ran, and the

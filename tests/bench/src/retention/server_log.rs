@@ -27,6 +27,11 @@ pub struct LoggedWaits {
     pub still_waiting: u64,
     /// The longest wait an "acquired … after N ms" or "still waiting … after N ms" line gives.
     pub longest_ms: Option<f64>,
+    /// The longest of those whose statement was a partition's detach (retention's, waiting for
+    /// the transactions reading the table to end).
+    pub detach_longest_ms: Option<f64>,
+    /// The longest of the others.
+    pub pipeline_longest_ms: Option<f64>,
     pub deadlocks: u64,
     /// ERROR and FATAL lines of the database.
     pub errors: u64,
@@ -144,6 +149,16 @@ fn scan(text: &str, database: &str) -> LoggedWaits {
     // Backends ([pid]) whose kept example waits for its STATEMENT line: (an error?, its index).
     let mut open: HashMap<String, (bool, usize)> = HashMap::new();
     let mut longest: Option<f64> = None;
+    // Waits (by backend) whose statement has not been seen yet: what they waited, ms.
+    let mut unclassified: HashMap<String, f64> = HashMap::new();
+    let classify = |out: &mut LoggedWaits, ms: f64, statement: &str| {
+        let longest = if statement.contains("DETACH PARTITION") {
+            &mut out.detach_longest_ms
+        } else {
+            &mut out.pipeline_longest_ms
+        };
+        *longest = Some(longest.map_or(ms, |l: f64| l.max(ms)));
+    };
     // The example whose statement runs on over the lines that follow (a statement's own line
     // breaks are logged as they are, without the prefix).
     let mut continued: Option<(bool, usize)> = None;
@@ -178,6 +193,9 @@ fn scan(text: &str, database: &str) -> LoggedWaits {
             }
             if let Some(ms) = after_ms(message) {
                 longest = Some(longest.map_or(ms, |l: f64| l.max(ms)));
+                if let Some(earlier) = unclassified.insert(pid.clone(), ms) {
+                    classify(&mut out, earlier, "");
+                }
             }
             if out.wait_examples.len() < EXAMPLES * 2 {
                 let _ = open.insert(pid, (false, out.wait_examples.len()));
@@ -193,6 +211,9 @@ fn scan(text: &str, database: &str) -> LoggedWaits {
                 out.error_examples.push(message.to_owned());
             }
         } else if let Some(statement) = message.strip_prefix("STATEMENT:") {
+            if let Some(ms) = unclassified.remove(&pid) {
+                classify(&mut out, ms, statement);
+            }
             let Some((error, i)) = open.remove(&pid) else {
                 continue;
             };
@@ -206,7 +227,12 @@ fn scan(text: &str, database: &str) -> LoggedWaits {
             continued = Some((error, i));
         }
     }
+    for ms in unclassified.into_values() {
+        classify(&mut out, ms, "");
+    }
     out.longest_ms = longest.map(round1);
+    out.detach_longest_ms = out.detach_longest_ms.map(round1);
+    out.pipeline_longest_ms = out.pipeline_longest_ms.map(round1);
     out
 }
 
@@ -250,6 +276,8 @@ mod tests {
 2026-11-26 05:03:09.100 UTC [3001] postgres@pt_ret STATEMENT:  DELETE FROM processed_message WHERE true
 2026-11-26 05:03:09.300 UTC [3001] postgres@pt_ret LOG:  process 3001 acquired ShareLock on transaction 812 after 301.5 ms
 2026-11-26 05:03:09.400 UTC [4001] postgres@pt_other LOG:  process 4001 still waiting for ShareLock on transaction 9 after 5000.1 ms
+2026-11-26 05:03:09.350 UTC [3004] postgres@pt_ret LOG:  process 3004 acquired ShareLock on virtual transaction 17/8368 after 900.2 ms
+2026-11-26 05:03:09.350 UTC [3004] postgres@pt_ret STATEMENT:  ALTER TABLE applied_effect DETACH PARTITION applied_effect_p20261128t030700 CONCURRENTLY
 2026-11-26 05:03:09.500 UTC [3003] postgres@pt_ret ERROR:  deadlock detected
 2026-11-26 05:03:09.500 UTC [3003] postgres@pt_ret STATEMENT:  
 	WITH batch AS (
@@ -261,7 +289,9 @@ mod tests {
     fn counts_the_databases_waits_and_the_longest() {
         let w = scan(LOG, "pt_ret");
         assert_eq!(w.still_waiting, 1);
-        assert_eq!(w.longest_ms, Some(301.5));
+        assert_eq!(w.longest_ms, Some(900.2));
+        assert_eq!(w.detach_longest_ms, Some(900.2));
+        assert_eq!(w.pipeline_longest_ms, Some(301.5));
         assert_eq!(w.deadlocks, 1);
         assert_eq!(w.errors, 1);
         assert!(w.wait_examples[0].ends_with("STATEMENT: DELETE FROM processed_message WHERE true"));

@@ -328,6 +328,13 @@ pub fn write(o: &mut String, r: &RetentionResult) -> std::fmt::Result {
             w.sampled.waits_over_logged_ms
         )?;
     }
+    let (held, held_ms) = r.held_by_retention();
+    writeln!(
+        o,
+        "     the pipeline's statements (retention's own waits left out): longest {:.1} ms with retention, {:.1} ms without; waits for a retention step: {held}, longest {held_ms:.1} ms",
+        r.pipeline_longest_lock_wait_on(),
+        r.pipeline_longest_lock_wait_off()
+    )?;
     for (name, w) in parts {
         if w.sampled.retention_waits > 0 {
             writeln!(
