@@ -35,10 +35,13 @@ pub struct RetentionSettings {
         )
     )]
     pub interval: Window,
-    /// Most rows one retention step examines (each step is a transaction of its own).
+    /// Most rows one retention step examines (each step is a transaction of its own); of the
+    /// dedupe rows, this many of each group's. A step's cost under load is mostly its commit, so
+    /// larger steps remove more for the same share of the database's time: at 1,000 the dedupe
+    /// rows of two groups at 1,000 events/s were removed no faster than they arrived.
     #[cfg_attr(
         feature = "cli",
-        arg(id = "retention_batch_size", long = "retention-batch-size", env = "CONSUMER_RETENTION_BATCH_SIZE", default_value_t = 1000,
+        arg(id = "retention_batch_size", long = "retention-batch-size", env = "CONSUMER_RETENTION_BATCH_SIZE", default_value_t = 5000,
             value_parser = clap::value_parser!(i64).range(1..=100_000))
     )]
     pub batch_size: i64,
@@ -114,7 +117,7 @@ impl Default for RetentionSettings {
     fn default() -> Self {
         RetentionSettings {
             interval: Window::secs(30),
-            batch_size: 1000,
+            batch_size: 5000,
             pause_ratio: 4.0,
             dedupe: Window::days(8),
             progress: Window::days(365),
