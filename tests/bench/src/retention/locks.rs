@@ -201,24 +201,21 @@ pub struct LockWaits {
 impl LockWaits {
     /// The longest wait either way of watching saw, ms.
     pub fn longest_ms(&self) -> f64 {
-        let logged = self
-            .logged
-            .as_ref()
-            .and_then(|l| l.longest_ms)
-            .unwrap_or(0.0);
-        logged.max(self.sampled.longest_ms)
+        self.logged_ms(|l| l.longest_ms)
+            .max(self.sampled.longest_ms)
     }
 
     /// The longest wait of a statement of the pipeline either way of watching saw, ms: the
     /// sampler tells a retention step by its session's name, the log a partition's detach by
     /// its statement (a retention step's wait there counts as the pipeline's).
     pub fn pipeline_longest_ms(&self) -> f64 {
-        let logged = self
-            .logged
-            .as_ref()
-            .and_then(|l| l.pipeline_longest_ms)
-            .unwrap_or(0.0);
-        logged.max(self.sampled.pipeline_longest_ms)
+        self.logged_ms(|l| l.pipeline_longest_ms)
+            .max(self.sampled.pipeline_longest_ms)
+    }
+
+    /// A figure of the server log, 0 where it was not read or has none.
+    fn logged_ms(&self, figure: impl Fn(&LoggedWaits) -> Option<f64>) -> f64 {
+        self.logged.as_ref().and_then(figure).unwrap_or(0.0)
     }
 }
 
