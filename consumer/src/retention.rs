@@ -37,8 +37,7 @@ pub struct RetentionSettings {
     pub interval: Window,
     /// Most rows one retention step examines (each step is a transaction of its own); of the
     /// dedupe rows, this many of each group's. A step's cost under load is mostly its commit, so
-    /// larger steps remove more for the same share of the database's time: at 1,000 the dedupe
-    /// rows of two groups at 1,000 events/s were removed no faster than they arrived.
+    /// larger steps remove more in the same share of the database's time.
     #[cfg_attr(
         feature = "cli",
         arg(id = "retention_batch_size", long = "retention-batch-size", env = "CONSUMER_RETENTION_BATCH_SIZE", default_value_t = 5000,
