@@ -53,6 +53,17 @@ pub struct RetentionSettings {
             value_parser = pipeline_core::retention::runner::parse_pause_ratio)
     )]
     pub pause_ratio: f64,
+    /// While a table is behind, remove at most this many times as many rows a second as it
+    /// gains (or 1,000 rows a second, whichever is more), so a backlog costs a bounded share of
+    /// the write load the pipeline already makes: at 1.5 it goes at half the rate rows arrive.
+    /// Above 1 (at 1 or below the table would never catch up); 0: no bound. A run by hand
+    /// (`pipeline retention run`) is not bound.
+    #[cfg_attr(
+        feature = "cli",
+        arg(id = "retention_catch_up", long = "retention-catch-up", env = "CONSUMER_RETENTION_CATCH_UP", default_value_t = 1.5,
+            value_parser = pipeline_core::retention::pace::parse_ratio)
+    )]
+    pub catch_up: f64,
     /// How long a dedupe row (`processed_message`) is kept: at least as long as Kafka keeps the
     /// topic plus the furthest back an operator may reprocess. A redelivery within it is
     /// recognised as a duplicate; after it, as stale by its order's progress. Floor: 1m.
@@ -118,6 +129,7 @@ impl Default for RetentionSettings {
             interval: Window::secs(30),
             batch_size: 5000,
             pause_ratio: 4.0,
+            catch_up: 1.5,
             dedupe: Window::days(8),
             progress: Window::days(365),
             history: Window::days(7),

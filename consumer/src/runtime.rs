@@ -163,6 +163,7 @@ impl Runtime {
         let runner = Runner::new(crate::retention::rules(&args.retention), "consumer")
             .batch_size(args.retention.batch_size)
             .pause_ratio(args.retention.pause_ratio)
+            .catch_up(args.retention.catch_up)
             .yield_to(parts.backlog.clone())
             .with_metrics(metrics);
         self.background.push(tokio::spawn(runner.run_every(

@@ -218,6 +218,7 @@ fn retain_while_active(
         let runner = Runner::new(crate::retention::rules(&settings, groups_here), "relay")
             .batch_size(settings.batch_size)
             .pause_ratio(settings.pause_ratio)
+            .catch_up(settings.catch_up)
             .yield_to(backlog)
             .with_metrics(metrics);
         runner.run_every(pool, settings.interval, stop).await;

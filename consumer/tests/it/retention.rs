@@ -599,6 +599,72 @@ async fn a_table_with_a_long_backlog_does_not_hold_off_the_tables_after_it() {
     drop_database(pool, &name).await;
 }
 
+#[tokio::test]
+async fn a_paced_runner_removes_a_backlog_no_faster_than_its_pace_and_a_run_by_hand_at_once() {
+    let (pool, name) = database().await;
+    // 3,000 dedupe rows past their window, and no new ones arriving: the pace is its floor,
+    // 1,000 rows a second.
+    process_batch(&pool, &Ledger, &order_events("order-p", 3_000, 0))
+        .await
+        .expect("batch");
+    age_history(&pool).await;
+    inserts_reported(&pool, 3_000).await;
+    let later = Utc::now() + Duration::days(9);
+    let dedupe_rows = "SELECT count(*) FROM processed_message";
+    let (paced, metrics) = yielding_runner(
+        runner()
+            .batch_size(500)
+            .pause_ratio(0.0)
+            .catch_up(1.5)
+            .table_slice(std::time::Duration::from_secs(20)),
+        &Backlog::new(),
+    );
+
+    let started = std::time::Instant::now();
+    let run = paced.resume_once(&pool, later).await.expect("paced run");
+    let took = started.elapsed();
+    assert!(!run.skipped);
+    assert_eq!(count(&pool, dedupe_rows).await, 0, "{run:?}");
+    // The first step is free; the other 2,500 rows take 2.5 s at 1,000 a second.
+    assert!(
+        took >= std::time::Duration::from_millis(2_400),
+        "3,000 rows went in {took:?}, faster than the pace"
+    );
+    assert!(metrics.yielded.with_label_values(&["pace"]).get() >= 2.0);
+
+    // A run by hand is not paced: the same backlog goes in one go.
+    process_batch(&pool, &Ledger, &order_events("order-q", 3_000, 3_000))
+        .await
+        .expect("batch");
+    let started = std::time::Instant::now();
+    paced
+        .run_once(&pool, later, false)
+        .await
+        .expect("run by hand");
+    assert_eq!(count(&pool, dedupe_rows).await, 0);
+    assert!(
+        started.elapsed() < std::time::Duration::from_millis(2_000),
+        "a run by hand took {:?}",
+        started.elapsed()
+    );
+    drop_database(pool, &name).await;
+}
+
+/// Waits until PostgreSQL's statistics count `rows` inserts into the dedupe rows: a session
+/// reports its counts when it goes idle, up to 10 s later, and a pace must not count the rows
+/// inserted before it began as arriving while it runs.
+async fn inserts_reported(pool: &PgPool, rows: i64) {
+    let sql = "SELECT n_tup_ins FROM pg_stat_user_tables WHERE relname = 'processed_message'";
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while count(pool, sql).await < rows {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "inserts never reported"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
+
 #[test]
 fn windows_below_their_floors_are_refused() {
     let refused = |change: fn(&mut RetentionSettings)| {

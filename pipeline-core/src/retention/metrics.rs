@@ -26,8 +26,8 @@ pub struct RetentionMetrics {
     /// `retention_runs_skipped_total`: runs that found another runner at work on the database.
     pub skipped: prometheus::IntCounter,
     /// `retention_yielded_seconds_total`: time the runner waited before its steps, by `reason`:
-    /// `backlog` (for the pipeline to catch up) or `slow` (for its rounds to be quick again; see
-    /// [`super::Backlog`]).
+    /// `backlog` (for the pipeline to catch up), `slow` (for its rounds to be quick again; see
+    /// [`super::Backlog`]) or `pace` (to remove no faster than its pace; see [`super::pace`]).
     pub yielded: CounterVec,
 }
 
@@ -83,7 +83,7 @@ impl RetentionMetrics {
         let yielded = CounterVec::new(
             Opts::new(
                 "retention_yielded_seconds_total",
-                "Seconds retention waited before its steps for the relay or the consumer to catch up on a backlog (reason=backlog) or to be quick again (reason=slow).",
+                "Seconds retention waited before its steps for the relay or the consumer to catch up on a backlog (reason=backlog), to be quick again (reason=slow), or to remove rows no faster than its pace allows, a multiple of the rate the table gains rows (reason=pace).",
             ),
             &["reason"],
         )?;

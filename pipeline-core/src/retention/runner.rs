@@ -3,7 +3,8 @@
 //! (whoever runs it: the relay, a consumer, or an operator by hand) and a runner that dies
 //! holds nothing. A runner paces itself: after each step it pauses in proportion to the time the
 //! step took, so a large backlog is worked through at a share of the database's capacity, and
-//! more slowly when the database is busy.
+//! more slowly when the database is busy; and in the runs its loop makes, it removes at most a
+//! bounded multiple of the rows the table gains ([`super::pace`]).
 
 use std::time::{Duration, Instant};
 
@@ -14,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::backlog::Backlog;
 use super::metrics::RetentionMetrics;
+use super::pace::Pace;
 use super::partitions::{Removed, TimePartitions};
 use super::rule::Rule;
 use super::state::{self, Recorded};
@@ -102,6 +104,9 @@ pub struct Runner {
     backlog: Option<Backlog>,
     /// Longest one table's part of a run as the loop makes them.
     table_slice: Duration,
+    /// In the runs the loop makes, most rows removed a second, as a multiple of the rows the
+    /// table gains (see [`super::pace`]); `None`: no bound.
+    catch_up: Option<f64>,
 }
 
 /// What one run did.
@@ -153,6 +158,7 @@ impl Runner {
             metrics: None,
             backlog: None,
             table_slice: TABLE_SLICE,
+            catch_up: None,
         }
     }
 
@@ -195,6 +201,15 @@ impl Runner {
     /// each table as far as its steps go.
     pub fn table_slice(mut self, slice: Duration) -> Self {
         self.table_slice = slice;
+        self
+    }
+
+    /// In the runs [`Runner::run_every`] and [`Runner::resume_once`] make, remove at most `ratio`
+    /// times as many rows a second as the table gains, or
+    /// [`super::pace::FLOOR_ROWS_PER_SECOND`], whichever is more (0: no bound). A run to the end
+    /// ([`Runner::run_once`], an operator's) is not bound.
+    pub fn catch_up(mut self, ratio: f64) -> Self {
+        self.catch_up = (ratio.is_finite() && ratio > 1.0).then_some(ratio);
         self
     }
 
@@ -320,9 +335,28 @@ impl Runner {
         let mut caught_up = false;
         // What the last step and its pause took: the most a step waits for a slow pipeline.
         let mut last_step = Duration::ZERO;
+        let pace = match (self.catch_up, slice, dry_run) {
+            (Some(ratio), Some(_), false) => Some(Pace::start(pool, rule.table, ratio).await?),
+            _ => None,
+        };
+        // Rows the steps removed (a partition's rows are not paced: its drop is no delete).
+        let mut stepped = 0u64;
         for taken in 0..steps {
             if taken > 0 && slice.is_some_and(|slice| started.elapsed() >= slice) {
                 break;
+            }
+            if let Some(pace) = &pace {
+                let (within, waited) = pace
+                    .wait(pool, stepped, slice.map(|slice| started + slice))
+                    .await?;
+                if let (Some(m), false) = (&self.metrics, waited.is_zero()) {
+                    m.yielded
+                        .with_label_values(&["pace"])
+                        .inc_by(waited.as_secs_f64());
+                }
+                if !within {
+                    break;
+                }
             }
             self.give_way(last_step).await;
             let step_started = Instant::now();
@@ -360,6 +394,7 @@ impl Runner {
                 }
             }
             removed += step.removed;
+            stepped += step.removed;
             let pause = step_started.elapsed().mul_f64(self.pause_ratio);
             if step.done {
                 caught_up = true;
