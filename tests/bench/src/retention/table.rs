@@ -114,11 +114,7 @@ pub fn write(o: &mut String, r: &RetentionResult) -> std::fmt::Result {
             minutes.join(" ")
         )?;
         for minute in &s.background {
-            writeln!(
-                o,
-                "     autovacuum and checkpointer, {name}, {}",
-                minute.summary()
-            )?;
+            writeln!(o, "     background, {name}, {}", minute.summary())?;
         }
     }
     let stage = |s: &super::Segment, name: &str| {
