@@ -55,12 +55,13 @@ pub struct RetentionSettings {
     pub pause_ratio: f64,
     /// While a table is behind, remove at most this many times as many rows a second as it
     /// gains (or 1,000 rows a second, whichever is more), so a backlog costs a bounded share of
-    /// the write load the pipeline already makes: at 1.5 it goes at half the rate rows arrive.
-    /// Above 1 (at 1 or below the table would never catch up); 0: no bound. A run by hand
+    /// the write load the pipeline already makes: at 1.2 it goes at a fifth of the rate rows
+    /// arrive, with the deletes at most a fifth more than the inserts a caught-up table takes
+    /// anyway. Above 1 (at 1 or below the table would never catch up); 0: no bound. A run by hand
     /// (`pipeline retention run`) is not bound.
     #[cfg_attr(
         feature = "cli",
-        arg(id = "retention_catch_up", long = "retention-catch-up", env = "CONSUMER_RETENTION_CATCH_UP", default_value_t = 1.5,
+        arg(id = "retention_catch_up", long = "retention-catch-up", env = "CONSUMER_RETENTION_CATCH_UP", default_value_t = 1.2,
             value_parser = pipeline_core::retention::pace::parse_ratio)
     )]
     pub catch_up: f64,
@@ -129,7 +130,7 @@ impl Default for RetentionSettings {
             interval: Window::secs(30),
             batch_size: 5000,
             pause_ratio: 4.0,
-            catch_up: 1.5,
+            catch_up: 1.2,
             dedupe: Window::days(8),
             progress: Window::days(365),
             history: Window::days(7),

@@ -7,8 +7,9 @@
 //! them let retention remove several times the rate rows arrived, and the pipeline's latency
 //! paid for it. Bounding removal by the table's own insert rate keeps the tables flat (any ratio
 //! above 1 removes more than arrives) and makes a backlog's cost a fixed share of the write load
-//! the pipeline already puts on the database, whatever the machine: at 1.5, a backlog goes at
-//! half the rate rows arrive, with the deletes at most one and a half times the inserts.
+//! the pipeline already puts on the database, whatever the machine: at 1.2, a backlog goes at a
+//! fifth of the rate rows arrive, with the deletes at most a fifth more than the inserts, close
+//! to what retention of a caught-up table removes anyway.
 //!
 //! The insert rate is the table's `n_tup_ins` in PostgreSQL's statistics, which counts every
 //! session's inserts (every consumer's dedupe rows, not only the runner's process), as the

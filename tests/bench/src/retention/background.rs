@@ -84,10 +84,12 @@ impl Stalls {
     }
 }
 
-/// Vacuums of the database and the checkpointer's work, as one sample sees them.
+/// Vacuums of the database and the checkpointer's work, as one sample sees them. A vacuumed
+/// table is named through `pg_class`, not a `regclass` cast: a partition dropped meanwhile would
+/// fail the cast, and the sample with it.
 const SAMPLE_SQL: &str = "/* bench */
-SELECT 'vacuum ' || p.relid::regclass::text || ' ' || p.phase
-FROM pg_stat_progress_vacuum p
+SELECT 'vacuum ' || COALESCE(c.relname, p.relid::text) || ' ' || p.phase
+FROM pg_stat_progress_vacuum p LEFT JOIN pg_class c ON c.oid = p.relid
 WHERE p.datname = current_database()
 UNION ALL
 SELECT 'checkpointer ' || a.wait_event
@@ -133,7 +135,11 @@ impl BackgroundWatch {
                     .fetch_all(&mut conn)
                     .await
                 else {
-                    break;
+                    // One failed sample leaves its second out; a lost connection ends the record.
+                    if conn.ping().await.is_err() {
+                        break;
+                    }
+                    continue;
                 };
                 let index = since.as_secs() / 60;
                 let minute = minutes.entry(index).or_default();
