@@ -268,8 +268,8 @@ ensure_postgres() {
 
 # ensure_pg_settings — the server settings the pipeline needs beyond PostgreSQL's defaults
 # (deploy/postgres/pipeline.conf says which and why), each set with ALTER SYSTEM where the server
-# has another value, then one reload. Settings the server does not know (an older PostgreSQL) are
-# skipped with a warning.
+# has another value, then one reload, and a restart where a setting needs one. Settings the server
+# does not know (an older PostgreSQL) are skipped with a warning.
 ensure_pg_settings() {
     local file="$REPO_ROOT/deploy/postgres/pipeline.conf" name value current changed=0
     [[ -f $file ]] || return 0
@@ -295,6 +295,35 @@ ensure_pg_settings() {
         log "PostgreSQL settings from deploy/postgres/pipeline.conf applied (ALTER SYSTEM, reload)"
         psql -w -X -q "$PG_ADMIN_URL" -c 'SELECT pg_reload_conf()' >/dev/null
     fi
+    pg_restart_if_pending
+}
+
+# pg_restart_if_pending — restarts the local cluster on $PG_PORT when a setting it was given takes
+# effect only on a restart (shared_buffers). A server that is not a local cluster is left running
+# with a warning: its operator restarts it.
+pg_restart_if_pending() {
+    local pending line ver cluster
+    pending=$(psql -w -X -Atq "$PG_ADMIN_URL" -c \
+        "SELECT string_agg(name, ', ') FROM pg_settings WHERE pending_restart")
+    [[ -n $pending ]] || return 0
+    line=$(pg_lsclusters -h 2>/dev/null | awk -v p="$PG_PORT" '$3 == p { print; exit }')
+    if [[ -z $line ]]; then
+        warn "PostgreSQL needs a restart for $pending; it is not a local cluster, so it was left running"
+        return 0
+    fi
+    read -r ver cluster _ <<<"$line"
+    log "restarting PostgreSQL cluster $ver/$cluster for $pending"
+    (
+        close_inherited_fds
+        as_root pg_ctlcluster --skip-systemctl-redirect "$ver" "$cluster" restart
+    ) ||
+        die "pg_ctlcluster could not restart $ver/$cluster (see /var/log/postgresql/postgresql-$ver-$cluster.log)"
+    local deadline=$((SECONDS + ${PG_WAIT_SECONDS:-60}))
+    until pg_accepting && psql -w -X -Atq "$PG_ADMIN_URL" -c 'SELECT 1' >/dev/null 2>&1; do
+        ((SECONDS < deadline)) ||
+            die "PostgreSQL $ver/$cluster does not accept connections after its restart (see /var/log/postgresql/postgresql-$ver-$cluster.log)"
+        sleep 1
+    done
 }
 
 # ensure_autovacuum — PostgreSQL's default, but some machines' servers come with it off. The
