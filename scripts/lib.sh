@@ -204,14 +204,14 @@ pg_trust_loopback() {
 # ensure_postgres — PostgreSQL accepting connections on 127.0.0.1:5432 as user postgres, without
 # a password. Installs Debian's server package when missing, creates or starts the cluster.
 ensure_postgres() {
-    local wait_s="${PG_WAIT_SECONDS:-60}" fresh=0 started=0 ver='' cluster=''
+    local fresh=0 started=0 ver='' cluster=''
     if ! pg_accepting; then
         if ! have pg_ctlcluster || [[ -z $(pg_server_version) ]]; then
             install_postgres
             fresh=1
         fi
         local line ver cluster _port status
-        line=$(pg_lsclusters -h 2>/dev/null | awk -v p="$PG_PORT" '$3 == p { print; exit }')
+        line=$(pg_cluster_line)
         if [[ -z $line ]]; then
             if [[ -n $(pg_lsclusters -h 2>/dev/null) ]]; then
                 pg_lsclusters >&2 || true
@@ -221,7 +221,7 @@ ensure_postgres() {
             log "creating PostgreSQL cluster $ver/main on port $PG_PORT"
             as_root pg_createcluster "$ver" main --port "$PG_PORT" >/dev/null
             fresh=1
-            line=$(pg_lsclusters -h | awk -v p="$PG_PORT" '$3 == p { print; exit }')
+            line=$(pg_cluster_line)
         fi
         read -r ver cluster _port status _ <<<"$line"
         [[ $status == online* ]] || started=1
@@ -234,18 +234,9 @@ ensure_postgres() {
             fi
         else
             log "starting PostgreSQL cluster $ver/$cluster"
-            (
-                close_inherited_fds
-                as_root pg_ctlcluster --skip-systemctl-redirect "$ver" "$cluster" start
-            ) ||
-                die "pg_ctlcluster could not start $ver/$cluster (see /var/log/postgresql/postgresql-$ver-$cluster.log)"
+            pg_ctl_local start "$ver" "$cluster"
         fi
-        local deadline=$((SECONDS + wait_s))
-        until pg_accepting; do
-            ((SECONDS < deadline)) ||
-                die "PostgreSQL $ver/$cluster does not accept connections on $PG_HOST:$PG_PORT after ${wait_s}s (see /var/log/postgresql/postgresql-$ver-$cluster.log)"
-            sleep 1
-        done
+        pg_wait_accepting "$ver" "$cluster"
     fi
     local out
     if ! out=$(PGCONNECT_TIMEOUT=5 psql -w -X -Atq "$PG_ADMIN_URL" -c 'SHOW server_version' 2>&1) &&
@@ -306,22 +297,40 @@ pg_restart_if_pending() {
     pending=$(psql -w -X -Atq "$PG_ADMIN_URL" -c \
         "SELECT string_agg(name, ', ') FROM pg_settings WHERE pending_restart")
     [[ -n $pending ]] || return 0
-    line=$(pg_lsclusters -h 2>/dev/null | awk -v p="$PG_PORT" '$3 == p { print; exit }')
+    line=$(pg_cluster_line)
     if [[ -z $line ]]; then
         warn "PostgreSQL needs a restart for $pending; it is not a local cluster, so it was left running"
         return 0
     fi
     read -r ver cluster _ <<<"$line"
     log "restarting PostgreSQL cluster $ver/$cluster for $pending"
+    pg_ctl_local restart "$ver" "$cluster"
+    pg_wait_accepting "$ver" "$cluster"
+}
+
+# pg_cluster_line — pg_lsclusters' line for the local cluster on $PG_PORT (empty if none).
+pg_cluster_line() {
+    pg_lsclusters -h 2>/dev/null | awk -v p="$PG_PORT" '$3 == p { print; exit }'
+}
+
+# pg_ctl_local ACTION VER CLUSTER — pg_ctlcluster start or restart, without the caller's file
+# descriptors (the server outlives the script).
+pg_ctl_local() {
     (
         close_inherited_fds
-        as_root pg_ctlcluster --skip-systemctl-redirect "$ver" "$cluster" restart
+        as_root pg_ctlcluster --skip-systemctl-redirect "$2" "$3" "$1"
     ) ||
-        die "pg_ctlcluster could not restart $ver/$cluster (see /var/log/postgresql/postgresql-$ver-$cluster.log)"
-    local deadline=$((SECONDS + ${PG_WAIT_SECONDS:-60}))
-    until pg_accepting && psql -w -X -Atq "$PG_ADMIN_URL" -c 'SELECT 1' >/dev/null 2>&1; do
+        die "pg_ctlcluster could not $1 $2/$3 (see /var/log/postgresql/postgresql-$2-$3.log)"
+}
+
+# pg_wait_accepting VER CLUSTER — waits up to $PG_WAIT_SECONDS (60) for connections on
+# $PG_HOST:$PG_PORT.
+pg_wait_accepting() {
+    local wait_s="${PG_WAIT_SECONDS:-60}"
+    local deadline=$((SECONDS + wait_s))
+    until pg_accepting; do
         ((SECONDS < deadline)) ||
-            die "PostgreSQL $ver/$cluster does not accept connections after its restart (see /var/log/postgresql/postgresql-$ver-$cluster.log)"
+            die "PostgreSQL $1/$2 does not accept connections on $PG_HOST:$PG_PORT after ${wait_s}s (see /var/log/postgresql/postgresql-$1-$2.log)"
         sleep 1
     done
 }
