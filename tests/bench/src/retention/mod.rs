@@ -31,6 +31,7 @@ pub mod process_logs;
 pub mod processes;
 pub mod segment;
 pub mod server_log;
+pub mod server_writes;
 pub mod sizes;
 pub mod table;
 

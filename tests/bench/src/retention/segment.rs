@@ -15,6 +15,7 @@ use super::background::{BackgroundWatch, MinuteBackground};
 use super::histogram::{Buckets, HistogramFigures};
 use super::locks::LockWaits;
 use super::processes::{removed_since, retention_series, rows_removed, Process};
+use super::server_writes::{Counters, ServerWrites};
 use super::sizes::{self, Sizes};
 use crate::config::Settings;
 use crate::dbprofile::{DbActivity, DbProfiler};
@@ -57,6 +58,8 @@ pub struct Segment {
     pub lock_waits: LockWaits,
     /// Autovacuum and the checkpointer by the minute, on the minutes of `latency.by_minute`.
     pub background: Vec<MinuteBackground>,
+    /// WAL, checkpoints and block reads over the measured part.
+    pub server_writes: ServerWrites,
 }
 
 /// The order service and the relay the load goes through.
@@ -116,18 +119,26 @@ pub async fn run(
     let profiler = DbProfiler::start(&env.database_url).await?;
     let background = BackgroundWatch::start(&env.database_url, settings.warmup).await?;
     let stop = CancellationToken::new();
-    // The metrics at the end of the warm-up, and the sizes halfway through.
+    // The metrics and the server's counters at the end of the warm-up, and the sizes halfway
+    // through.
     let observe = async {
         tokio::time::sleep(settings.warmup).await;
         let before = running.pages(consumer).await;
+        let counters = Counters::read(&env.pool).await;
         tokio::time::sleep(duration / 2).await;
         let mid = sizes::read(&env.pool, phase_started.elapsed().as_secs_f64()).await;
-        (before, mid)
+        (before, counters, mid)
     };
-    let (outcome, (before, mid)) = tokio::join!(drive(running.url, &spec, &stop), observe);
+    let (outcome, (before, counters_before, mid)) =
+        tokio::join!(drive(running.url, &spec, &stop), observe);
     let outcome = outcome?;
-    let (before, mid) = (before?, mid?);
+    let (before, counters_before, mid) = (before?, counters_before?, mid?);
     let after = running.pages(consumer).await?;
+    let server_writes = ServerWrites::between(
+        &counters_before,
+        &Counters::read(&env.pool).await?,
+        outcome.measured.len() as u64,
+    );
     let cpu = meter.finish().with_events(outcome.ok);
     let db_activity = profiler.finish().await;
     let background = background.finish().await;
@@ -206,6 +217,7 @@ pub async fn run(
         ]),
         lock_waits: LockWaits::default(),
         background,
+        server_writes,
     };
     Ok((segment, mid))
 }

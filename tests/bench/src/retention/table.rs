@@ -185,6 +185,8 @@ pub fn write(o: &mut String, r: &RetentionResult) -> std::fmt::Result {
     writeln!(o, "   CPU off: {}", off.cpu.summary())?;
     writeln!(o, "   CPU on:  {}", on.cpu.summary())?;
     writeln!(o, "   DB on:   {}", on.db_activity.summary(4))?;
+    writeln!(o, "   server off: {}", off.server_writes.summary())?;
+    writeln!(o, "   server on:  {}", on.server_writes.summary())?;
     let removed = |by_table: &std::collections::BTreeMap<String, f64>| {
         let parts: Vec<String> = by_table
             .iter()
