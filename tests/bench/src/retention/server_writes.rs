@@ -10,6 +10,8 @@
 use serde::Serialize;
 use sqlx::PgPool;
 
+use crate::procstat::round1;
+
 /// The server's cumulative counters at one moment.
 #[derive(Debug, Clone, Copy, Default, sqlx::FromRow)]
 pub struct Counters {
@@ -75,7 +77,7 @@ impl ServerWrites {
             if events == 0 {
                 0.0
             } else {
-                (n as f64 * scale / events as f64 * 10.0).round() / 10.0
+                round1(n as f64 * scale / events as f64)
             }
         };
         let wal_bytes = after.wal_bytes - before.wal_bytes;
@@ -83,7 +85,7 @@ impl ServerWrites {
         let blocks_read = after.blks_read - before.blks_read;
         ServerWrites {
             events,
-            wal_mb: (wal_bytes as f64 / 1e5).round() / 10.0,
+            wal_mb: round1(wal_bytes as f64 / 1e6),
             wal_records: after.wal_records - before.wal_records,
             wal_fpi,
             checkpoints_timed: after.checkpoints_timed - before.checkpoints_timed,
@@ -101,7 +103,7 @@ impl ServerWrites {
         }
     }
 
-    /// One line: `WAL 412.3 MB (1,350 B/event, 310 whole pages/1k events), checkpoints 0+1, …`.
+    /// One line, such as `WAL 4260.0 MB (7100 B/event, 243.9 whole pages/1k events), …`.
     pub fn summary(&self) -> String {
         format!(
             "WAL {:.1} MB ({:.0} B/event, {:.1} whole pages/1k events), checkpoints {} timed + {} \
