@@ -33,7 +33,7 @@ fi
 # The Rust code is safe (unsafe_code is forbidden), so the fuzzer runs without a sanitizer: the
 # C libraries it links (librdkafka) are built as usual, and the run looks for panics and
 # failed assertions.
-fuzz=(cargo "${toolchain[@]}" fuzz run record_decision --sanitizer none --release)
+fuzz=(cargo "${toolchain[@]}" fuzz run record_decision --features libfuzzer --sanitizer none --release)
 mkdir -p corpus/record_decision
 log "regressions: every input in regressions/record_decision"
 "${fuzz[@]}" regressions/record_decision -- -runs=0

@@ -49,9 +49,12 @@ ensure_build_deps
 section "cargo build --release --workspace --bins"
 cargo build --release --workspace --bins
 
-# The fault-injection build writes target/release/{relay,consumer} with the crash points compiled
-# in (inert without PIPELINE_CRASH_AT, but not what the other tools should run): copy them aside,
-# then build the normal ones again, also when the fault build fails half-way.
+# The fault-injection build writes target/release/{relay,consumer} with the crash points armed
+# (inert without PIPELINE_CRASH_AT, but not what the other tools should run): copy them aside,
+# then put the normal ones back, also when the fault build fails half-way. The feature changes
+# only the two binaries' `main`, and the whole workspace is selected so that every dependency
+# gets the same features as in the normal build: the fault build recompiles the two binary
+# crates and nothing else, and putting the normal ones back compiles nothing.
 restore_normal_binaries() {
     local status=$?
     trap - EXIT
@@ -62,7 +65,8 @@ restore_normal_binaries() {
 trap restore_normal_binaries EXIT
 
 section "fault-injection relay and consumer"
-cargo build --release -p relay-cli -p demo-groups --features relay-cli/fault-injection,demo-groups/fault-injection
+cargo build --release --workspace --bin relay --bin consumer \
+    --features relay-cli/fault-injection,demo-groups/fault-injection
 mkdir -p "$FAULT_BIN_DIR"
 for bin in relay consumer; do
     # Copy, then rename: a copy still running from an earlier run keeps its file.

@@ -84,47 +84,64 @@ impl Drop for Running<'_> {
 mod tests {
     use super::*;
 
-    #[tokio::test(start_paused = true)]
-    async fn idle_runner_does_not_wait() {
-        let overlap = Overlap::new(Duration::from_millis(50));
-        let started = Instant::now();
-        overlap.wait_turn().await;
-        assert_eq!(started.elapsed(), Duration::ZERO);
+    /// Far longer than anything here takes on a loaded machine: a runner that waited for it
+    /// (or for a transaction that never ends) shows.
+    const LONG: Duration = Duration::from_secs(10);
+
+    /// `wait_turn`, and how long it took (real time: the tests share the workspace's build of
+    /// tokio, which has no paused clock).
+    async fn timed_turn(overlap: &Overlap) -> Duration {
+        let started = std::time::Instant::now();
+        tokio::time::timeout(LONG * 2, overlap.wait_turn())
+            .await
+            .expect("wait_turn returns within its patience");
+        started.elapsed()
     }
 
-    #[tokio::test(start_paused = true)]
+    #[tokio::test]
+    async fn idle_runner_does_not_wait() {
+        let overlap = Overlap::new(LONG);
+        assert!(timed_turn(&overlap).await < LONG / 10);
+    }
+
+    #[tokio::test]
     async fn waits_for_the_running_transaction_to_finish() {
-        let overlap = std::sync::Arc::new(Overlap::new(Duration::from_millis(50)));
-        let started = Instant::now();
+        let overlap = std::sync::Arc::new(Overlap::new(LONG));
+        let writing = Duration::from_millis(100);
+        let started = std::time::Instant::now();
         let other = overlap.clone();
+        let (started_tx, started_rx) = tokio::sync::oneshot::channel();
         let writer = tokio::spawn(async move {
             let _running = other.start();
-            tokio::time::sleep(Duration::from_millis(7)).await;
+            let _ = started_tx.send(());
+            tokio::time::sleep(writing).await;
         });
-        tokio::task::yield_now().await;
+        started_rx.await.expect("the writer started");
         assert_eq!(overlap.running(), 1);
-        overlap.wait_turn().await;
-        assert_eq!(started.elapsed(), Duration::from_millis(7));
+        timed_turn(&overlap).await;
+        // Woken by the end of the transaction: not before it, and not at the patience.
+        let waited = started.elapsed();
+        assert!(waited >= writing, "{waited:?}");
+        assert!(waited < LONG / 2, "{waited:?}");
         assert_eq!(overlap.running(), 0);
         writer.await.expect("writer task");
     }
 
-    #[tokio::test(start_paused = true)]
+    #[tokio::test]
     async fn gives_up_waiting_after_the_patience() {
-        let overlap = Overlap::new(Duration::from_millis(3));
+        let patience = Duration::from_millis(100);
+        let overlap = Overlap::new(patience);
         let _running = overlap.start();
-        let started = Instant::now();
-        overlap.wait_turn().await;
-        assert_eq!(started.elapsed(), Duration::from_millis(3));
+        let waited = timed_turn(&overlap).await;
+        assert!(waited >= patience, "{waited:?}");
+        assert!(waited < LONG / 2, "{waited:?}");
         assert_eq!(overlap.running(), 1);
     }
 
-    #[tokio::test(start_paused = true)]
+    #[tokio::test]
     async fn zero_patience_never_waits() {
         let overlap = Overlap::new(Duration::ZERO);
         let _running = overlap.start();
-        let started = Instant::now();
-        overlap.wait_turn().await;
-        assert_eq!(started.elapsed(), Duration::ZERO);
+        assert!(timed_turn(&overlap).await < LONG / 10);
     }
 }

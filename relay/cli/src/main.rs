@@ -54,6 +54,8 @@ struct RunArgs {
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     telemetry::init(&cli.log);
+    #[cfg(feature = "fault-injection")]
+    pipeline_core::crash_point::arm_from_env();
     match cli.command {
         Command::Run(args) => {
             tracing::info!(?args, "starting relay");

@@ -14,6 +14,8 @@ use prometheus::Registry;
 async fn main() -> anyhow::Result<()> {
     let cli = <Cli as clap::Parser>::parse();
     telemetry::init(&cli.log);
+    #[cfg(feature = "fault-injection")]
+    pipeline_core::crash_point::arm_from_env();
     match cli.command {
         Command::Run(command) => run(*command).await,
         Command::SeedStock {

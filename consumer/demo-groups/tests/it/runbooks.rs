@@ -4,7 +4,6 @@
 
 use clap::Parser;
 use operator::cli::Cli;
-use regex::Regex;
 use sqlx::PgPool;
 
 const ALERTS: &str = include_str!("../../../../deploy/prometheus/alerts.yml");
@@ -51,9 +50,19 @@ fn runbook(text: &str) -> Runbook {
             prose.push_str(line.trim());
         }
     }
-    let inline = Regex::new(r"`([^`]+)`").expect("a valid pattern");
-    for c in inline.captures_iter(&prose) {
-        sort(&c[1]);
+    // Inline code: from a backtick to the next, at least one character between (a second
+    // backtick right after the first may open the next span).
+    let mut rest = prose.as_str();
+    while let Some(open) = rest.find('`') {
+        let after = &rest[open + 1..];
+        match after.find('`') {
+            Some(0) => rest = after,
+            Some(close) => {
+                sort(&after[..close]);
+                rest = &after[close + 1..];
+            }
+            None => break,
+        }
     }
     found
 }
