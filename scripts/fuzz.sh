@@ -8,8 +8,9 @@
 # installed, else with the stable one (RUSTC_BOOTSTRAP=1: cargo fuzz needs nightly flags). The
 # corpus grows in consumer/fuzz/corpus (git-ignored). A crash stops the run with a non-zero
 # status and leaves its input in consumer/fuzz/artifacts/record_decision/: replay it with
-# `cargo fuzz run record_decision <file>` and keep it as a test case (see
-# consumer/fuzz/regressions/).
+# `cargo fuzz run record_decision --features libfuzzer <file>` and keep it in
+# consumer/fuzz/regressions/record_decision/, which the test command's tests replay
+# (`cargo test --release -p consumer-fuzz` alone).
 set -euo pipefail
 # shellcheck source=scripts/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"

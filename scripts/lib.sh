@@ -390,6 +390,37 @@ ensure_build_deps() {
     fi
 }
 
+# install_missing_packages — one apt transaction for the Debian packages the other ensure_*
+# helpers would each install one by one (each with its own `apt-get update`): the PostgreSQL
+# server, Prometheus, chromium, Node.js with npm, and Maven while Kafka's jars are not cached.
+# Does nothing when they are all there or there is no apt-get (the helpers then say what is
+# missing).
+install_missing_packages() {
+    local server=() missing=()
+    [[ -n $(pg_server_version) ]] || server=(postgresql)
+    { have prometheus && have promtool; } || missing+=(prometheus)
+    [[ -x /usr/bin/chromium ]] || missing+=(chromium)
+    have npm || missing+=(nodejs npm)
+    if ! have mvn && [[ ! -f $(kafka_cache_dir)/.complete ]]; then
+        missing+=(maven)
+    fi
+    ((${#server[@]} + ${#missing[@]})) || return 0
+    have apt-get || return 0
+    log "installing Debian's ${server[*]} ${missing[*]}"
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    if ((${#server[@]})); then
+        # The package may start its cluster: that server must not inherit our descriptors.
+        (
+            close_inherited_fds
+            as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${server[@]}" >/dev/null
+        )
+    fi
+    if ((${#missing[@]})); then
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    fi
+    hash -r
+}
+
 # ensure_chromium — Debian's chromium, the headless browser the web console's browser tests
 # (tests/console) drive through playwright-core; playwright never downloads a browser of its own.
 ensure_chromium() {

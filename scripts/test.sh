@@ -1,16 +1,25 @@
 #!/usr/bin/env bash
 # The test command (CI runs it through .ci/run):
 #
-#   scripts/test.sh [EXTRA CARGO TEST ARGS...]
+#   scripts/test.sh [EXTRA CARGO ARGS...] [-- TEST FILTER AND HARNESS ARGS...]
 #
-# Brings up PostgreSQL (127.0.0.1:5432, Debian's packages) and Apache Kafka (KRaft, one node on
-# 127.0.0.1:9092, its jars from Maven Central; or the cluster KAFKA_BROKERS names), installing
-# what is missing (and Prometheus: prometheus, promtool), builds the binaries, runs
-# the workspace's tests against them, fuzzes the consumer's record decoding for a minute
-# (scripts/fuzz.sh), runs the short verification, checks the monitoring files
-# (scripts/check-observability.sh), then clippy and rustfmt. Exits non-zero when any step fails.
-# A broker it started is stopped at exit; PostgreSQL is left running. Extra arguments go to
-# `cargo test`, e.g. `scripts/test.sh -p relay`.
+# Builds the workspace's binaries and tests in one release build while it brings up, in the
+# background, what the tests need: PostgreSQL (127.0.0.1:5432, Debian's packages), Apache Kafka's
+# jars (Maven Central), Prometheus (prometheus, promtool), chromium and the browser tests' npm
+# packages, installing what is missing. Then it starts Apache Kafka (KRaft, one node on
+# 127.0.0.1:9092; or uses the cluster KAFKA_BROKERS names), runs every test binary against them
+# (several binaries at a time: each test has its own database, topic and groups), the doctests,
+# the short verification run under faults, the monitoring checks
+# (scripts/check-observability.sh), and clippy, rustfmt and rustdoc (at the lowest CPU priority,
+# beside the tests: they take the cores the tests leave idle). Exits non-zero when any step fails.
+# A broker it started is stopped at exit; PostgreSQL is left running.
+#
+# Extra arguments narrow the run: those before `--` go to cargo (`scripts/test.sh -p relay`),
+# those after it to every test binary (`scripts/test.sh -p relay -- lease::`); a narrowed run
+# skips the verification run. For one crate against services already running, scripts/dev-test.sh
+# is quicker (docs/testing.md).
+#
+# Settings (environment): TEST_JOBS, how many test binaries run at a time (default 2).
 set -euo pipefail
 # shellcheck source=scripts/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -19,12 +28,33 @@ cd "$REPO_ROOT"
 TARGET_DIR="${CARGO_TARGET_DIR:-$REPO_ROOT/target}"
 FAILED=()
 STAGE=start
-# cargo test's whole output, kept so the end of the run can repeat what failed.
+# The test binaries' whole output, kept so the end of the run can repeat what failed.
 TEST_LOG="$RUN_DIR/cargo-test.log"
 : >"$TEST_LOG"
 # The short verification's output, kept so the end of the run can repeat why it failed.
 VERIFY_LOG="$RUN_DIR/verify-short.log"
 : >"$VERIFY_LOG"
+# What the background set-up printed.
+SETUP_LOG="$RUN_DIR/setup.log"
+SETUP_PID=
+# The lint job's folder (clippy's, rustfmt's and rustdoc's output and statuses) and process.
+LINT_DIR="$RUN_DIR/lint"
+LINT_PID=
+
+# The arguments: cargo's, then (after --) the test binaries'.
+CARGO_ARGS=()
+HARNESS_ARGS=()
+while (($#)); do
+    if [[ $1 == -- ]]; then
+        shift
+        HARNESS_ARGS=("$@")
+        break
+    fi
+    CARGO_ARGS+=("$1")
+    shift
+done
+NARROWED=0
+((${#CARGO_ARGS[@]} + ${#HARNESS_ARGS[@]} == 0)) || NARROWED=1
 
 stage() {
     STAGE=$1
@@ -34,6 +64,12 @@ stage() {
 finish() {
     local status=$?
     trap - EXIT INT TERM
+    if [[ -n $SETUP_PID ]]; then
+        kill "$SETUP_PID" 2>/dev/null || true
+    fi
+    if [[ -n $LINT_PID ]]; then
+        kill -- "-$LINT_PID" 2>/dev/null || kill "$LINT_PID" 2>/dev/null || true
+    fi
     stop_broker
     echo >&2
     if ((status == 0)); then
@@ -51,11 +87,11 @@ finish() {
     fi
     exit "$status"
 }
-# Each failed test's name and output, from cargo test's log: the last lines of a long run are
-# the ones a reader sees first.
+# Each failed test's name and output, from the test log: the last lines of a long run are the
+# ones a reader sees first.
 repeat_test_failures() {
     [[ -s $TEST_LOG ]] || return 0
-    grep -qE '^test .* \.\.\. FAILED$|^error: test failed' "$TEST_LOG" || return 0
+    grep -qE '^test .* \.\.\. FAILED$|^error: test failed|^(test binary|doctests) .* FAILED' "$TEST_LOG" || return 0
     echo >&2
     warn "failed tests (the whole output: $TEST_LOG):"
     awk '
@@ -69,7 +105,7 @@ repeat_test_failures() {
         /^test result: / { printing = 0 }
         printing && shown < 40 { print; shown++ }
     ' "$TEST_LOG" >&2
-    grep -E '^error: test failed|^error: [0-9]+ targets? failed' "$TEST_LOG" >&2 || true
+    grep -E '^error: test failed|^error: [0-9]+ targets? failed|^(test binary|doctests) .* FAILED' "$TEST_LOG" >&2 || true
 }
 # The short verification's seed, errors and verdict, when it did not pass.
 repeat_verify_failure() {
@@ -114,16 +150,25 @@ step() {
     fi
 }
 
-stage "[1/9] PostgreSQL"
-ensure_postgres
+# The services and tools the tests need, fetched, installed and started while the build runs:
+# package downloads and Maven's fetch wait on the network, the build on the cores. The broker
+# starts after the build (an idle JVM still takes CPU).
+set_up_services() {
+    install_missing_packages
+    ensure_postgres
+    if [[ -z ${KAFKA_BROKERS:-} ]] && ! port_open "$BROKER_HOST" "${KAFKA_PORT:-9092}"; then
+        ensure_kafka_java
+        kafka_fetch
+    fi
+    ensure_prometheus # the monitoring checks and the Prometheus end-to-end test need both
+    # The web console's browser tests (tests/kit/tests/it/console.rs runs tests/console with
+    # node): Debian's chromium, and playwright-core from tests/console's lockfile (it downloads
+    # no browser).
+    ensure_chromium
+    (cd tests/console && PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --no-audit --no-fund --loglevel=error)
+}
 
-stage "[2/9] Apache Kafka"
-ensure_broker # fetches Kafka's jars first (kafka_fetch) unless a broker already listens
-
-stage "[3/9] Prometheus (prometheus, promtool)"
-ensure_prometheus # the monitoring checks and the Prometheus end-to-end test need both
-
-stage "[4/9] Toolchain (and the browser tests' chromium and npm packages)"
+stage "[1/8] Toolchain and build dependencies; PostgreSQL, Kafka's jars, Prometheus, chromium in the background"
 cargo --version
 rustc --version
 missing=()
@@ -133,25 +178,91 @@ if ((${#missing[@]})); then
     log "installing rustup components: ${missing[*]}"
     rustup component add "${missing[@]}"
 fi
-# The web console's browser tests (tests/kit/tests/it/console.rs runs tests/console with node):
-# Debian's chromium, and playwright-core from tests/console's lockfile (it downloads no browser).
-ensure_chromium
-if ! have npm; then
-    log "installing Node.js and npm (the web console's browser tests)"
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
-fi
-(cd tests/console && PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --no-audit --no-fund --loglevel=error)
+ensure_build_deps
+set_up_services >"$SETUP_LOG" 2>&1 </dev/null &
+SETUP_PID=$!
+log "setting up the services in the background (log: $SETUP_LOG)"
 
-stage "[5/9] cargo build --release --workspace --bins"
+stage "[2/8] cargo build --release --workspace --bins --tests"
 # A clean build (CI) keeps no incremental state: on a fresh machine it would only cost disk.
 if [[ -n ${CI:-} ]]; then
     export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
 fi
-ensure_build_deps
-cargo build --release --workspace --bins
+# One build for the binaries the tests run and for the tests themselves.
+cargo build --release --workspace --bins --tests "${CARGO_ARGS[@]}"
+# The binaries alone must need nothing more: a dev-dependency that changes a shared
+# dependency's features makes cargo build that dependency, and everything above it, twice
+# (tests/dev-features says what to do then).
+one_build() {
+    local rebuilt
+    rebuilt=$(cargo build --release --workspace --bins --message-format=json 2>/dev/null |
+        grep '"reason":"compiler-artifact"' | grep '"fresh":false' |
+        sed -nE 's/.*"target":\{[^}]*"name":"([^"]*)".*/\1/p' | sort -u | tr '\n' ' ' || true)
+    if [[ -n $rebuilt ]]; then
+        warn "building the binaries alone compiled again: $rebuilt"
+        warn "a dev-dependency turns on features the binaries' build lacks: add it to tests/dev-features"
+        return 1
+    fi
+    log "the binaries and the tests share one build of every dependency"
+}
+if ((!NARROWED)); then
+    step "one build for binaries and tests" one_build
+fi
 
-stage "[6/9] cargo test --release --workspace"
+stage "[3/8] PostgreSQL, Apache Kafka, Prometheus"
+if ! wait "$SETUP_PID"; then
+    SETUP_PID=
+    cat "$SETUP_LOG" >&2
+    die "setting up the services failed (log above, also in $SETUP_LOG)"
+fi
+SETUP_PID=
+cat "$SETUP_LOG" >&2
+ensure_postgres # again, now in this shell: quick, and it prints the server it found
+ensure_broker   # starts a broker unless one listens already or KAFKA_BROKERS names a cluster
+
+# Clippy, rustfmt and rustdoc, one after the other, at the lowest CPU priority and in a target
+# folder of their own (they build every dependency in check mode, which the release build does
+# not, and cargo's lock on the release folder stays free for the tests). Each writes
+# $LINT_DIR/NAME.log and NAME.status.
+lint() {
+    local name=$1
+    shift
+    local started=$SECONDS status=0
+    "$@" >"$LINT_DIR/$name.log" 2>&1 </dev/null || status=$?
+    printf '%s %s\n' "$status" $((SECONDS - started)) >"$LINT_DIR/$name.status"
+}
+lint_all() {
+    export CARGO_TARGET_DIR="$TARGET_DIR/lint"
+    lint clippy cargo clippy --release --workspace --all-targets -- -D warnings
+    lint rustfmt cargo fmt --all -- --check
+    # The libraries' documentation (doctests run with the tests): no broken link, no warning.
+    lint rustdoc env RUSTDOCFLAGS="-D warnings" cargo doc --release --no-deps -p pipeline-core -p outbox -p consumer -p relay -p payments-example -p pipeline-operator
+}
+# lint_result NAME — the step's verdict, with its output when it failed.
+lint_result() {
+    local name=$1 status seconds
+    if [[ ! -f $LINT_DIR/$name.status ]]; then
+        warn "$name did not finish (its output: $LINT_DIR/$name.log)"
+        return 1
+    fi
+    read -r status seconds <"$LINT_DIR/$name.status"
+    if ((status != 0)); then
+        grep -vE '^ +(Compiling|Checking|Documenting|Fresh) ' "$LINT_DIR/$name.log" | tail -n 60 >&2 || true
+        return 1
+    fi
+    log "$name took $(human_duration "$seconds") beside the other steps"
+}
+rm -rf "$LINT_DIR"
+mkdir -p "$LINT_DIR"
+(
+    set +e
+    # A process group of its own, so that an early exit stops cargo and rustc with it.
+    exec setsid nice -n 19 bash -c "$(declare -f lint lint_all); LINT_DIR='$LINT_DIR' TARGET_DIR='$TARGET_DIR' lint_all"
+) &
+LINT_PID=$!
+log "clippy, rustfmt and rustdoc run beside the tests at the lowest priority (output: $LINT_DIR)"
+
+stage "[4/8] tests: every test binary (TEST_JOBS=${TEST_JOBS:-2} at a time) and the doctests"
 # The libraries a service adds carry no demonstration and no command line: the outbox brings no
 # HTTP server or client; the relay and the consumer runtime no clap or csv anywhere in their
 # dependencies and no sha2 of their own (sqlx uses it for authentication), and their HTTP server
@@ -177,39 +288,42 @@ library_dependencies() {
     return $status
 }
 step "library dependencies" library_dependencies
-# --no-fail-fast: every test binary runs, so one failure does not hide another.
-cargo_test() {
-    env DATABASE_URL="postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable" \
-        KAFKA_BROKERS="$(broker_list)" \
-        PIPELINE_BIN_DIR="$TARGET_DIR/release" \
-        PROMETHEUS_BIN="$(command -v prometheus)" \
-        cargo test --release --workspace --no-fail-fast "$@" 2>&1 | tee "$TEST_LOG"
+test_env=(
+    DATABASE_URL="postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+    KAFKA_BROKERS="$(broker_list)"
+    PIPELINE_BIN_DIR="$TARGET_DIR/release"
+    PROMETHEUS_BIN="$(command -v prometheus)"
+)
+run_tests() {
+    env "${test_env[@]}" scripts/run-tests.sh "${CARGO_ARGS[@]}" -- "${HARNESS_ARGS[@]}" 2>&1 | tee "$TEST_LOG"
+    return "${PIPESTATUS[0]}"
 }
-step "cargo test" cargo_test "$@"
-# The coverage-guided fuzzer over the path from a raw Kafka record to its decision, bounded
-# (FUZZ_SECONDS, default 60), after replaying every kept regression input; skipped like the
-# verification run when extra cargo test arguments narrow the run.
-if (($# == 0)); then
-    step "fuzz (raw record to decision)" scripts/fuzz.sh "${FUZZ_SECONDS:-60}"
-fi
+step "tests" run_tests
 # Under load and faults (it restarts PostgreSQL, so it runs once the tests are done with it);
-# a few minutes, skipped when extra cargo test arguments narrow the run.
-if (($# == 0)); then
+# skipped when extra arguments narrow the run.
+if ((!NARROWED)); then
+    stage "[5/8] the short verification run (a three-node Kafka cluster of its own, every fault kind)"
+    # The single broker's work is done: its memory and CPU go to the run's three nodes.
+    stop_broker
     verify_short() {
         scripts/verify.sh --short --report "$RUN_DIR/verify-short.json" 2>&1 | tee "$VERIFY_LOG"
+        return "${PIPESTATUS[0]}"
     }
     step "verify (short)" verify_short
 fi
 
-stage "[7/9] monitoring: promtool checks, alert unit tests, dashboard queries"
+stage "[6/8] monitoring: promtool checks, alert unit tests, dashboard queries"
 step "observability checks" scripts/check-observability.sh
 
-stage "[8/9] cargo clippy --release --workspace --all-targets -- -D warnings"
-step "clippy" cargo clippy --release --workspace --all-targets -- -D warnings
+stage "[7/8] cargo clippy --release --workspace --all-targets -- -D warnings; cargo fmt --check"
+if ! wait "$LINT_PID"; then
+    warn "the lint job ended with a failure status"
+fi
+LINT_PID=
+step "clippy" lint_result clippy
+step "rustfmt" lint_result rustfmt
 
-stage "[9/9] cargo fmt --all -- --check, cargo doc --no-deps"
-step "rustfmt" cargo fmt --all -- --check
-# The libraries' documentation (doctests ran with cargo test): no broken link, no warning.
-step "rustdoc" env RUSTDOCFLAGS="-D warnings" cargo doc --release --no-deps -p pipeline-core -p outbox -p consumer -p relay -p payments-example -p pipeline-operator
+stage "[8/8] cargo doc --no-deps (the libraries)"
+step "rustdoc" lint_result rustdoc
 
 ((${#FAILED[@]} == 0)) || exit 1
