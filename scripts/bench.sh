@@ -46,10 +46,11 @@ section "PostgreSQL and broker"
 ensure_postgres
 ensure_broker
 
-# The benchmark and the binaries it runs, and nothing else of the workspace.
-section "cargo build --release -p pipeline-bench -p demo-orders -p relay-cli -p demo-groups --bins"
+# The whole workspace's binaries: the same build the tests use (a subset of packages would unify
+# the dependencies' features differently and compile them again).
+section "cargo build --release --workspace --bins"
 ensure_build_deps
-cargo build --release -p pipeline-bench -p demo-orders -p relay-cli -p demo-groups --bins
+cargo build --release --workspace --bins
 
 section "bench"
 export BENCH_OUT="${BENCH_OUT:-$RUN_DIR/bench.json}"

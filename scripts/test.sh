@@ -10,9 +10,8 @@
 # 127.0.0.1:9092; or uses the cluster KAFKA_BROKERS names), runs every test binary against them
 # (several binaries at a time: each test has its own database, topic and groups), the doctests,
 # the short verification run under faults, the monitoring checks
-# (scripts/check-observability.sh), and clippy, rustfmt and rustdoc (at the lowest CPU priority,
-# beside the tests: they take the cores the tests leave idle). Exits non-zero when any step fails.
-# A broker it started is stopped at exit; PostgreSQL is left running.
+# (scripts/check-observability.sh), clippy, rustfmt and rustdoc. Exits non-zero when any step
+# fails. A broker it started is stopped at exit; PostgreSQL is left running.
 #
 # Extra arguments narrow the run: those before `--` go to cargo (`scripts/test.sh -p relay`),
 # those after it to every test binary (`scripts/test.sh -p relay -- lease::`); a narrowed run
@@ -37,9 +36,6 @@ VERIFY_LOG="$RUN_DIR/verify-short.log"
 # What the background set-up printed.
 SETUP_LOG="$RUN_DIR/setup.log"
 SETUP_PID=
-# The lint job's folder (clippy's, rustfmt's and rustdoc's output and statuses) and process.
-LINT_DIR="$RUN_DIR/lint"
-LINT_PID=
 
 # The arguments: cargo's, then (after --) the test binaries'.
 CARGO_ARGS=()
@@ -66,9 +62,6 @@ finish() {
     trap - EXIT INT TERM
     if [[ -n $SETUP_PID ]]; then
         kill "$SETUP_PID" 2>/dev/null || true
-    fi
-    if [[ -n $LINT_PID ]]; then
-        kill -- "-$LINT_PID" 2>/dev/null || kill "$LINT_PID" 2>/dev/null || true
     fi
     stop_broker
     echo >&2
@@ -188,8 +181,9 @@ stage "[2/8] cargo build --release --workspace --bins --tests"
 if [[ -n ${CI:-} ]]; then
     export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
 fi
-# One build for the binaries the tests run and for the tests themselves.
-cargo build --release --workspace --bins --tests "${CARGO_ARGS[@]}"
+# One build for the binaries the tests run and for the tests themselves (the whole workspace, also
+# for a narrowed run: the end-to-end tests run the binaries).
+cargo build --release --workspace --bins --tests
 # The binaries alone must need nothing more: a dev-dependency that changes a shared
 # dependency's features makes cargo build that dependency, and everything above it, twice
 # (tests/dev-features says what to do then).
@@ -219,48 +213,6 @@ SETUP_PID=
 cat "$SETUP_LOG" >&2
 ensure_postgres # again, now in this shell: quick, and it prints the server it found
 ensure_broker   # starts a broker unless one listens already or KAFKA_BROKERS names a cluster
-
-# Clippy, rustfmt and rustdoc, one after the other, at the lowest CPU priority and in a target
-# folder of their own (they build every dependency in check mode, which the release build does
-# not, and cargo's lock on the release folder stays free for the tests). Each writes
-# $LINT_DIR/NAME.log and NAME.status.
-lint() {
-    local name=$1
-    shift
-    local started=$SECONDS status=0
-    "$@" >"$LINT_DIR/$name.log" 2>&1 </dev/null || status=$?
-    printf '%s %s\n' "$status" $((SECONDS - started)) >"$LINT_DIR/$name.status"
-}
-lint_all() {
-    export CARGO_TARGET_DIR="$TARGET_DIR/lint"
-    lint clippy cargo clippy --release --workspace --all-targets -- -D warnings
-    lint rustfmt cargo fmt --all -- --check
-    # The libraries' documentation (doctests run with the tests): no broken link, no warning.
-    lint rustdoc env RUSTDOCFLAGS="-D warnings" cargo doc --release --no-deps -p pipeline-core -p outbox -p consumer -p relay -p payments-example -p pipeline-operator
-}
-# lint_result NAME — the step's verdict, with its output when it failed.
-lint_result() {
-    local name=$1 status seconds
-    if [[ ! -f $LINT_DIR/$name.status ]]; then
-        warn "$name did not finish (its output: $LINT_DIR/$name.log)"
-        return 1
-    fi
-    read -r status seconds <"$LINT_DIR/$name.status"
-    if ((status != 0)); then
-        grep -vE '^ +(Compiling|Checking|Documenting|Fresh) ' "$LINT_DIR/$name.log" | tail -n 60 >&2 || true
-        return 1
-    fi
-    log "$name took $(human_duration "$seconds") beside the other steps"
-}
-rm -rf "$LINT_DIR"
-mkdir -p "$LINT_DIR"
-(
-    set +e
-    # A process group of its own, so that an early exit stops cargo and rustc with it.
-    exec setsid nice -n 19 bash -c "$(declare -f lint lint_all); LINT_DIR='$LINT_DIR' TARGET_DIR='$TARGET_DIR' lint_all"
-) &
-LINT_PID=$!
-log "clippy, rustfmt and rustdoc run beside the tests at the lowest priority (output: $LINT_DIR)"
 
 stage "[4/8] tests: every test binary (TEST_JOBS=${TEST_JOBS:-2} at a time) and the doctests"
 # The libraries a service adds carry no demonstration and no command line: the outbox brings no
@@ -315,15 +267,12 @@ fi
 stage "[6/8] monitoring: promtool checks, alert unit tests, dashboard queries"
 step "observability checks" scripts/check-observability.sh
 
-stage "[7/8] cargo clippy --release --workspace --all-targets -- -D warnings; cargo fmt --check"
-if ! wait "$LINT_PID"; then
-    warn "the lint job ended with a failure status"
-fi
-LINT_PID=
-step "clippy" lint_result clippy
-step "rustfmt" lint_result rustfmt
+stage "[7/8] cargo clippy --release --workspace --all-targets -- -D warnings"
+step "clippy" cargo clippy --release --workspace --all-targets -- -D warnings
 
-stage "[8/8] cargo doc --no-deps (the libraries)"
-step "rustdoc" lint_result rustdoc
+stage "[8/8] cargo fmt --all -- --check, cargo doc --no-deps"
+step "rustfmt" cargo fmt --all -- --check
+# The libraries' documentation (doctests ran with the tests): no broken link, no warning.
+step "rustdoc" env RUSTDOCFLAGS="-D warnings" cargo doc --release --no-deps -p pipeline-core -p outbox -p consumer -p relay -p payments-example -p pipeline-operator
 
 ((${#FAILED[@]} == 0)) || exit 1
