@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use pipeline_core::kafka::KafkaArgs;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::Offset;
 use tokio_util::sync::CancellationToken;
 
 use super::reachability::Reachability;
@@ -180,7 +181,9 @@ pub fn run_member(
             None => {}
             Some(Ok(msg)) => {
                 missing_topic_since = None;
-                ctx.tasks.dispatch(&msg);
+                if let Some((key, from)) = ctx.tasks.dispatch(&msg) {
+                    fetch_again(&consumer, ctx, &group, &key, from);
+                }
             }
             Some(Err(e)) => match classify_poll_error(&e) {
                 PollError::Fatal => {
@@ -216,6 +219,9 @@ pub fn run_member(
             ctx.offsets.recommit_owned(&consumer, &ctx.tasks);
             last_recommit = Instant::now();
         }
+        for (key, from) in ctx.tasks.take_ended() {
+            fetch_again(&consumer, ctx, &group, &key, from);
+        }
         ctx.tasks.apply_fetch_pauses(&consumer);
     }
 
@@ -237,11 +243,34 @@ pub fn run_member(
     }
 }
 
+/// Moves the fetch of a partition whose task ended by itself back to the first message that task
+/// was handed, or past what the member's tasks finished if that is further: what the ended task
+/// left undone is fetched again and applied by a new task, and nothing finished is fetched again.
+fn fetch_again<C: rdkafka::consumer::ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    ctx: &MemberContext,
+    group: &str,
+    key: &super::tasks::PartitionKey,
+    from: i64,
+) {
+    let to = ctx
+        .offsets
+        .latest_finished(key)
+        .map_or(from, |finished| finished.max(from));
+    if let Err(e) = consumer.seek(&key.0, key.1, Offset::Offset(to), SEEK_TIMEOUT) {
+        tracing::warn!(%group, topic = %key.0, partition = key.1, offset = to,
+            error = %e, "cannot move the fetch back; the next rebalance redelivers");
+    }
+}
+
 /// How long a subscribed topic may be missing before the process stops as misconfigured.
 const MISSING_TOPIC_GRACE: Duration = Duration::from_secs(30);
 /// How often the latest offsets of owned partitions are committed again (see
 /// `Offsets::recommit_owned`).
 const RECOMMIT_EVERY: Duration = Duration::from_secs(5);
+
+/// Longest the poll loop waits for librdkafka to move a partition's fetch back.
+const SEEK_TIMEOUT: Duration = Duration::from_secs(1);
 
 enum PollError {
     /// Misconfiguration no retry fixes: stop with a clear error rather than spin.

@@ -137,6 +137,16 @@ impl Offsets {
         self.commit(consumer, tasks, &offsets, CommitMode::Async);
     }
 
+    /// The next offset after the last message of `key` this member's tasks finished (applied or
+    /// otherwise settled in the database), as far as the member knows: pending or asked to be
+    /// committed.
+    pub(crate) fn latest_finished(&self, key: &PartitionKey) -> Option<i64> {
+        self.collect_finished();
+        let pending = lock(&self.pending).get(key).copied();
+        let requested = lock(&self.requested).get(key).copied();
+        pending.max(requested)
+    }
+
     /// Forgets the commits asked for on `keys`: a partition that comes back later must not have
     /// this member's old offset committed again.
     pub(crate) fn forget_requested(&self, keys: &[PartitionKey]) {

@@ -43,6 +43,9 @@ pub(crate) struct TaskHandle {
     /// Whether the partition's fetch is paused in librdkafka, as last set; `None` until set
     /// once (a partition assigned again may still carry an earlier pause).
     fetch_paused: Option<bool>,
+    /// The offset of the first message handed to the task: where its partition's fetch goes
+    /// back to when the task ends by itself before finishing what it was handed.
+    first_offset: Option<i64>,
 }
 
 /// The partition tasks of one member, by partition.
@@ -124,6 +127,7 @@ impl PartitionTasks {
                 done,
                 backpressured: false,
                 fetch_paused: None,
+                first_offset: None,
             },
         );
         sender
@@ -182,23 +186,61 @@ impl PartitionTasks {
         cancelled
     }
 
+    /// Forgets the tasks that ended by themselves (a task whose partition another member's task
+    /// fenced, during a rebalance, stops) while their partitions are still assigned here, and
+    /// returns, for those that had been handed messages, the partition and the offset of the
+    /// first message handed over: the caller moves the partition's fetch back there, and the
+    /// next message starts a new task. Without that the partition would stay assigned with nothing
+    /// applying it until the next rebalance. (A stopped or abandoned task is no longer here.)
+    pub(crate) fn take_ended(&self) -> Vec<(PartitionKey, i64)> {
+        let mut tasks = lock(&self.tasks);
+        let ended: Vec<PartitionKey> = tasks
+            .iter()
+            .filter(|(_, t)| t.done.is_finished())
+            .map(|(k, _)| k.clone())
+            .collect();
+        ended
+            .into_iter()
+            .filter_map(|key| {
+                let task = tasks.remove(&key)?;
+                tracing::warn!(group = %self.group, topic = %key.0, partition = key.1,
+                    from = ?task.first_offset,
+                    "partition task ended while the partition is still assigned: fetching again from its first unfinished message");
+                task.first_offset.map(|from| (key, from))
+            })
+            .collect()
+    }
+
     /// The partitions that have a task.
     pub(crate) fn keys(&self) -> Vec<PartitionKey> {
         lock(&self.tasks).keys().cloned().collect()
     }
 
-    /// Hands a polled message to its partition's task.
-    pub(crate) fn dispatch(&self, msg: &BorrowedMessage<'_>) {
+    /// Hands a polled message to its partition's task. When that task has just ended by itself,
+    /// it is forgotten and this returns what [`PartitionTasks::take_ended`] would.
+    pub(crate) fn dispatch(&self, msg: &BorrowedMessage<'_>) -> Option<(PartitionKey, i64)> {
         let inbound = inbound_message(msg);
+        let offset = inbound.offset;
         let key = (inbound.topic.clone(), inbound.partition);
         let sender = self.task_for(&key);
-        if let Some(t) = lock(&self.tasks).get(&key) {
+        if let Some(t) = lock(&self.tasks).get_mut(&key) {
             let _ = t.queued.fetch_add(1, Ordering::AcqRel);
+            let _ = t.first_offset.get_or_insert(offset);
         }
-        if sender.send(inbound).is_err() {
-            tracing::warn!(group = %self.group, topic = %key.0, partition = key.1,
-                "partition task gone; message left uncommitted for redelivery");
+        if sender.send(inbound).is_ok() {
+            return None;
         }
+        let ended = {
+            let mut tasks = lock(&self.tasks);
+            match tasks.get(&key) {
+                Some(t) if t.sender.same_channel(&sender) => tasks.remove(&key),
+                _ => None,
+            }
+        };
+        let from = ended.and_then(|t| t.first_offset).unwrap_or(offset);
+        tracing::warn!(group = %self.group, topic = %key.0, partition = key.1, from,
+            "partition task ended while the partition is still assigned: fetching again from its first unfinished message");
+        Some((key, from))
     }
 
     /// Pauses the fetch of every partition while the group is paused or while its task has too

@@ -8,6 +8,7 @@ mod console;
 mod delayed_events;
 mod end_to_end;
 mod exports;
+mod fenced_partition;
 mod group_pause;
 mod hostile_records;
 mod prometheus;

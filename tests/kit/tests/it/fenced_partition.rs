@@ -1,0 +1,67 @@
+//! A partition task fenced while its partition stays assigned to its member. During a rebalance
+//! another member's task can take a partition's ownership token (its claim replaces the token)
+//! and then lose the partition again, so the partition stays with the first member while that
+//! member's task finds its next batch refused and stops. The member must fetch what the stopped
+//! task left undone again and apply it with a new task: every event, those published after the
+//! fence included, applied exactly once and in order, and the group's lag back to zero, not left
+//! waiting for the next rebalance.
+
+use std::time::Duration;
+
+use pipeline_testkit::effects::assert_exactly_once_in_order;
+use pipeline_testkit::TestEnv;
+
+const GROUPS: [&str; 2] = ["inventory", "notification"];
+const PRODUCTS: u32 = 20;
+
+/// Places `orders` orders through the order service at `url`.
+fn place_orders(env: &TestEnv, url: &str, orders: u32, seed: u32) -> anyhow::Result<()> {
+    let (orders, seed) = (orders.to_string(), seed.to_string());
+    env.run_to_end(
+        "load",
+        &[
+            "--url",
+            url,
+            "--orders",
+            &orders,
+            "--rate",
+            "0",
+            "--concurrency",
+            "8",
+            "--products",
+            "20",
+            "--seed",
+            &seed,
+        ],
+        Duration::from_secs(60),
+    )
+    .map(drop)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_task_leaves_nothing_behind_on_its_partition() -> anyhow::Result<()> {
+    // One partition: each group's member has one task, and every event goes through it.
+    let env = TestEnv::new("fenced", 1).await?;
+    env.seed_catalog(PRODUCTS)?;
+    env.seed_stock(PRODUCTS, Some(1_000_000))?;
+    let (_order_service, url) = env.order_service().await?;
+    let (_relay, _) = env.relay("relay").await?;
+    let (_consumer, _) = env.consumer("consumer").await?;
+    place_orders(&env, &url, 20, 1)?;
+    env.wait_drained(&GROUPS, Duration::from_secs(60)).await?;
+
+    // Both groups' tasks fenced, as another member's claim fences them.
+    let fenced = sqlx::query(
+        "UPDATE partition_owner SET owner = gen_random_uuid() WHERE group_name = ANY($1)",
+    )
+    .bind(vec![env.group("inventory"), env.group("notification")])
+    .execute(&env.pool)
+    .await?
+    .rows_affected();
+    assert_eq!(fenced, 2, "one owned partition per group");
+
+    place_orders(&env, &url, 20, 2)?;
+    env.wait_drained(&GROUPS, Duration::from_secs(60)).await?;
+    assert_exactly_once_in_order(&env, &GROUPS).await?;
+    Ok(())
+}
