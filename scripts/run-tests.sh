@@ -8,8 +8,9 @@
 # and the binaries they start, and each has a database, topic and consumer groups of its own. It
 # builds the tests first (nothing to do after scripts/test.sh's build), runs each binary from its
 # package's folder as cargo does, the slowest first (by the last run's times, kept in
-# target/test-times.txt), prints each binary's output whole when it ends, then a table of the
-# slowest binaries. Exits non-zero when a binary failed.
+# target/test-times.txt, else by tests/test-times.txt, a run's times kept in the repository for a
+# fresh clone), prints each binary's output whole when it ends, then a table of the slowest
+# binaries. Exits non-zero when a binary failed.
 #
 # Cargo arguments narrow the binaries (`-p relay`, `--test it`); the harness arguments go to each
 # of them (`-- lease::`, `-- --test-threads 4`). The services must be running: scripts/test.sh
@@ -47,6 +48,7 @@ OUT="$RUN_DIR/tests"
 rm -rf "$OUT"
 mkdir -p "$OUT"
 TIMES="$TARGET_DIR/test-times.txt"
+KNOWN_TIMES="$REPO_ROOT/tests/test-times.txt"
 
 # Each test binary as "label<TAB>package folder<TAB>executable", from cargo's build messages.
 cargo test --release "${selection[@]}" --no-run --message-format=json-render-diagnostics "${cargo_args[@]}" >"$OUT/build.json"
@@ -58,11 +60,14 @@ binaries=$(grep '"reason":"compiler-artifact"' "$OUT/build.json" |
     done)
 [[ -n $binaries ]] || die "cargo built no test binary"
 
-# The slowest first: by the last run's seconds; binaries without a time (a first run) before
-# the others when they are integration tests (kind "test"), after them otherwise.
+# The slowest first: by the last run's seconds (this target folder's, else the repository's);
+# binaries without a time before the others when they are integration tests (kind "test"), after
+# them otherwise.
 previous_time() {
-    local label=$1 t=''
-    [[ -f $TIMES ]] && t=$(awk -F'\t' -v l="$label" '$2 == l { print $1 }' "$TIMES" | tail -n1)
+    local label=$1 t='' file
+    for file in "$TIMES" "$KNOWN_TIMES"; do
+        [[ -z $t && -f $file ]] && t=$(awk -F'\t' -v l="$label" '$2 == l { print $1 }' "$file" | tail -n1)
+    done
     if [[ -z $t ]]; then
         if [[ $label == *" test "* ]]; then t=100000; else t=0; fi
     fi

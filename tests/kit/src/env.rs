@@ -247,6 +247,34 @@ impl TestEnv {
         Ok(stdout)
     }
 
+    /// Places `orders` orders through the order service at `url` as fast as the `load` binary
+    /// can (8 at a time), over products 1 to `products`, the mix drawn from `seed`.
+    pub fn place_orders(
+        &self,
+        url: &str,
+        orders: u32,
+        products: u32,
+        seed: u32,
+    ) -> anyhow::Result<()> {
+        let (orders, products, seed) = (orders.to_string(), products.to_string(), seed.to_string());
+        let args = [
+            "--url",
+            url,
+            "--orders",
+            &orders,
+            "--rate",
+            "0",
+            "--concurrency",
+            "8",
+            "--products",
+            &products,
+            "--seed",
+            &seed,
+        ];
+        self.run_to_end("load", &args, Duration::from_secs(60))
+            .map(drop)
+    }
+
     /// Group id of a group kind in this environment.
     pub fn group(&self, kind: &str) -> String {
         format!("{}{kind}", self.group_prefix)

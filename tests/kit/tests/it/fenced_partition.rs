@@ -14,30 +14,6 @@ use pipeline_testkit::TestEnv;
 const GROUPS: [&str; 2] = ["inventory", "notification"];
 const PRODUCTS: u32 = 20;
 
-/// Places `orders` orders through the order service at `url`.
-fn place_orders(env: &TestEnv, url: &str, orders: u32, seed: u32) -> anyhow::Result<()> {
-    let (orders, seed) = (orders.to_string(), seed.to_string());
-    env.run_to_end(
-        "load",
-        &[
-            "--url",
-            url,
-            "--orders",
-            &orders,
-            "--rate",
-            "0",
-            "--concurrency",
-            "8",
-            "--products",
-            "20",
-            "--seed",
-            &seed,
-        ],
-        Duration::from_secs(60),
-    )
-    .map(drop)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fenced_task_leaves_nothing_behind_on_its_partition() -> anyhow::Result<()> {
     // One partition: each group's member has one task, and every event goes through it.
@@ -47,7 +23,7 @@ async fn a_fenced_task_leaves_nothing_behind_on_its_partition() -> anyhow::Resul
     let (_order_service, url) = env.order_service().await?;
     let (_relay, _) = env.relay("relay").await?;
     let (_consumer, _) = env.consumer("consumer").await?;
-    place_orders(&env, &url, 20, 1)?;
+    env.place_orders(&url, 20, PRODUCTS, 1)?;
     env.wait_drained(&GROUPS, Duration::from_secs(60)).await?;
 
     // Both groups' tasks fenced, as another member's claim fences them.
@@ -60,7 +36,7 @@ async fn a_fenced_task_leaves_nothing_behind_on_its_partition() -> anyhow::Resul
     .rows_affected();
     assert_eq!(fenced, 2, "one owned partition per group");
 
-    place_orders(&env, &url, 20, 2)?;
+    env.place_orders(&url, 20, PRODUCTS, 2)?;
     env.wait_drained(&GROUPS, Duration::from_secs(60)).await?;
     assert_exactly_once_in_order(&env, &GROUPS).await?;
     Ok(())

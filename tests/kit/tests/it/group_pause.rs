@@ -16,30 +16,6 @@ use pipeline_testkit::{bin_dir, metric_sum, scrape, scrape_sum, wait_until, Test
 const GROUPS: [&str; 2] = ["inventory", "notification"];
 const PRODUCTS: u32 = 20;
 
-/// Places `orders` orders through the order service at `url`.
-fn place_orders(env: &TestEnv, url: &str, orders: u32, seed: u32) -> anyhow::Result<()> {
-    let (orders, seed) = (orders.to_string(), seed.to_string());
-    env.run_to_end(
-        "load",
-        &[
-            "--url",
-            url,
-            "--orders",
-            &orders,
-            "--rate",
-            "0",
-            "--concurrency",
-            "8",
-            "--products",
-            "20",
-            "--seed",
-            &seed,
-        ],
-        Duration::from_secs(60),
-    )
-    .map(drop)
-}
-
 async fn outbox_events(env: &TestEnv) -> anyhow::Result<i64> {
     Ok(sqlx::query_scalar("SELECT count(*) FROM outbox")
         .fetch_one(&env.pool)
@@ -113,7 +89,7 @@ async fn a_paused_group_applies_nothing_keeps_its_partitions_and_resumes_exactly
     let (relay, _) = env.relay("relay").await?;
     let lag_every = ["--lag-interval-ms", "500"];
     let (first, first_metrics) = env.consumer_with_args("consumer-1", &lag_every).await?;
-    place_orders(&env, &url, 30, 1)?;
+    env.place_orders(&url, 30, PRODUCTS, 1)?;
     published_and_drained(&env, &GROUPS).await?;
     let before = outbox_events(&env).await?;
     assert_eq!(applied(&env, "inventory").await?, before);
@@ -178,7 +154,7 @@ async fn a_paused_group_applies_nothing_keeps_its_partitions_and_resumes_exactly
     .await?;
 
     // Orders keep coming: the notification group applies them, the paused group nothing.
-    place_orders(&env, &url, 30, 2)?;
+    env.place_orders(&url, 30, PRODUCTS, 2)?;
     published_and_drained(&env, &["notification"]).await?;
     let total = outbox_events(&env).await?;
     let published_while_paused = total - before;
