@@ -13,9 +13,9 @@ use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Reb
 use rdkafka::error::KafkaResult;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
-use super::member::MemberSettings;
 use super::offsets::Offsets;
 use super::reachability::Reachability;
+use super::settings::MemberSettings;
 use super::tasks::{PartitionKey, PartitionTasks};
 use crate::metrics::ConsumerMetrics;
 use crate::partition::{FinishedOffset, TaskContext};

@@ -24,8 +24,8 @@ use rdkafka::TopicPartitionList;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 use tokio_util::sync::CancellationToken;
 
-use super::member::MemberSettings;
 use super::reachability::Reachability;
+use super::settings::MemberSettings;
 use crate::partition::{PartitionTask, TaskContext};
 use crate::pause::PauseSignal;
 use crate::transaction::{InboundMessage, RecordHeaders};
