@@ -38,7 +38,9 @@ start)
 stop)
     if pid=$(kafka_pid_from_file); then
         log "stopping Apache Kafka (pid $pid)"
-        stop_pid kafka "$pid" "${KAFKA_STOP_SECONDS:-30}" || true
+        clean=0
+        stop_pid kafka "$pid" "${KAFKA_STOP_SECONDS:-30}" && clean=1
+        kafka_keep_class_archive "$clean"
         rm -f "$RUN_DIR/kafka.pid"
         log "stopped"
     else

@@ -171,6 +171,38 @@ if ((${#missing[@]})); then
     log "installing rustup components: ${missing[*]}"
     rustup component add "${missing[@]}"
 fi
+# A target built without its test harness (`test = false`, so that a library is not compiled a
+# second time for tests it does not have) must hold no test: it would never run.
+no_test_left_out() {
+    local found script
+    script=$(
+        cat <<'PY'
+import json, os, re, sys
+attribute = re.compile(r"^\s*(#\[(tokio::|sqlx::)?test\b|proptest!)")
+for package in json.load(sys.stdin)["packages"]:
+    for target in package["targets"]:
+        if target.get("test", True) or "custom-build" in target["kind"]:
+            continue
+        path = target["src_path"]
+        files = [path]
+        if "lib" in target["kind"]:
+            files = [os.path.join(d, f) for d, _, fs in os.walk(os.path.dirname(path))
+                     for f in fs if f.endswith(".rs")]
+        for file in files:
+            for number, line in enumerate(open(file, encoding="utf-8"), 1):
+                if attribute.match(line):
+                    print(package["name"], target["name"] + ":", f"{file}:{number}")
+PY
+    )
+    found=$(cargo metadata --no-deps --format-version 1 | python3 -c "$script")
+    if [[ -n $found ]]; then
+        warn "tests in targets built with test = false (they never run): move them, or drop test = false"
+        printf '  %s\n' "$found" >&2
+        return 1
+    fi
+    log "every target built with test = false holds no test"
+}
+step "no test left out" no_test_left_out
 ensure_build_deps
 set_up_services >"$SETUP_LOG" 2>&1 </dev/null &
 SETUP_PID=$!

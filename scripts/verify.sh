@@ -37,7 +37,6 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$REPO_ROOT"
 
 TARGET_DIR="${CARGO_TARGET_DIR:-$REPO_ROOT/target}"
-FAULT_BIN_DIR="$RUN_DIR/fault-bins"
 
 section "PostgreSQL, Apache Kafka (three nodes), build dependencies"
 ensure_postgres
@@ -46,43 +45,17 @@ kafka_fetch
 log "Apache Kafka $(kafka_version): jars in $(kafka_cache_dir), java: $KAFKA_JAVA_CMD"
 ensure_build_deps
 
+# Every binary the run starts, the crash-point relay and consumer (relay-crash-points,
+# consumer-crash-points) among them: nothing to do after scripts/test.sh's build.
 section "cargo build --release --workspace --bins"
 cargo build --release --workspace --bins
-
-# The fault-injection build writes target/release/{relay,consumer} with the crash points armed
-# (inert without PIPELINE_CRASH_AT, but not what the other tools should run): copy them aside,
-# then put the normal ones back, also when the fault build fails half-way. The feature changes
-# only the two binaries' `main`, and the whole workspace is selected so that every dependency
-# gets the same features as in the normal build: the fault build recompiles the two binary
-# crates and nothing else, and putting the normal ones back compiles nothing.
-restore_normal_binaries() {
-    local status=$?
-    trap - EXIT
-    log "rebuilding the normal relay and consumer in $TARGET_DIR/release"
-    cargo build --release --workspace --bins || status=1
-    exit "$status"
-}
-trap restore_normal_binaries EXIT
-
-section "fault-injection relay and consumer"
-cargo build --release --workspace --bin relay --bin consumer \
-    --features relay-cli/fault-injection,demo-groups/fault-injection
-mkdir -p "$FAULT_BIN_DIR"
-for bin in relay consumer; do
-    # Copy, then rename: a copy still running from an earlier run keeps its file.
-    cp "$TARGET_DIR/release/$bin" "$FAULT_BIN_DIR/.$bin.new"
-    mv -f "$FAULT_BIN_DIR/.$bin.new" "$FAULT_BIN_DIR/$bin"
-done
-trap - EXIT
-cargo build --release --workspace --bins
-log "fault-injection binaries in $FAULT_BIN_DIR; normal ones back in $TARGET_DIR/release"
 
 section "verify $*"
 exec "$TARGET_DIR/release/verify" \
     --bin-dir "$TARGET_DIR/release" \
-    --fault-bin-dir "$FAULT_BIN_DIR" \
     --kafka-java "$KAFKA_JAVA_CMD" \
     --kafka-jars "$(kafka_cache_dir)" \
     --kafka-config-dir "$KAFKA_DIR" \
+    --kafka-class-archive "$(kafka_class_archive)" \
     --work-dir "$RUN_DIR/verify" \
     "$@"

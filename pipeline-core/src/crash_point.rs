@@ -1,5 +1,5 @@
 //! Crash points for fault-injection runs. A process aborts at the named point when it was armed
-//! (a binary built with its `fault-injection` feature calls [`arm_from_env`] first), when
+//! (the verification run's crash-point binaries call [`arm_from_env`] first), when
 //! `PIPELINE_CRASH_AT` names the point and the file `PIPELINE_CRASH_TRIGGER` exists (the file is
 //! removed first, so one trigger is one crash). An abort, like SIGKILL, runs no cleanup.
 //!
@@ -15,7 +15,7 @@ pub const RELAY_AFTER_DELIVERY: &str = "relay-after-delivery";
 /// A consumer committed a batch's transaction and has not committed its offset yet.
 pub const CONSUMER_AFTER_DB_COMMIT: &str = "consumer-after-db-commit";
 
-/// The armed point and its trigger file; unset unless a fault-injection binary armed it.
+/// The armed point and its trigger file; unset unless a crash-point binary armed it.
 static ARMED: OnceLock<(String, String)> = OnceLock::new();
 
 /// Arms the crash point `PIPELINE_CRASH_AT` names, with its trigger file

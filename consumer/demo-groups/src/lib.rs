@@ -9,12 +9,14 @@
 //! - [`order`]: the order snapshot the inventory and notification groups read from each event.
 //!
 //! Beside them: [`cli`], the command line of the demonstration's binaries (`consumer`: run,
-//! seed-stock, report; `pipeline`: the operator command with these groups registered), and
-//! [`report`], `consumer report`'s summary of a run.
+//! seed-stock, report; `pipeline`: the operator command with these groups registered),
+//! [`consumer_command`], what the `consumer` binary runs, and [`report`], `consumer report`'s
+//! summary of a run.
 
 #![warn(missing_docs)]
 
 pub mod cli;
+pub mod consumer_command;
 pub mod export;
 pub mod inventory;
 pub mod notification;

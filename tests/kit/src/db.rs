@@ -77,21 +77,3 @@ pub async fn migrated_database(prefix: &str) -> anyhow::Result<(String, PgPool)>
     demo_events::MIGRATOR.run(&pool).await?;
     Ok((name, pool))
 }
-
-#[cfg(test)]
-mod tests {
-    use super::with_database;
-
-    #[test]
-    fn replaces_the_database_and_keeps_the_query() {
-        assert_eq!(
-            with_database("postgres://u@h:5432/postgres", "x"),
-            "postgres://u@h:5432/x"
-        );
-        assert_eq!(
-            with_database("postgres://u@h/postgres?sslmode=disable", "x"),
-            "postgres://u@h/x?sslmode=disable"
-        );
-        assert_eq!(with_database("postgres://u@h", "x"), "postgres://u@h/x");
-    }
-}

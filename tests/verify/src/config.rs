@@ -38,12 +38,11 @@ pub struct VerifyArgs {
     /// Where to write the JSON report.
     #[arg(long, env = "VERIFY_REPORT")]
     pub report: PathBuf,
-    /// Directory of the normal binaries (`producer`); default: this executable's directory.
+    /// Directory of the binaries (`producer`, and the crash-point `relay-crash-points` and
+    /// `consumer-crash-points` the relays and consumers run); default: this executable's
+    /// directory.
     #[arg(long, env = "PIPELINE_BIN_DIR")]
     pub bin_dir: Option<PathBuf>,
-    /// Directory of the `relay` and `consumer` binaries built with the `fault-injection` feature.
-    #[arg(long, env = "VERIFY_FAULT_BIN_DIR")]
-    pub fault_bin_dir: PathBuf,
     /// The java command of the Kafka nodes (Java 17 or newer).
     #[arg(long, env = "VERIFY_KAFKA_JAVA", default_value = "java")]
     pub kafka_java: PathBuf,
@@ -66,6 +65,18 @@ pub struct VerifyArgs {
         allow_hyphen_values = true
     )]
     pub kafka_heap_opts: String,
+    /// A class-data archive of the Kafka broker's classes (`-XX:SharedArchiveFile`, made by
+    /// `scripts/lib.sh` when its broker stops): each node then starts in about half the time.
+    /// Ignored when the file does not exist.
+    #[arg(long, env = "VERIFY_KAFKA_CLASS_ARCHIVE")]
+    pub kafka_class_archive: Option<PathBuf>,
+    /// The nodes' CPU priority (`nice`; negative is higher, and needs root: without it they run
+    /// at the harness's). The nodes stand in for brokers on hosts of their own, which the
+    /// pipeline's load would not slow: at the default, a node restarted under the run's load
+    /// starts as fast as it would on a quieter machine.
+    #[arg(long, env = "VERIFY_KAFKA_NICE", default_value_t = -5, allow_hyphen_values = true,
+          value_parser = clap::value_parser!(i32).range(-20..=19))]
+    pub kafka_nice: i32,
     /// log4j2 root level of the nodes' logs (the nodes' starts, fencing,
     /// leader elections and ISR changes are logged whatever it is).
     #[arg(long, env = "VERIFY_KAFKA_LOG_LEVEL", default_value = "WARN")]
@@ -115,6 +126,8 @@ pub struct KafkaSettings {
     pub config_dir: PathBuf,
     pub base_port: u16,
     pub heap_opts: Vec<String>,
+    pub class_archive: Option<PathBuf>,
+    pub nice: i32,
     pub log_level: String,
 }
 
@@ -137,7 +150,6 @@ pub struct Settings {
     pub concurrency: usize,
     pub report: PathBuf,
     pub bin_dir: PathBuf,
-    pub fault_bin_dir: PathBuf,
     pub kafka: KafkaSettings,
     pub server_url: String,
     pub work_root: PathBuf,
@@ -290,6 +302,8 @@ impl Settings {
                 .split_whitespace()
                 .map(str::to_owned)
                 .collect(),
+            class_archive: args.kafka_class_archive.filter(|path| path.is_file()),
+            nice: args.kafka_nice,
             log_level: args.kafka_log_level,
         };
         Ok(Settings {
@@ -301,7 +315,6 @@ impl Settings {
             concurrency: args.concurrency,
             report: args.report,
             bin_dir,
-            fault_bin_dir: args.fault_bin_dir,
             kafka,
             server_url: args.database_url,
             work_root,

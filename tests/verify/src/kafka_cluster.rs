@@ -342,7 +342,17 @@ impl KafkaCluster {
 
     /// How node `node` is started (and started again, with its data, after a kill).
     pub fn spec(&self, node: &KafkaNode, inherited: Vec<(String, String)>) -> ProcessSpec {
-        let mut args = self.settings.heap_opts.clone();
+        // `nice` runs java in its own process (the node's pid is java's); when it may not raise
+        // the priority it says so on the node's log and runs java anyway.
+        let mut args = vec![
+            "-n".to_owned(),
+            self.settings.nice.to_string(),
+            self.settings.java.display().to_string(),
+        ];
+        args.extend(self.settings.heap_opts.iter().cloned());
+        if let Some(archive) = &self.settings.class_archive {
+            args.push(format!("-XX:SharedArchiveFile={}", archive.display()));
+        }
         args.extend(
             [
                 "-XX:+UseG1GC",
@@ -364,7 +374,7 @@ impl KafkaCluster {
         ]);
         ProcessSpec {
             label: node.label.clone(),
-            program: self.settings.java.clone(),
+            program: PathBuf::from("nice"),
             args,
             env: inherited,
             cwd: Some(node.dir.clone()),

@@ -614,8 +614,6 @@ mod tests {
             "verify",
             "--report",
             "/tmp/r.json",
-            "--fault-bin-dir",
-            "/tmp",
             "--kafka-jars",
             "/tmp",
             "--kafka-config-dir",

@@ -37,6 +37,10 @@ pub const ORDER_SERVICE: &str = "order-service";
 pub const MEMBERS_PER_GROUP: usize = 2;
 /// Database connections of each consumer process (one group, half of its partitions).
 const CONSUMER_MAX_CONNECTIONS: u32 = 8;
+/// The relay and consumer binaries with their crash points armed (built with the others, in
+/// the bin directory).
+const RELAY_BIN: &str = "relay-crash-points";
+const CONSUMER_BIN: &str = "consumer-crash-points";
 /// The consumers' dedupe window in the run: the least the setting allows, so that retention
 /// removes dedupe rows all through the run and redeliveries past it must be caught as stale by
 /// their orders' progress. The effect history (what the checks read) keeps its default window.
@@ -138,7 +142,7 @@ impl Topology {
                 .timeout(Duration::from_secs(2))
                 .build()
                 .context("building the probe HTTP client")?,
-            consumer_bin: settings.fault_bin_dir.join("consumer"),
+            consumer_bin: settings.bin_dir.join(CONSUMER_BIN),
             consumer_fetch_wait_ms: settings.consumer_fetch_wait_ms,
             consumer_env: settings.consumer_env.clone(),
             database_url: env.database_url.clone(),
@@ -148,7 +152,7 @@ impl Topology {
         };
         for bin in [
             settings.bin_dir.join("producer"),
-            settings.fault_bin_dir.join("relay"),
+            settings.bin_dir.join(RELAY_BIN),
             topology.consumer_bin.clone(),
         ] {
             if !bin.exists() {
@@ -199,7 +203,7 @@ impl Topology {
         for relay in &topology.relays {
             topology.supervisor.start(ProcessSpec {
                 label: relay.label.clone(),
-                program: settings.fault_bin_dir.join("relay"),
+                program: settings.bin_dir.join(RELAY_BIN),
                 args: strings(&[
                     "run",
                     "--metrics-listen",

@@ -6,6 +6,7 @@
 mod apply;
 mod common;
 mod dead_letters;
+mod export_topic;
 mod exports;
 mod operator_dead_letters;
 mod operator_groups;

@@ -5,6 +5,7 @@
 
 mod bad_input;
 mod console;
+mod database_url;
 mod delayed_events;
 mod end_to_end;
 mod exports;
