@@ -132,10 +132,13 @@ pub struct ConsumerSettings {
         arg(long, env = "CONSUMER_MAX_POLL_INTERVAL_MS", default_value_t = 60_000)
     )]
     pub max_poll_interval_ms: u64,
-    /// fetch.wait.max.ms.
+    /// `fetch.wait.max.ms`: how long the broker holds a fetch that finds nothing. A fetch
+    /// returns as soon as records arrive, so this adds no latency; it bounds how often an idle
+    /// group asks (librdkafka's default), and how long a partition resumed or moved back waits
+    /// for the fetch already out.
     #[cfg_attr(
         feature = "cli",
-        arg(long, env = "CONSUMER_FETCH_WAIT_MAX_MS", default_value_t = 20)
+        arg(long, env = "CONSUMER_FETCH_WAIT_MAX_MS", default_value_t = 500)
     )]
     pub fetch_wait_max_ms: u64,
     /// Offsets of finished batches are committed together at most this often, in milliseconds
@@ -265,7 +268,7 @@ impl Default for ConsumerSettings {
             assignment_strategy: "cooperative-sticky".to_owned(),
             session_timeout_ms: 10_000,
             max_poll_interval_ms: 60_000,
-            fetch_wait_max_ms: 20,
+            fetch_wait_max_ms: 500,
             commit_interval_ms: 20,
             revoke_timeout_ms: 10_000,
             lag_interval_ms: 5_000,

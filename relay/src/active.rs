@@ -9,9 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use chrono::Utc;
 use futures::stream::{FuturesUnordered, StreamExt};
-use outbox::OUTBOX_CHANNEL;
 use pipeline_core::retention::Backlog;
-use sqlx::postgres::PgListener;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
@@ -21,6 +19,7 @@ use crate::mark::MarkError;
 use crate::metrics::RelayMetrics;
 use crate::publish::ProducerHandle;
 use crate::settings::RelaySettings;
+use crate::wakeup::{Next, Wakeup};
 
 /// Publishes under `lease` until it is lost (`Ok`), `shutdown` (`Ok`), or the producer cannot be
 /// replaced after a fatal error (`Err`). The batches still out when it stops record their
@@ -36,16 +35,15 @@ pub async fn run_active(
     shutdown: &CancellationToken,
 ) -> anyhow::Result<()> {
     let retry = settings.retry_policy();
-    let mut listener = if settings.listen {
-        let mut l = PgListener::connect_with(pool)
-            .await
-            .context("LISTEN connection")?;
-        l.listen(OUTBOX_CHANNEL).await.context("LISTEN")?;
-        Some(l)
-    } else {
-        None
-    };
-    let poll = Duration::from_millis(settings.poll_interval_ms);
+    let mut wakeup = Wakeup::start(
+        pool,
+        settings.lock_key,
+        settings.listen,
+        Duration::from_millis(settings.poll_interval_ms),
+        Duration::from_millis(settings.listen_poll_interval_ms),
+    )
+    .await
+    .context("LISTEN connection")?;
     let depth = usize::try_from(settings.pipeline_depth).unwrap_or(1).max(1);
     let mut error_streak: u32 = 0;
     // Batches on their way to Kafka, and the aggregates they hold: the next claim leaves those
@@ -88,6 +86,10 @@ pub async fn run_active(
                     if batch.events().len() >= usize::try_from(settings.batch_size).unwrap_or(0) {
                         backlog.behind();
                     }
+                    if let Err(e) = wakeup.after_claim(pool, batch.events().len()).await {
+                        // Writers go on notifying: only a cost. Said again at the next change.
+                        tracing::warn!(error = %e, "cannot tell writers the relay is busy");
+                    }
                     let aggregates = batch.aggregates();
                     busy.extend(aggregates.iter().cloned());
                     // Its own task: it is produced and marked while this loop claims the next.
@@ -114,11 +116,26 @@ pub async fn run_active(
                 Ok(_) if in_flight.is_empty() => {
                     error_streak = 0;
                     record_success(metrics);
-                    tokio::select! {
-                        () = wait_for_work(listener.as_mut(), poll, shutdown) => {}
-                        _ = lost.cancelled() => {}
+                    match wakeup.after_claim(pool, 0).await {
+                        Ok(Next::Claim) => {}
+                        Ok(Next::ClaimAfter(pause)) => {
+                            tokio::select! {
+                                _ = tokio::time::sleep(pause) => {}
+                                _ = shutdown.cancelled() => {}
+                                _ = lost.cancelled() => {}
+                            }
+                        }
+                        Ok(Next::Wait) => {
+                            tokio::select! {
+                                () = wakeup.wait(shutdown) => {}
+                                _ = lost.cancelled() => {}
+                            }
+                        }
+                        Err(e) => failed = Some(e.into()),
                     }
-                    continue;
+                    if failed.is_none() {
+                        continue;
+                    }
                 }
                 Ok(_) => {}
                 Err(e) => failed = Some(e.into()),
@@ -189,31 +206,4 @@ fn record_success(metrics: &RelayMetrics) {
     metrics
         .last_success
         .set(Utc::now().timestamp_millis() as f64 / 1000.0);
-}
-
-async fn wait_for_work(
-    listener: Option<&mut PgListener>,
-    poll: Duration,
-    shutdown: &CancellationToken,
-) {
-    match listener {
-        Some(l) => {
-            tokio::select! {
-                _ = shutdown.cancelled() => {}
-                _ = tokio::time::sleep(poll) => {}
-                n = l.recv() => {
-                    if let Err(e) = n {
-                        tracing::warn!(error = %e, "LISTEN connection failed; polling");
-                        tokio::time::sleep(poll).await;
-                    }
-                }
-            }
-        }
-        None => {
-            tokio::select! {
-                _ = shutdown.cancelled() => {}
-                _ = tokio::time::sleep(poll) => {}
-            }
-        }
-    }
 }

@@ -34,6 +34,7 @@
 //!   runs beside.
 //! - [`lease`]: the election of the one active relay, and the fence its writes carry.
 //! - [`active`]: the loop while the lease is held, up to `pipeline_depth` batches at once.
+//! - [`wakeup`]: waiting for new events on LISTEN, and telling writers when to notify.
 //! - [`batch`]: one batch's two steps, claim and publish.
 //! - [`claim`]: reading the next due events from the queue.
 //! - [`publish`]: the Kafka producer and one batch's delivery.
@@ -59,6 +60,7 @@ pub mod runtime;
 pub mod schedule;
 pub mod settings;
 pub mod vacuum;
+pub mod wakeup;
 
 /// The tables the relay reads and writes: the outbox's. Apply them only where the program is
 /// meant to set up the database.

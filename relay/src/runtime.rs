@@ -87,6 +87,7 @@ impl Relay {
             tokio::spawn(vacuum_queue(
                 pool.clone(),
                 Duration::from_millis(settings.queue_vacuum_interval_ms),
+                metrics.batch_size.clone(),
                 beside.clone(),
             ))
         });

@@ -41,12 +41,23 @@ pub struct RelaySettings {
             value_parser = clap::value_parser!(u32).range(1..=16))
     )]
     pub pipeline_depth: u32,
-    /// Pause between claims when the outbox has nothing due, in milliseconds.
+    /// Pause between claims when the outbox has nothing due and the relay does not listen
+    /// (`--listen false`, or its LISTEN session is down), in milliseconds; also the pause before
+    /// its second look when it starts listening.
     #[cfg_attr(
         feature = "cli",
         arg(long, env = "RELAY_POLL_INTERVAL_MS", default_value_t = 5)
     )]
     pub poll_interval_ms: u64,
+    /// While the relay listens, how often it claims anyway, in milliseconds: the bound on how
+    /// late an event is published when no insert announced it (a retry falling due, a requeue,
+    /// a wake-up lost while the relay stopped listening).
+    #[cfg_attr(
+        feature = "cli",
+        arg(long, env = "RELAY_LISTEN_POLL_INTERVAL_MS", default_value_t = 250,
+            value_parser = clap::value_parser!(u64).range(1..))
+    )]
+    pub listen_poll_interval_ms: u64,
     /// How often the relay vacuums its queue table (`outbox_unpublished`), in milliseconds; 0
     /// leaves it to autovacuum. Every publish deletes rows from it, and the claim reads it
     /// whole, so dead rows waiting for autovacuum's next visit (once a minute by default) would
@@ -74,7 +85,8 @@ pub struct RelaySettings {
             value_parser = clap::value_parser!(i64).range(1..))
     )]
     pub release_batch_size: i64,
-    /// Also wake on PostgreSQL NOTIFY (sent by services that enable it).
+    /// Wait for new events on PostgreSQL's LISTEN (the outbox's insert trigger notifies while
+    /// the relay waits) instead of polling every --poll-interval-ms.
     #[cfg_attr(
         feature = "cli",
         arg(long, env = "RELAY_LISTEN", default_value_t = true, action = clap::ArgAction::Set)
@@ -169,6 +181,7 @@ impl Default for RelaySettings {
             batch_size: 5000,
             pipeline_depth: 4,
             poll_interval_ms: 5,
+            listen_poll_interval_ms: 250,
             queue_vacuum_interval_ms: 1000,
             release_interval_ms: 200,
             release_batch_size: 5000,
@@ -242,6 +255,10 @@ impl RelaySettings {
         ensure(
             (1..=16).contains(&self.pipeline_depth),
             "pipeline_depth (--pipeline-depth) must be from 1 to 16",
+        )?;
+        ensure(
+            self.listen_poll_interval_ms > 0,
+            "listen_poll_interval_ms (--listen-poll-interval-ms) must be positive",
         )?;
         ensure(
             self.release_interval_ms > 0,

@@ -15,6 +15,7 @@
 
 use std::time::Duration;
 
+use prometheus::Histogram;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
@@ -45,16 +46,29 @@ pub async fn vacuum_once(pool: &PgPool) -> Result<(), sqlx::Error> {
     Ok(())
 }
 
-/// Vacuums the queue table every `every` until `shutdown`. A failure is logged and tried again
-/// next round: the relay works without it, only its claims get slower.
-pub async fn vacuum_queue(pool: PgPool, every: Duration, shutdown: CancellationToken) {
+/// Vacuums the queue table every `every` until `shutdown`, in the rounds after this relay
+/// recorded a batch (`batches`, the relay's batch-size histogram, counts them): an idle relay,
+/// or a standby, sends nothing. A failure is logged and tried again next round: the relay works
+/// without it, only its claims get slower.
+pub async fn vacuum_queue(
+    pool: PgPool,
+    every: Duration,
+    batches: Histogram,
+    shutdown: CancellationToken,
+) {
+    let mut vacuumed_after = batches.get_sample_count();
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(every) => {}
         }
-        if let Err(e) = vacuum_once(&pool).await {
-            tracing::warn!(error = %e, "cannot vacuum the relay's queue table");
+        let recorded = batches.get_sample_count();
+        if recorded == vacuumed_after {
+            continue;
+        }
+        match vacuum_once(&pool).await {
+            Ok(()) => vacuumed_after = recorded,
+            Err(e) => tracing::warn!(error = %e, "cannot vacuum the relay's queue table"),
         }
     }
 }

@@ -373,11 +373,13 @@ pub async fn enqueue_all_at(
     Outbox::default().enqueue_all_at(tx, events).await
 }
 
-/// Asks a listening relay to look for new events as soon as `tx` commits.
+/// Asks a listening relay to look for new events as soon as `tx` commits, whether or not it
+/// says it waits.
 ///
-/// PostgreSQL folds identical notifications of one transaction into one, but every notifying
-/// transaction takes a global lock at commit: under heavy write load prefer the relay's short
-/// poll and leave this off.
+/// Not needed for events: the outbox's insert trigger notifies by itself while the relay waits,
+/// and not while it is busy. For changes no insert announces (a requeued event, a delayed
+/// event's time moved closer). PostgreSQL folds identical notifications of one transaction into
+/// one, but every notifying transaction takes a database-wide lock at commit.
 pub async fn notify_relay(tx: &mut Transaction<'_, Postgres>) -> Result<(), sqlx::Error> {
     sqlx::query("SELECT pg_notify($1, '')")
         .bind(OUTBOX_CHANNEL)

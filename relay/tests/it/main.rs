@@ -12,3 +12,4 @@ mod release;
 mod retention;
 mod schedules;
 mod vacuum;
+mod wakeup;

@@ -31,7 +31,7 @@ pub struct BenchArgs {
         long,
         env = "BENCH_PHASES",
         value_delimiter = ',',
-        default_value = "broker,database,relay,consumer,latency,sustained"
+        default_value = "idle,broker,database,relay,consumer,latency,sustained"
     )]
     pub phases: Vec<Phase>,
     /// Directory of the producer, relay and consumer binaries [default: this binary's directory].
@@ -75,9 +75,12 @@ pub struct BenchArgs {
         long,
         env = "BENCH_RATES",
         value_delimiter = ',',
-        default_value = "500,1000,2000"
+        default_value = "100,500,1000,2000"
     )]
     pub rates: Vec<f64>,
+    /// Measured seconds of the idle phase [60; quick 15].
+    #[arg(long, env = "BENCH_IDLE_SECONDS")]
+    pub idle_seconds: Option<u64>,
     /// Measured seconds at each latency rate [25; quick 8].
     #[arg(long, env = "BENCH_RATE_SECONDS")]
     pub rate_seconds: Option<u64>,
@@ -147,6 +150,8 @@ pub struct BenchArgs {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Phase {
+    /// Every service running, no traffic: the pipeline's fixed cost.
+    Idle,
     /// Plain producer and consumer: the broker's ceiling.
     Broker,
     /// PostgreSQL alone: one-row commits and batched inserts, the database's ceiling.
@@ -190,6 +195,8 @@ pub struct Settings {
     pub rates: Vec<f64>,
     #[serde(serialize_with = "as_seconds")]
     pub rate_duration: Duration,
+    #[serde(serialize_with = "as_seconds")]
+    pub idle_duration: Duration,
     #[serde(serialize_with = "as_seconds")]
     pub warmup: Duration,
     pub sustain_rates: Vec<f64>,
@@ -257,6 +264,7 @@ impl Settings {
             per_message_max: secs(args.per_message_max_seconds, 60, 15),
             rates: args.rates,
             rate_duration: secs(args.rate_seconds, 25, 8),
+            idle_duration: secs(args.idle_seconds, 60, 15),
             warmup: secs(args.warmup_seconds, 5, 2),
             sustain_rates: args.sustain_rates,
             sustain_duration: secs(args.sustain_seconds, 60, 15),

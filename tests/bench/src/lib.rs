@@ -5,7 +5,7 @@
 //!
 //! - [`run`]: the phases asked for, in order, and the clean-up ([`run_and_clean_up`]);
 //! - [`config`]: the command line and the settings it resolves to;
-//! - the phases: [`broker`], [`database`], [`relay_drain`], [`consumer_drain`], [`latency`]
+//! - the phases: [`idle`], [`broker`], [`database`], [`relay_drain`], [`consumer_drain`], [`latency`]
 //!   ([`broker_latency`]), [`sustained`], [`delayed`], [`retention`];
 //! - [`driver`] (the load) and [`orders`] (the events' shape); [`services`] and [`envs`]: the
 //!   binaries and the environments they run in;
@@ -21,6 +21,7 @@ pub mod dbprofile;
 pub mod delayed;
 pub mod driver;
 pub mod envs;
+pub mod idle;
 pub mod latency;
 pub mod orders;
 pub mod procstat;

@@ -397,6 +397,25 @@ impl CpuUse {
     }
 
     /// One line: each process's CPU%, busiest first, and the total against the cores there are.
+    /// Each process's CPU to a tenth of a percent, and the pipeline's total (every process but
+    /// the broker and the benchmark itself) beside the broker's: for figures near zero.
+    pub fn fine_summary(&self) -> String {
+        let mut v: Vec<_> = self.percent.iter().collect();
+        v.sort_by(|a, b| b.1.total_cmp(a.1));
+        let parts: Vec<String> = v.iter().map(|(n, p)| format!("{n} {p:.1}%")).collect();
+        let pipeline: f64 = self
+            .percent
+            .iter()
+            .filter(|(n, _)| n.as_str() != BROKER && n.as_str() != BENCH)
+            .map(|(_, p)| p)
+            .sum();
+        format!(
+            "{}; pipeline and PostgreSQL {pipeline:.1}% of a core, broker {:.1}%",
+            parts.join(", "),
+            self.percent.get(BROKER).copied().unwrap_or(0.0)
+        )
+    }
+
     pub fn summary(&self) -> String {
         let mut v: Vec<_> = self.percent.iter().collect();
         v.sort_by(|a, b| b.1.total_cmp(a.1));

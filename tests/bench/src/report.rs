@@ -14,6 +14,7 @@ use super::consumer_drain::GroupDrain;
 use super::database::DatabaseCeiling;
 use super::dbprofile::DbActivity;
 use super::delayed::DelayedResult;
+use super::idle::IdleRun;
 use super::latency::LatencyRun;
 use super::procstat::{cores, peak_rss_mb, BrokerProcess, CpuUse, BROKER};
 use super::relay_drain::RelayResult;
@@ -29,6 +30,8 @@ pub struct Report {
     pub finished_at: Option<DateTime<Utc>>,
     pub host: Host,
     pub settings: Settings,
+    /// Every service running with no traffic.
+    pub idle: Option<IdleRun>,
     pub broker: Option<BrokerResult>,
     /// PostgreSQL alone.
     pub database: Option<DatabaseCeiling>,
@@ -91,6 +94,7 @@ impl Report {
             finished_at: None,
             host,
             settings: settings.clone(),
+            idle: None,
             broker: None,
             database: None,
             relay: None,

@@ -6,7 +6,7 @@ use crate::config::{Phase, Settings};
 use crate::envs::EnvRegistry;
 use crate::report::{self, Report};
 use crate::{
-    broker, consumer_drain, database, delayed, latency, relay_drain, retention, sustained,
+    broker, consumer_drain, database, delayed, idle, latency, relay_drain, retention, sustained,
 };
 
 /// Runs the phases asked for, then drops what they created (unless `--keep`). Ctrl-C stops the
@@ -41,6 +41,16 @@ pub fn say(what: &str) {
 
 async fn run(settings: &Settings, envs: &EnvRegistry, report: &mut Report) {
     let started = Instant::now();
+    if settings.runs(Phase::Idle) {
+        say("phase 0: idle (every service running, no traffic)");
+        match idle::run(settings, envs).await {
+            Ok((idle, notes)) => {
+                report.notes.extend(notes);
+                report.idle = Some(idle);
+            }
+            Err(e) => report.errors.push(format!("idle phase: {e:#}")),
+        }
+    }
     if settings.runs(Phase::Broker) {
         say("phase 1: broker ceiling (plain producer and consumer)");
         match broker::run(settings, envs).await {

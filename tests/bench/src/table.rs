@@ -54,6 +54,14 @@ fn write_report(o: &mut String, r: &Report) -> std::fmt::Result {
         s.products,
         r.host.git_revision,
     )?;
+    if let Some(idle) = &r.idle {
+        writeln!(
+            o,
+            "\n0. Idle: every service running, no traffic, {:.0} s (an active and a standby relay)",
+            idle.measured_seconds
+        )?;
+        writeln!(o, "      CPU: {}", idle.cpu.fine_summary())?;
+    }
     if let Some(b) = &r.broker {
         writeln!(
             o,

@@ -30,7 +30,7 @@ async fn tables(pool: &PgPool) -> Vec<String> {
     .expect("tables")
 }
 
-const PIPELINE_TABLES: [&str; 25] = [
+const PIPELINE_TABLES: [&str; 26] = [
     "applied_effect",
     "applied_effect_held",
     "dead_letter",
@@ -45,6 +45,7 @@ const PIPELINE_TABLES: [&str; 25] = [
     "outbox_delayed",
     "outbox_delivery",
     "outbox_history",
+    "outbox_relay_wakeup",
     "outbox_schedule",
     "outbox_schedule_occurrence",
     "outbox_sequence",

@@ -1,0 +1,62 @@
+//! The pipeline with no traffic: what each process and the database cost while nothing
+//! happens (an order service, an active and a standby relay, the consumer groups).
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::config::Settings;
+use super::envs::EnvRegistry;
+use super::procstat::{CpuMeter, CpuUse, Watched};
+use super::services::{self, Pipeline};
+
+/// The idle phase's figures.
+#[derive(Debug, Clone, Serialize)]
+pub struct IdleRun {
+    /// Seconds measured, after the services settled.
+    pub measured_seconds: f64,
+    /// CPU of every process over that time (a standby relay beside the active one; PostgreSQL's
+    /// backends summed). Nothing else samples the database meanwhile.
+    pub cpu: CpuUse,
+}
+
+/// How long the services run before the measurement starts: the relays' election, the
+/// groups' assignments and the first lag readings are start-up, not idling.
+const SETTLE: Duration = Duration::from_secs(5);
+
+/// Starts the pipeline with a standby relay, lets it settle, and measures it idle for
+/// `settings.idle_duration`.
+pub async fn run(
+    settings: &Settings,
+    envs: &EnvRegistry,
+) -> anyhow::Result<(IdleRun, Vec<String>)> {
+    let env = envs.create("bench_idle", settings.partitions).await?;
+    let pipeline = Pipeline::start(&env, settings).await?;
+    let (standby, _) = services::start(
+        &env,
+        "relay",
+        "relay-standby",
+        &services::relay_args(settings),
+        "relay metrics listening on ",
+    )
+    .await?;
+    tokio::time::sleep(SETTLE).await;
+    let mut watched = pipeline.watched();
+    watched.push(Watched::Pid(
+        "relay-standby",
+        standby.pid().as_raw().unsigned_abs(),
+    ));
+    let meter = CpuMeter::start(watched);
+    tokio::time::sleep(settings.idle_duration).await;
+    let cpu = meter.finish();
+    let mut notes: Vec<String> = services::stop(standby).await.into_iter().collect();
+    notes.extend(pipeline.stop().await);
+    notes.extend(envs.release(env).await);
+    Ok((
+        IdleRun {
+            measured_seconds: settings.idle_duration.as_secs_f64(),
+            cpu,
+        },
+        notes,
+    ))
+}
