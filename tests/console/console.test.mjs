@@ -187,9 +187,12 @@ test("a failed outbox event is requeued and published, then its order's held eve
   await act(page, "topic limit raised");
   await page.waitForSelector("#outcomes");
   assert.match(await page.textContent("#outcomes"), new RegExp(env("FAILED_EVENT")));
-  await until(page, `/timeline?id=${order}`, "the requeued order applied", async (p) => {
+  // The group may apply the requeued event before the relay has recorded its delivery: wait
+  // for both.
+  await until(page, `/timeline?id=${order}`, "the requeued order applied and published", async (p) => {
     const steps = await timelineRows(p, "notification");
-    return steps.filter((s) => s.what === "applied").length >= 2;
+    const outbox = (await timelineRows(p, "outbox")).map((s) => s.what);
+    return steps.filter((s) => s.what === "applied").length >= 2 && outbox.includes("published");
   });
   const outbox = await timelineRows(page, "outbox");
   const kinds = outbox.map((s) => s.what);

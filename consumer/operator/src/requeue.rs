@@ -97,6 +97,8 @@ pub async fn requeue(pool: &PgPool, args: &RequeueArgs) -> anyhow::Result<Vec<Re
     if requeued.is_empty() {
         return Err(BadInput::NothingMatches("no failed outbox event matches".to_owned()).into());
     }
+    // No insert announces a requeue: wake a waiting relay now rather than at its safety poll.
+    outbox::notify_relay(&mut tx).await?;
     tx.commit().await?;
     Ok(requeued)
 }
