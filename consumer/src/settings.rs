@@ -133,12 +133,12 @@ pub struct ConsumerSettings {
     )]
     pub max_poll_interval_ms: u64,
     /// `fetch.wait.max.ms`: how long the broker holds a fetch that finds nothing. A fetch
-    /// returns as soon as records arrive, so this adds no latency; it bounds how often an idle
-    /// group asks (librdkafka's default), and how long a partition resumed or moved back waits
-    /// for the fetch already out.
+    /// returns as soon as records arrive, so this adds no latency; it sets how often an idle
+    /// group asks (ten times a second), and how long a partition resumed, moved back or newly
+    /// assigned may wait for the fetch already out.
     #[cfg_attr(
         feature = "cli",
-        arg(long, env = "CONSUMER_FETCH_WAIT_MAX_MS", default_value_t = 500)
+        arg(long, env = "CONSUMER_FETCH_WAIT_MAX_MS", default_value_t = 100)
     )]
     pub fetch_wait_max_ms: u64,
     /// Offsets of finished batches are committed together at most this often, in milliseconds
@@ -268,7 +268,7 @@ impl Default for ConsumerSettings {
             assignment_strategy: "cooperative-sticky".to_owned(),
             session_timeout_ms: 10_000,
             max_poll_interval_ms: 60_000,
-            fetch_wait_max_ms: 500,
+            fetch_wait_max_ms: 100,
             commit_interval_ms: 20,
             revoke_timeout_ms: 10_000,
             lag_interval_ms: 5_000,

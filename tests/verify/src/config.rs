@@ -97,7 +97,7 @@ pub struct VerifyArgs {
     /// How long to wait, after the load, for the outbox to drain and both groups to catch up.
     #[arg(long, env = "VERIFY_DRAIN_TIMEOUT_SECS", default_value_t = 300)]
     pub drain_timeout_secs: u64,
-    /// The consumers' `--fetch-wait-max-ms` (their default, 500 ms): a group that fell behind
+    /// The consumers' `--fetch-wait-max-ms` (their default is 100 ms): a group that fell behind
     /// during a fault catches up in full fetches.
     #[arg(long, env = "VERIFY_CONSUMER_FETCH_WAIT_MS", default_value_t = 500)]
     pub consumer_fetch_wait_ms: u64,
