@@ -3,13 +3,14 @@
 //! Writers' inserts into the outbox NOTIFY `outbox_pending` (the outbox table's insert trigger)
 //! while the relay says it listens (`outbox_relay_wakeup`); the relay waits on `LISTEN` with a
 //! slow safety poll beside it. NOTIFY serialises the commits of the transactions that send it,
-//! so the relay listens only while it waits: when a claim comes back empty it says it listens,
-//! claims once more a moment later (a writer that read the old word before it changed may
-//! commit just after), then waits; when it finds work two claims in a row it says it is busy,
-//! and writers stop notifying until it waits again. A wake-up missed in that change-over costs
-//! at most one safety poll.
+//! so the relay listens only once it has found nothing for [`IDLE_BEFORE_LISTENING`] (polling
+//! meanwhile): under a steady load the gaps between events are shorter, and no writer notifies.
+//! Then it says it listens, claims once more a moment later (a writer that read the old word
+//! before it changed may commit just after), and waits; when it finds work two claims in a row
+//! it says it is busy, and writers stop notifying until it waits again. A wake-up missed in that
+//! change-over costs at most one safety poll.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use outbox::OUTBOX_CHANNEL;
 use sqlx::postgres::PgListener;
@@ -20,6 +21,11 @@ use tokio_util::sync::CancellationToken;
 const SAY_SQL: &str = "INSERT INTO outbox_relay_wakeup (lock_key, listening, since)
                        VALUES ($1, $2, now())
                        ON CONFLICT (lock_key) DO UPDATE SET listening = $2, since = now()";
+
+/// How long the relay polls an empty queue before it waits on `LISTEN`: longer than the gaps
+/// between events under a load where notifying writers would queue behind one another's
+/// commits.
+pub const IDLE_BEFORE_LISTENING: Duration = Duration::from_millis(50);
 
 /// What the relay does after a claim, as far as waking it is concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,6 +45,8 @@ pub struct Wakeup {
     listener: Option<PgListener>,
     listening: Option<bool>,
     busy_claims: u32,
+    /// When the claims started coming back empty.
+    idle_since: Option<Instant>,
     /// The pause before the change-over's second claim, and the poll without `LISTEN`.
     poll: Duration,
     /// The safety poll while waiting on `LISTEN`.
@@ -66,6 +74,7 @@ impl Wakeup {
             listener,
             listening: None,
             busy_claims: 0,
+            idle_since: None,
             poll,
             safety_poll,
         };
@@ -87,6 +96,7 @@ impl Wakeup {
             });
         }
         if found > 0 {
+            self.idle_since = None;
             self.busy_claims = self.busy_claims.saturating_add(1);
             if self.busy_claims >= 2 && self.listening != Some(false) {
                 self.say(pool, false).await?;
@@ -97,7 +107,10 @@ impl Wakeup {
         if self.listening == Some(true) {
             return Ok(Next::Wait);
         }
-        self.say(pool, true).await?;
+        let idle_since = *self.idle_since.get_or_insert_with(Instant::now);
+        if idle_since.elapsed() >= IDLE_BEFORE_LISTENING {
+            self.say(pool, true).await?;
+        }
         Ok(Next::ClaimAfter(self.poll))
     }
 
