@@ -14,6 +14,7 @@
 //! missed-occurrence policy).
 
 pub mod materialise;
+mod occurrence;
 pub mod store;
 pub mod times;
 

@@ -9,7 +9,7 @@ use serde_json::Value;
 use sqlx::{PgConnection, Postgres, Transaction};
 use uuid::Uuid;
 
-use super::materialise::occurrence_event;
+use super::occurrence::occurrence_event;
 use super::times::CronTimes;
 use super::{NewSchedule, ScheduleError};
 use crate::delay::PublishAt;
