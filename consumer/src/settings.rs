@@ -565,5 +565,6 @@ mod tests {
             "{options}"
         );
         assert!(options.contains("enable_seqscan=off"), "{options}");
+        assert!(options.contains("jit=off"), "{options}");
     }
 }

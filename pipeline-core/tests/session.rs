@@ -83,6 +83,53 @@ async fn key_lookup_sessions_plan_small_tables_by_index() {
     assert!(!keyed.contains("Hash Join"), "{keyed}");
 }
 
+/// Whether `SELECT bool_or(..)` over a one-row table (as the outbox's insert trigger runs it) is
+/// compiled before it runs, on `conn`.
+async fn compiles_a_small_aggregate(conn: &mut sqlx::PgConnection) -> bool {
+    let plan: Vec<String> =
+        sqlx::query_scalar("EXPLAIN (ANALYZE) SELECT bool_or(listening) FROM flag")
+            .fetch_all(&mut *conn)
+            .await
+            .expect("EXPLAIN");
+    plan.iter()
+        .any(|line| line.trim_start().starts_with("JIT:"))
+}
+
+#[tokio::test]
+async fn key_lookup_sessions_do_not_compile_what_their_planner_prices_high() {
+    let pool = args()
+        .connect_session(None, Planner::KeyLookups, &[])
+        .await
+        .expect("connect");
+    let mut conn = pool.acquire().await.expect("connection");
+    for statement in [
+        "CREATE TEMP TABLE flag (listening boolean NOT NULL)",
+        "INSERT INTO flag VALUES (true)",
+    ] {
+        sqlx::raw_sql(statement)
+            .execute(&mut *conn)
+            .await
+            .expect(statement);
+    }
+    assert_eq!(show(&pool, "jit").await, "off");
+    assert!(!compiles_a_small_aggregate(&mut conn).await);
+    // What the session's `jit = off` prevents, where the server can compile at all: the disabled
+    // scan's price sends the aggregate to the compiler.
+    let available: bool = sqlx::query_scalar("SELECT pg_jit_available()")
+        .fetch_one(&mut *conn)
+        .await
+        .expect("pg_jit_available");
+    if available {
+        sqlx::raw_sql("SET jit = on")
+            .execute(&mut *conn)
+            .await
+            .expect("SET jit");
+        assert!(compiles_a_small_aggregate(&mut conn).await);
+    }
+    drop(conn);
+    pool.close().await;
+}
+
 /// The test server's connection options, from `DATABASE_URL`.
 fn server() -> PgConnectOptions {
     args().database_url.parse().expect("DATABASE_URL is a URL")
