@@ -262,15 +262,35 @@ ensure_postgres() {
 # has another value, then one reload, and a restart where a setting needs one. Settings the server
 # does not know (an older PostgreSQL) are skipped with a warning.
 ensure_pg_settings() {
-    local file="$REPO_ROOT/deploy/postgres/pipeline.conf" name value current changed=0
+    local file="$REPO_ROOT/deploy/postgres/pipeline.conf"
     [[ -f $file ]] || return 0
+    PG_RESTARTED=0
+    apply_pg_settings "$file"
+    pg_restart_if_pending
+    # A module's settings (pg_stat_statements.*) exist once the module is loaded: after the
+    # restart shared_preload_libraries asked for, a second pass sets them.
+    if ((${#PG_UNKNOWN_SETTINGS[@]} && PG_RESTARTED)); then
+        apply_pg_settings "$file"
+        pg_restart_if_pending
+    fi
+    local name
+    for name in "${PG_UNKNOWN_SETTINGS[@]}"; do
+        warn "PostgreSQL has no setting $name; left as it is"
+    done
+}
+
+# apply_pg_settings FILE — sets each setting of FILE the server has with another value (ALTER
+# SYSTEM, then one reload); the names the server does not know go to PG_UNKNOWN_SETTINGS.
+apply_pg_settings() {
+    local file=$1 name value known changed=0
+    PG_UNKNOWN_SETTINGS=()
     while IFS='=' read -r name value; do
         name=${name//[[:space:]]/}
         value=$(sed -e 's/^[[:space:]]*//' -e 's/[[:space:]]*$//' <<<"$value")
         [[ -z $name || $name == \#* ]] && continue
-        current=$(psql -w -X -Atq "$PG_ADMIN_URL" -c "SELECT setting || COALESCE(unit, '') FROM pg_settings WHERE name = '$name'")
-        if [[ -z $current ]]; then
-            warn "PostgreSQL has no setting $name; left as it is"
+        known=$(psql -w -X -Atq "$PG_ADMIN_URL" -c "SELECT 1 FROM pg_settings WHERE name = '$name'")
+        if [[ -z $known ]]; then
+            PG_UNKNOWN_SETTINGS+=("$name")
             continue
         fi
         # Compare through the server's own parsing: the value as the server would show it.
@@ -286,7 +306,6 @@ ensure_pg_settings() {
         log "PostgreSQL settings from deploy/postgres/pipeline.conf applied (ALTER SYSTEM, reload)"
         psql -w -X -q "$PG_ADMIN_URL" -c 'SELECT pg_reload_conf()' >/dev/null
     fi
-    pg_restart_if_pending
 }
 
 # pg_restart_if_pending — restarts the local cluster on $PG_PORT when a setting it was given takes
@@ -306,6 +325,7 @@ pg_restart_if_pending() {
     log "restarting PostgreSQL cluster $ver/$cluster for $pending"
     pg_ctl_local restart "$ver" "$cluster"
     pg_wait_accepting "$ver" "$cluster"
+    PG_RESTARTED=1
 }
 
 # pg_cluster_line — pg_lsclusters' line for the local cluster on $PG_PORT (empty if none).

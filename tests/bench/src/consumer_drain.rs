@@ -166,7 +166,9 @@ async fn drain(
     .await?;
     let outcomes: BTreeMap<String, i64> = outcomes.into_iter().collect();
     let processed: i64 = outcomes.values().sum();
-    let cpu = cpu.with_events(u64::try_from(processed)?);
+    let cpu = db_activity
+        .charge_sampler(cpu)
+        .with_events(u64::try_from(processed)?);
     let (first, last): (Option<DateTime<Utc>>, Option<DateTime<Utc>>) = sqlx::query_as(
         "SELECT min(processed_at), max(processed_at) FROM processed_message WHERE group_name = $1",
     )

@@ -10,6 +10,9 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use sqlx::{Connection, PgConnection};
+
+use super::procstat::{CpuUse, BENCH, POSTGRES};
+use super::statements::{self, StatementProfile, StatementProfiler};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -33,6 +36,19 @@ pub struct DbActivity {
     /// CPU% (100 = one core) of the PostgreSQL backends serving each client program, by
     /// `application_name`, over the phase.
     pub cpu_by_client: BTreeMap<String, f64>,
+    /// What each client asked of the database (`None`: `pg_stat_statements` not read).
+    pub statements: Option<StatementProfile>,
+    /// CPU seconds of the server process that ran this sampler's own queries: the benchmark's
+    /// load on PostgreSQL, not the pipeline's ([`DbActivity::charge_sampler`]).
+    pub sampler_cpu_seconds: f64,
+}
+
+impl DbActivity {
+    /// `cpu` with the sampler's own server CPU moved from PostgreSQL to the benchmark.
+    #[must_use]
+    pub fn charge_sampler(&self, cpu: CpuUse) -> CpuUse {
+        cpu.moved(POSTGRES, BENCH, self.sampler_cpu_seconds)
+    }
 }
 
 impl DbActivity {
@@ -61,21 +77,34 @@ impl DbActivity {
 pub struct DbProfiler {
     stop: CancellationToken,
     task: JoinHandle<DbActivity>,
+    statements: Option<StatementProfiler>,
 }
 
 impl DbProfiler {
     /// Starts sampling the database `database_url` names, on a connection of its own.
     pub async fn start(database_url: &str) -> anyhow::Result<DbProfiler> {
+        let statements = match statements::enabled() {
+            true => Some(StatementProfiler::start(super::envs::database_name(database_url)).await?),
+            false => None,
+        };
         let conn = PgConnection::connect(database_url).await?;
         let stop = CancellationToken::new();
         let task = tokio::spawn(sample(conn, stop.clone()));
-        Ok(DbProfiler { stop, task })
+        Ok(DbProfiler {
+            stop,
+            task,
+            statements,
+        })
     }
 
     /// Stops and returns the tally (empty if the sampler failed).
     pub async fn finish(self) -> DbActivity {
         self.stop.cancel();
-        self.task.await.unwrap_or_default()
+        let mut activity = self.task.await.unwrap_or_default();
+        if let Some(profiler) = self.statements {
+            activity.statements = profiler.finish().await.ok();
+        }
+        activity
     }
 }
 
@@ -95,6 +124,12 @@ struct BackendCpu {
 }
 
 async fn sample(mut conn: PgConnection, stop: CancellationToken) -> DbActivity {
+    let own: Option<u32> = sqlx::query_scalar::<_, i32>("SELECT pg_backend_pid()")
+        .fetch_one(&mut conn)
+        .await
+        .ok()
+        .and_then(|pid| u32::try_from(pid).ok());
+    let own_start = own.and_then(super::procstat::cpu_ticks);
     let mut counts: HashMap<String, u64> = HashMap::new();
     let mut backends: HashMap<u32, BackendCpu> = HashMap::new();
     let started = Instant::now();
@@ -161,10 +196,16 @@ async fn sample(mut conn: PgConnection, stop: CancellationToken) -> DbActivity {
         .collect();
     busy.sort_by(|a, b| b.1.total_cmp(&a.1));
     busy.truncate(12);
+    let sampler_cpu_seconds = match (own_start, own.and_then(super::procstat::cpu_ticks)) {
+        (Some(a), Some(b)) => b.saturating_sub(a) as f64 / 100.0,
+        _ => 0.0,
+    };
     DbActivity {
         samples,
         busy,
         cpu_by_client,
+        statements: None,
+        sampler_cpu_seconds,
     }
 }
 

@@ -127,7 +127,8 @@ async fn remove(created: &Created) -> Vec<String> {
     problems
 }
 
-fn database_name(url: &str) -> &str {
+/// The database a URL names.
+pub fn database_name(url: &str) -> &str {
     let path = url.split('?').next().unwrap_or(url);
     path.rsplit('/').next().unwrap_or(path)
 }

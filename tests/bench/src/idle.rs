@@ -9,6 +9,7 @@ use super::config::Settings;
 use super::envs::EnvRegistry;
 use super::procstat::{CpuMeter, CpuUse, Watched};
 use super::services::{self, Pipeline};
+use super::statements::{self, StatementProfile, StatementProfiler};
 
 /// The idle phase's figures.
 #[derive(Debug, Clone, Serialize)]
@@ -18,6 +19,8 @@ pub struct IdleRun {
     /// CPU of every process over that time (a standby relay beside the active one; PostgreSQL's
     /// backends summed). Nothing else samples the database meanwhile.
     pub cpu: CpuUse,
+    /// What each program asked of the database meanwhile (`None`: not read).
+    pub statements: Option<StatementProfile>,
 }
 
 /// How long the services run before the measurement starts: the relays' election, the
@@ -46,9 +49,19 @@ pub async fn run(
         "relay-standby",
         standby.pid().as_raw().unsigned_abs(),
     ));
+    let profiler = match statements::enabled() {
+        true => {
+            Some(StatementProfiler::start(super::envs::database_name(&env.database_url)).await?)
+        }
+        false => None,
+    };
     let meter = CpuMeter::start(watched);
     tokio::time::sleep(settings.idle_duration).await;
     let cpu = meter.finish();
+    let statements = match profiler {
+        Some(p) => Some(p.finish().await?),
+        None => None,
+    };
     let mut notes: Vec<String> = services::stop(standby).await.into_iter().collect();
     notes.extend(pipeline.stop().await);
     notes.extend(envs.release(env).await);
@@ -56,6 +69,7 @@ pub async fn run(
         IdleRun {
             measured_seconds: settings.idle_duration.as_secs_f64(),
             cpu,
+            statements,
         },
         notes,
     ))

@@ -124,8 +124,9 @@ async fn measure(
     let url = pipeline.url.parse()?;
     let outcome = drive(&url, &spec, &CancellationToken::new()).await?;
     // Every request is one event.
-    let cpu = meter.finish().with_events(outcome.ok);
+    let cpu = meter.finish();
     let db_activity = profiler.finish().await;
+    let cpu = db_activity.charge_sampler(cpu).with_events(outcome.ok);
     env.wait_drained(&GROUPS, settings.drain_timeout).await?;
     let peak_rss_mb = pipeline.peak_rss();
     let consumer_args = pipeline.consumer_args.clone();

@@ -9,7 +9,8 @@
 //!   ([`broker_latency`]), [`sustained`], [`delayed`], [`retention`];
 //! - [`driver`] (the load) and [`orders`] (the events' shape); [`services`] and [`envs`]: the
 //!   binaries and the environments they run in;
-//! - [`procstat`], [`dbprofile`]: CPU, memory and database activity;
+//! - [`procstat`], [`dbprofile`], [`statements`]: CPU, memory, database activity and what each
+//!   program asked of the database;
 //! - [`report`] and [`table`]: the figures, the targets and their table.
 
 pub mod broker;
@@ -30,6 +31,7 @@ pub mod report;
 pub mod retention;
 pub mod run;
 pub mod services;
+pub mod statements;
 pub mod sustained;
 pub mod table;
 

@@ -40,7 +40,7 @@ impl Watched {
 /// benchmark itself (its driver competes for the same cores).
 pub fn shared_processes() -> Vec<Watched> {
     let mut watched = vec![
-        Watched::Command("postgres", "postgres"),
+        Watched::Command(POSTGRES, "postgres"),
         Watched::Pid(BENCH, std::process::id()),
     ];
     if let Some(pid) = broker_pid() {
@@ -298,6 +298,8 @@ impl CpuMeter {
 pub const BROKER: &str = "broker";
 /// The watched name of the benchmark's own process.
 pub const BENCH: &str = "bench";
+/// PostgreSQL's processes, summed.
+pub const POSTGRES: &str = "postgres";
 
 /// CPU use over a phase.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -331,6 +333,29 @@ pub struct CpuPerEvent {
 }
 
 impl CpuUse {
+    /// The same, with `seconds` of CPU moved from process `from` to process `to` (both
+    /// watched; nothing moves otherwise).
+    #[must_use]
+    pub fn moved(mut self, from: &str, to: &str, seconds: f64) -> CpuUse {
+        let wall = self.seconds.max(1e-3);
+        let (Some(&have), true) = (
+            self.cpu_seconds.get(from),
+            self.cpu_seconds.contains_key(to),
+        ) else {
+            return self;
+        };
+        let seconds = seconds.clamp(0.0, have);
+        for (name, delta) in [(from, -seconds), (to, seconds)] {
+            if let Some(s) = self.cpu_seconds.get_mut(name) {
+                *s = round2(*s + delta);
+                let _ = self
+                    .percent
+                    .insert(name.to_owned(), round1(*s / wall * 100.0));
+            }
+        }
+        self
+    }
+
     /// The same, with the CPU per event of `events` events carried while it was measured.
     #[must_use]
     pub fn with_events(mut self, events: u64) -> CpuUse {

@@ -123,8 +123,9 @@ pub async fn run(
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let drain_seconds = committed.elapsed().as_secs_f64();
-    let cpu = meter.finish().with_events(events);
+    let cpu = meter.finish();
     let db_activity = profiler.finish().await;
+    let cpu = db_activity.charge_sampler(cpu).with_events(events);
     let peak_rss_mb = peak_rss(&[("relay", &relay)]);
 
     let batches = scrape_sum(&metrics, "relay_batch_size_count", &[]).await?;

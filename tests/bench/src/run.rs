@@ -14,6 +14,13 @@ use crate::{
 pub async fn run_and_clean_up(settings: &Settings) -> Report {
     let envs = EnvRegistry::new(settings.keep);
     let mut report = Report::new(settings, report::host().await);
+    if let Err(e) = crate::statements::ensure_client_roles().await {
+        report.notes.push(format!(
+            "no statement profile: pg_stat_statements could not be read or the programs' roles \
+             made ({e:#}); PostgreSQL loads it with shared_preload_libraries, as \
+             deploy/postgres/pipeline.conf has it"
+        ));
+    }
     if report.host.broker.is_none() {
         report.notes.push(format!(
             "no Apache Kafka broker (a java process running kafka.Kafka) with a listener on {} \

@@ -8,6 +8,7 @@ use pipeline_testkit::{scrape_sum, wait_until, Service, TestEnv};
 
 use super::config::Settings;
 use super::procstat::{peak_rss_mb, shared_processes, Watched};
+use super::statements;
 
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 const STOP_TIMEOUT: Duration = Duration::from_secs(30);
@@ -60,9 +61,33 @@ pub async fn start(
     listening: &str,
 ) -> anyhow::Result<(Service, String)> {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let svc = env.spawn(bin, label, &args)?;
+    // Each program as its own database role, so the statement profile tells them apart.
+    let role_url = match statements::role_of(bin) {
+        Some(role) if statements::enabled() => {
+            Some(statements::client_url(&env.database_url, role)?)
+        }
+        _ => None,
+    };
+    let svc = match &role_url {
+        Some(url) => env.spawn_with_env(bin, label, &args, &[("DATABASE_URL", url)])?,
+        None => env.spawn(bin, label, &args)?,
+    };
     let addr = svc.wait_for_log_value(listening, START_TIMEOUT).await?;
     Ok((svc, addr))
+}
+
+/// Starts the order service on a free port; returns it with its base URL.
+pub async fn start_order_service(env: &TestEnv) -> anyhow::Result<(Service, String)> {
+    let args = ["serve", "--listen", "127.0.0.1:0", "--topic", &env.topic].map(str::to_owned);
+    let (svc, addr) = start(
+        env,
+        "producer",
+        "order-service",
+        &args,
+        "order service listening on ",
+    )
+    .await?;
+    Ok((svc, format!("http://{addr}")))
 }
 
 pub async fn start_relay(env: &TestEnv, settings: &Settings) -> anyhow::Result<(Service, String)> {
@@ -109,7 +134,7 @@ impl Pipeline {
     /// active and both groups own every partition.
     pub async fn start(env: &TestEnv, settings: &Settings) -> anyhow::Result<Pipeline> {
         seed_catalog_and_stock(env, settings)?;
-        let (order_service, url) = env.order_service().await?;
+        let (order_service, url) = start_order_service(env).await?;
         let (relay, relay_metrics) = start_relay(env, settings).await?;
         let consumer_args = consumer_args(env, &GROUPS, settings.consumer_max_batch);
         let (consumer, consumer_metrics) = start(

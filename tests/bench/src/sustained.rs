@@ -181,7 +181,7 @@ async fn step(
     let outcome = outcome?;
     let requests = DriveSummary::of(&outcome);
     // Every request is one event.
-    let cpu = cpu.with_events(outcome.ok);
+    let cpu = db_activity.charge_sampler(cpu).with_events(outcome.ok);
 
     let warmup = settings.warmup.as_secs_f64();
     let half_from = warmup + settings.sustain_duration.as_secs_f64() / 2.0;

@@ -5,6 +5,7 @@ use std::fmt::Write;
 use super::dbprofile::DbActivity;
 use super::procstat::CpuUse;
 use super::report::Report;
+use super::statements::StatementProfile;
 
 /// Renders `r` as text.
 pub fn render(r: &Report) -> String {
@@ -35,8 +36,36 @@ fn cpu(c: &CpuUse) -> String {
     format!("      CPU: {}", c.summary())
 }
 
-fn db(d: &DbActivity) -> String {
-    format!("      DB connections busy (avg): {}", d.summary(4))
+fn db(d: &DbActivity, cpu: &CpuUse) -> String {
+    let mut out = format!("      DB connections busy (avg): {}", d.summary(4));
+    if let Some(s) = &d.statements {
+        out.push('\n');
+        out.push_str(&statement_lines(s, cpu));
+    }
+    out
+}
+
+/// A statement profile: per event by client, then the statements with the most time.
+fn statement_lines(s: &StatementProfile, cpu: &CpuUse) -> String {
+    let events = cpu.per_event.as_ref().map_or(0, |p| p.events);
+    let mut lines: Vec<String> = Vec::new();
+    if events > 0 {
+        lines.extend(
+            s.client_lines(events)
+                .into_iter()
+                .map(|l| format!("      statements, {l}")),
+        );
+    } else {
+        for (client, c) in s.by_client.iter().filter(|(c, _)| c.as_str() != "other") {
+            lines.push(format!(
+                "      statements, {client}: {} statements (round trips), {} commits, {} plans, {:.0} ms planning + {:.0} ms executing, in {:.0} s",
+                c.calls, c.commits, c.plans, c.plan_ms, c.exec_ms, cpu.seconds
+            ));
+        }
+    }
+    lines.push("      top statements by planning + execution time:".to_owned());
+    lines.extend(s.top_lines(6).into_iter().map(|l| format!("        {l}")));
+    lines.join("\n")
 }
 
 fn write_report(o: &mut String, r: &Report) -> std::fmt::Result {
@@ -61,6 +90,9 @@ fn write_report(o: &mut String, r: &Report) -> std::fmt::Result {
             idle.measured_seconds
         )?;
         writeln!(o, "      CPU: {}", idle.cpu.fine_summary())?;
+        if let Some(st) = &idle.statements {
+            writeln!(o, "{}", statement_lines(st, &idle.cpu))?;
+        }
     }
     if let Some(b) = &r.broker {
         writeln!(
@@ -167,7 +199,7 @@ fn write_report(o: &mut String, r: &Report) -> std::fmt::Result {
             x.batches, x.avg_batch_size, x.avg_batch_ms
         )?;
         writeln!(o, "{}", cpu(&x.cpu))?;
-        writeln!(o, "{}", db(&x.db_activity))?;
+        writeln!(o, "{}", db(&x.db_activity, &x.cpu))?;
     }
     if !r.consumer.is_empty() {
         writeln!(o, "\n3. Consumer drain of the relay's topic, one group at a time (eps = processed / seconds from the first processed event to lag zero)")?;
@@ -193,7 +225,7 @@ fn write_report(o: &mut String, r: &Report) -> std::fmt::Result {
             for (mode, run) in [("batched", &g.batched), ("per-message", &g.per_message)] {
                 writeln!(o, "   {} {mode} (--max-batch {}): {} of {} events in {:.1} s, start-up {:.1} s, avg batch {} in {} ms, {} partition batches per transaction", g.group, run.max_batch, eps(run.processed as f64), eps(run.events as f64), run.seconds, run.startup_seconds, run.avg_batch_size, run.avg_batch_ms, run.avg_partition_batches_per_transaction)?;
                 writeln!(o, "{}", cpu(&run.cpu))?;
-                writeln!(o, "{}", db(&run.db_activity))?;
+                writeln!(o, "{}", db(&run.db_activity, &run.cpu))?;
             }
         }
         if r.consumer.iter().any(|g| !g.per_message.complete) {
@@ -244,7 +276,7 @@ fn write_report(o: &mut String, r: &Report) -> std::fmt::Result {
             }
             writeln!(o, "   {:>6} requests: {} ok, {} failed, response p50/p99 {:.1}/{:.1} ms, timetable lag p99 {:.1} ms", "", run.requests.ok, run.requests.failed(), run.requests.response_p50_ms, run.requests.response_p99_ms, run.requests.timetable_lag_p99_ms)?;
             writeln!(o, "{}", cpu(&run.cpu))?;
-            writeln!(o, "{}", db(&run.db_activity))?;
+            writeln!(o, "{}", db(&run.db_activity, &run.cpu))?;
             if let Some(b) = &run.broker {
                 writeln!(o, "   {:>6} broker alone, same rate (relay's producer settings, {} plain readers, no database): read p50/p99/p99.9 {:.1}/{:.1}/{:.1} ms, ack p50/p99 {:.1}/{:.1} ms, ack p50 by fifth of the run {}", "", b.readers, b.read_p50_ms, b.read_p99_ms, b.read_p999_ms, b.ack_p50_ms, b.ack_p99_ms, fifths(&b.ack_p50_by_part_ms))?;
                 writeln!(o, "{}", cpu(&b.cpu))?;
@@ -274,7 +306,7 @@ fn write_report(o: &mut String, r: &Report) -> std::fmt::Result {
                 writeln!(o, "           - {reason}")?;
             }
             writeln!(o, "{}", cpu(&st.cpu))?;
-            writeln!(o, "{}", db(&st.db_activity))?;
+            writeln!(o, "{}", db(&st.db_activity, &st.cpu))?;
         }
     }
     if let Some(sc) = &r.delayed {
