@@ -51,6 +51,13 @@ pub async fn run_active(
     let mut in_flight = FuturesUnordered::new();
     let mut busy: HashSet<String> = HashSet::new();
     let lost = lease.lost();
+    // Whether the next turn claims; and whether a claim since the last one left out the
+    // aggregates of batches still out (their later events wait for those batches' outcome, so
+    // the loop claims again when one ends).
+    let mut claim_now = true;
+    let mut left_out = false;
+    // What to wait for when a turn does not claim again at once (kept while it does not claim).
+    let mut next = Next::Claim;
     let result = loop {
         if shutdown.is_cancelled() {
             break Ok(());
@@ -73,8 +80,9 @@ pub async fn run_active(
             producer.renew_if_fatal()?;
         }
         let mut failed: Option<MarkError> = None;
-        if in_flight.len() < depth {
+        if claim_now && in_flight.len() < depth {
             let exclude: Vec<&str> = busy.iter().map(String::as_str).collect();
+            left_out = !exclude.is_empty();
             let claiming = Instant::now();
             let claimed = tokio::select! {
                 claimed = Batch::claim(pool, settings.batch_size, &exclude) => claimed,
@@ -83,13 +91,19 @@ pub async fn run_active(
             backlog.took(claiming.elapsed());
             match claimed {
                 Ok(batch) if !batch.is_empty() => {
-                    if batch.events().len() >= usize::try_from(settings.batch_size).unwrap_or(0) {
+                    let full =
+                        batch.events().len() >= usize::try_from(settings.batch_size).unwrap_or(0);
+                    if full {
                         backlog.behind();
                     }
-                    if let Err(e) = wakeup.after_claim(pool, batch.events().len()).await {
-                        // Writers go on notifying: only a cost. Said again at the next change.
-                        tracing::warn!(error = %e, "cannot tell writers the relay is busy");
-                    }
+                    next = match wakeup.after_claim(pool, batch.events().len(), full).await {
+                        Ok(next) => next,
+                        Err(e) => {
+                            // Writers go on notifying: only a cost. Said again at the next change.
+                            tracing::warn!(error = %e, "cannot tell writers whether to notify");
+                            Next::Claim
+                        }
+                    };
                     let aggregates = batch.aggregates();
                     busy.extend(aggregates.iter().cloned());
                     // Its own task: it is produced and marked while this loop claims the next.
@@ -109,56 +123,61 @@ pub async fn run_active(
                         });
                         (aggregates, outcome)
                     });
-                    // Events that committed while earlier batches were out may be due: claim
-                    // again at once, and pause only when a claim finds nothing.
-                    continue;
-                }
-                Ok(_) if in_flight.is_empty() => {
-                    error_streak = 0;
-                    record_success(metrics);
-                    match wakeup.after_claim(pool, 0).await {
-                        Ok(Next::Claim) => {}
-                        Ok(Next::ClaimAfter(pause)) => {
-                            tokio::select! {
-                                _ = tokio::time::sleep(pause) => {}
-                                _ = shutdown.cancelled() => {}
-                                _ = lost.cancelled() => {}
-                            }
-                        }
-                        Ok(Next::Wait) => {
-                            tokio::select! {
-                                () = wakeup.wait(shutdown) => {}
-                                _ = lost.cancelled() => {}
-                            }
-                        }
-                        Err(e) => failed = Some(e.into()),
-                    }
-                    if failed.is_none() {
+                    if next == Next::Claim {
+                        // More may be due already: claim again at once.
                         continue;
                     }
                 }
-                Ok(_) => {}
-                Err(e) => failed = Some(e.into()),
-            }
-        }
-        if failed.is_none() {
-            let next = tokio::select! {
-                next = in_flight.next() => next,
-                _ = lost.cancelled() => continue,
-            };
-            if let Some((aggregates, outcome)) = next {
-                free(&mut busy, &aggregates);
-                match outcome {
-                    Ok(_) => {
+                Ok(_) => {
+                    if in_flight.is_empty() {
                         error_streak = 0;
                         record_success(metrics);
                     }
-                    Err(MarkError::LeaseLost(_)) => lease.give_up(),
-                    Err(e) => failed = Some(e),
+                    match wakeup.after_claim(pool, 0, false).await {
+                        Ok(n) => next = n,
+                        Err(e) => failed = Some(e.into()),
+                    }
                 }
+                Err(e) => failed = Some(e.into()),
+            }
+        } else if claim_now {
+            // No room for another batch: claim as soon as one ends.
+            next = Next::Claim;
+        }
+        if failed.is_none() {
+            // Wait for a batch out to end, or for the pause, the writers' wake-up or (at the
+            // limit of batches out) nothing else.
+            let pause = async {
+                match next {
+                    Next::Claim => std::future::pending::<()>().await,
+                    Next::ClaimAfter(pause) => tokio::time::sleep(pause).await,
+                    Next::Wait => wakeup.wait(shutdown).await,
+                }
+            };
+            tokio::select! {
+                done = in_flight.next(), if !in_flight.is_empty() => {
+                    if let Some((aggregates, outcome)) = done {
+                        free(&mut busy, &aggregates);
+                        match outcome {
+                            Ok(_) => {
+                                error_streak = 0;
+                                record_success(metrics);
+                            }
+                            Err(MarkError::LeaseLost(_)) => lease.give_up(),
+                            Err(e) => failed = Some(e),
+                        }
+                    }
+                    // Claim again when this batch's aggregates were left out of a claim, or
+                    // when the turn was waiting for room to claim.
+                    claim_now = left_out || next == Next::Claim;
+                }
+                () = pause => claim_now = true,
+                _ = shutdown.cancelled() => {}
+                _ = lost.cancelled() => {}
             }
         }
         if let Some(e) = failed {
+            claim_now = true;
             // Let the batches already out record their outcome before pausing.
             settle(&mut in_flight, &mut busy).await;
             error_streak = error_streak.saturating_add(1);

@@ -1,15 +1,17 @@
 //! How the active relay waits for new events without polling.
 //!
 //! Writers' inserts into the outbox NOTIFY `outbox_pending` (the outbox table's insert trigger)
-//! while the relay says it listens (`outbox_relay_wakeup`); the relay waits on `LISTEN` with a
-//! slow safety poll beside it. NOTIFY serialises the commits of the transactions that send it,
-//! so the relay listens only once it has found nothing for [`IDLE_BEFORE_LISTENING`] (polling
-//! meanwhile): under a steady load the gaps between events are shorter, and no writer notifies.
-//! Then it says it listens, claims once more a moment later (a writer that read the old word
-//! before it changed may commit just after), and waits; when it finds work two claims in a row
-//! it says it is busy, and writers stop notifying until it waits again. A wake-up missed in that
-//! change-over costs at most one safety poll.
+//! while the relay says it listens (`outbox_relay_wakeup`); the relay then waits on `LISTEN`,
+//! with a slow safety poll beside it, instead of claiming again. NOTIFY serialises the commits
+//! of the transactions that send it (PostgreSQL holds a database-wide lock from just before such
+//! a commit until after it), so the relay listens only while events come slowly: while the
+//! events it claimed over the last second stay under [`BUSY_RATE`] it says it listens, and above
+//! that it says it is busy and claims again at once (pausing a poll interval after a claim that
+//! found nothing), and no writer notifies. Just after it said it listens it claims once more a
+//! moment later (a writer that read the old word before it changed may commit just after); a
+//! wake-up missed in a change-over costs at most one safety poll.
 
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use outbox::OUTBOX_CHANNEL;
@@ -22,10 +24,13 @@ const SAY_SQL: &str = "INSERT INTO outbox_relay_wakeup (lock_key, listening, sin
                        VALUES ($1, $2, now())
                        ON CONFLICT (lock_key) DO UPDATE SET listening = $2, since = now()";
 
-/// How long the relay polls an empty queue before it waits on `LISTEN`: longer than the gaps
-/// between events under a load where notifying writers would queue behind one another's
-/// commits.
-pub const IDLE_BEFORE_LISTENING: Duration = Duration::from_millis(50);
+/// Events claimed per second (over the last [`RATE_WINDOW`]) from which the relay says it is
+/// busy: writers stop notifying, and it claims without waiting for them.
+pub const BUSY_RATE: usize = 200;
+/// Below this rate a busy relay listens again (between the two the word stays as it is).
+pub const QUIET_RATE: usize = 100;
+/// How far back the claimed events are counted.
+pub const RATE_WINDOW: Duration = Duration::from_secs(1);
 
 /// What the relay does after a claim, as far as waking it is concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,16 +43,16 @@ pub enum Next {
     Wait,
 }
 
-/// The active relay's wake-up: its `LISTEN` session, what it last told writers, and how many
-/// claims in a row found work.
+/// The active relay's wake-up: its `LISTEN` session, what it last told writers, and the
+/// events it claimed over the last [`RATE_WINDOW`].
 pub struct Wakeup {
     lock_key: i64,
     listener: Option<PgListener>,
     listening: Option<bool>,
-    busy_claims: u32,
-    /// When the claims started coming back empty.
-    idle_since: Option<Instant>,
-    /// The pause before the change-over's second claim, and the poll without `LISTEN`.
+    claimed: VecDeque<(Instant, usize)>,
+    claimed_sum: usize,
+    /// The pause after an empty claim while busy or polling, and before the change-over's
+    /// second claim.
     poll: Duration,
     /// The safety poll while waiting on `LISTEN`.
     safety_poll: Duration,
@@ -73,8 +78,8 @@ impl Wakeup {
             lock_key,
             listener,
             listening: None,
-            busy_claims: 0,
-            idle_since: None,
+            claimed: VecDeque::new(),
+            claimed_sum: 0,
             poll,
             safety_poll,
         };
@@ -85,33 +90,59 @@ impl Wakeup {
         Ok(wakeup)
     }
 
-    /// After a claim that found `found` events (with nothing else in flight when `found` is 0):
-    /// what to do next, telling writers first when that changes whether they should notify.
-    pub async fn after_claim(&mut self, pool: &PgPool, found: usize) -> Result<Next, sqlx::Error> {
+    /// After a claim that found `found` events (`full`: as many as a batch holds): what to do
+    /// next, telling writers first when that changes whether they should notify.
+    pub async fn after_claim(
+        &mut self,
+        pool: &PgPool,
+        found: usize,
+        full: bool,
+    ) -> Result<Next, sqlx::Error> {
+        let again = if found > 0 {
+            Next::Claim
+        } else {
+            Next::ClaimAfter(self.poll)
+        };
         if self.listener.is_none() {
-            return Ok(if found > 0 {
-                Next::Claim
-            } else {
-                Next::ClaimAfter(self.poll)
-            });
+            return Ok(again);
         }
-        if found > 0 {
-            self.idle_since = None;
-            self.busy_claims = self.busy_claims.saturating_add(1);
-            if self.busy_claims >= 2 && self.listening != Some(false) {
+        let rate = self.count(found);
+        let busy = match self.listening {
+            Some(false) => rate >= QUIET_RATE,
+            _ => rate >= BUSY_RATE,
+        };
+        if busy {
+            if self.listening != Some(false) {
                 self.say(pool, false).await?;
             }
+            return Ok(again);
+        }
+        if full {
+            // A backlog, coming in slowly: claim the rest at once.
             return Ok(Next::Claim);
         }
-        self.busy_claims = 0;
-        if self.listening == Some(true) {
-            return Ok(Next::Wait);
-        }
-        let idle_since = *self.idle_since.get_or_insert_with(Instant::now);
-        if idle_since.elapsed() >= IDLE_BEFORE_LISTENING {
+        if self.listening != Some(true) {
             self.say(pool, true).await?;
+            return Ok(Next::ClaimAfter(self.poll));
         }
-        Ok(Next::ClaimAfter(self.poll))
+        Ok(Next::Wait)
+    }
+
+    /// Adds a claim's events; the events claimed over the last [`RATE_WINDOW`].
+    fn count(&mut self, found: usize) -> usize {
+        let now = Instant::now();
+        if found > 0 {
+            self.claimed.push_back((now, found));
+            self.claimed_sum += found;
+        }
+        while let Some(&(at, n)) = self.claimed.front() {
+            if now.duration_since(at) < RATE_WINDOW {
+                break;
+            }
+            self.claimed_sum -= n;
+            let _ = self.claimed.pop_front();
+        }
+        self.claimed_sum
     }
 
     /// Waits for a notification, the safety poll, or `shutdown`; then drops the notifications

@@ -157,6 +157,52 @@ async fn a_busy_relay_tells_writers_not_to_notify_until_it_waits_again(pool: PgP
     relay.await.expect("relay task").expect("relay ran");
 }
 
+/// Events trickling in (40 a second, each its own transaction) are each published by about one
+/// claim: between them the relay waits for the writers' notifications instead of polling its
+/// queue every few milliseconds.
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn a_trickle_of_events_is_published_without_polling_between_them(pool: PgPool) {
+    let topic = topic().await;
+    let lock_key = i64::from(rand::random::<i32>());
+    let settings = RelaySettings {
+        kafka: kafka_args(&brokers()),
+        lock_key,
+        listen_poll_interval_ms: 60_000,
+        ..RelaySettings::default()
+    };
+    let (shutdown, relay) = start(&pool, settings);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while listening(&pool, lock_key).await != Some(true) {
+        assert!(Instant::now() < deadline, "the relay never said it waits");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // One scan of the queue a claim at least; the statistics lag by up to a second.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let before = claims(&pool).await;
+    let events = 80;
+    let started = Instant::now();
+    for n in 1..=events {
+        enqueue(&pool, &topic, &format!("order-t{}", n % 7), n).await;
+        tokio::time::sleep_until((started + Duration::from_millis(25) * n as u32).into()).await;
+    }
+    until_published(&pool, events, Duration::from_secs(5)).await;
+    assert_eq!(
+        listening(&pool, lock_key).await,
+        Some(true),
+        "40 events a second made the relay say it is busy"
+    );
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let scans = claims(&pool).await - before;
+    // Polling every 5 ms over the two seconds would scan the queue some 400 times.
+    assert!(
+        scans < events * 4,
+        "{scans} scans of the queue for {events} events trickling in over 2 s"
+    );
+    eprintln!("{scans} scans of the queue for {events} events");
+    shutdown.cancel();
+    relay.await.expect("relay task").expect("relay ran");
+}
+
 /// With `--listen false` the relay polls, and tells writers they need not notify.
 #[sqlx::test(migrator = "outbox::MIGRATOR")]
 async fn a_relay_that_does_not_listen_polls_and_asks_for_no_notification(pool: PgPool) {
