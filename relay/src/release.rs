@@ -5,7 +5,7 @@
 //! nothing; the release reads the head of the due-time index and stops at the first event not
 //! due yet.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use outbox::{Outbox, OUTBOX_CHANNEL};
 use sqlx::PgPool;
@@ -16,8 +16,18 @@ use crate::mark::MarkError;
 use crate::metrics::RelayMetrics;
 use crate::schedule::materialise_step;
 
+/// What a release did, and when the next schedule occurrence falls due.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Released {
+    /// Delayed events moved into the outbox.
+    pub events: u64,
+    /// How long until the earliest `next_fire_at` of an enabled recurring schedule, by the
+    /// database's clock (zero when one is due; `None`: no schedule).
+    pub next_fire_in: Option<Duration>,
+}
+
 /// Releases up to `limit` due delayed events into the outbox in one statement, oldest due first,
-/// and returns how many it released.
+/// and returns how many it released, with the time the next schedule occurrence falls due.
 ///
 /// Each event takes the next sequence number of its aggregate at this moment (the same row lock
 /// as `outbox::enqueue`, taken in aggregate order so that concurrent writers cannot deadlock),
@@ -26,7 +36,7 @@ use crate::schedule::materialise_step;
 /// outbox another way meanwhile is dropped as the duplicate it is. Fenced like the relay's
 /// other writes: nothing moves unless `fence`'s epoch still holds the lease
 /// ([`MarkError::LeaseLost`]). A listening relay is woken when something moved.
-pub async fn release_due(pool: &PgPool, fence: Fence, limit: i64) -> Result<u64, MarkError> {
+pub async fn release_due(pool: &PgPool, fence: Fence, limit: i64) -> Result<Released, MarkError> {
     // The planner takes the due rows for a handful (the statistics see them in the future) and
     // would join the statement's steps by nested loops, whose cost grows with the square of the
     // batch. Every index lookup the statement needs is written so that it is not a join, so
@@ -36,7 +46,7 @@ pub async fn release_due(pool: &PgPool, fence: Fence, limit: i64) -> Result<u64,
     let _ = sqlx::query("SET LOCAL enable_nestloop = off")
         .execute(&mut *tx)
         .await?;
-    let (held, released): (bool, i64) = sqlx::query_as(RELEASE_SQL)
+    let (held, released, next_fire_in): (bool, i64, Option<f64>) = sqlx::query_as(RELEASE_SQL)
         .persistent(false)
         .bind(limit)
         .bind(fence.key)
@@ -55,7 +65,10 @@ pub async fn release_due(pool: &PgPool, fence: Fence, limit: i64) -> Result<u64,
     if !held {
         return Err(MarkError::LeaseLost(fence.epoch));
     }
-    Ok(released as u64)
+    Ok(Released {
+        events: released as u64,
+        next_fire_in: next_fire_in.map(|s| Duration::from_secs_f64(s.clamp(0.0, 1e9))),
+    })
 }
 
 /// `$1` the most events to release, `$2`/`$3` the lease key and epoch.
@@ -99,11 +112,14 @@ const RELEASE_SQL: &str = "WITH lease AS (
          FROM fresh f JOIN counts c USING (aggregate_id) JOIN next USING (aggregate_id)
          ORDER BY f.publish_at, f.event_id
          RETURNING 1)
- SELECT EXISTS (SELECT 1 FROM lease), (SELECT count(*) FROM moved)";
+ SELECT EXISTS (SELECT 1 FROM lease), (SELECT count(*) FROM moved),
+        (SELECT EXTRACT(EPOCH FROM min(next_fire_at) - clock_timestamp())::float8
+         FROM outbox_schedule WHERE enabled)";
 
 /// While `lease` is held and until `stop`: every `every`, materialises the due occurrences of
-/// recurring schedules ([`materialise_step`]), then releases due delayed events, at once again
-/// while a release finds a full batch (`limit`).
+/// recurring schedules ([`materialise_step`]) when one is due (as the previous release saw the
+/// schedules), then releases due delayed events, at once again while a release finds a full
+/// batch (`limit`).
 pub async fn release_while_active(
     pool: PgPool,
     lease: Lease,
@@ -113,31 +129,44 @@ pub async fn release_while_active(
     stop: CancellationToken,
 ) {
     let lost = lease.lost().clone();
+    // When the next schedule occurrence falls due (`None`: no schedule), as the last release saw
+    // the schedules; unknown until the first.
+    let mut schedule_due: Option<Option<Instant>> = None;
     loop {
         if stop.is_cancelled() || !lease.is_live() {
             return;
         }
-        match materialise_step(&pool, &Outbox::default(), lease.fence()).await {
-            Ok(done) => {
-                for m in done {
-                    metrics
-                        .schedule_occurrences
-                        .with_label_values(&["fired"])
-                        .inc_by(m.fired.len() as u64);
-                    metrics
-                        .schedule_occurrences
-                        .with_label_values(&["skipped"])
-                        .inc_by(m.skipped as u64);
+        let materialise = match schedule_due {
+            None => true,
+            Some(due) => due.is_some_and(|at| at <= Instant::now()),
+        };
+        if materialise {
+            match materialise_step(&pool, &Outbox::default(), lease.fence()).await {
+                Ok(done) => {
+                    for m in done {
+                        metrics
+                            .schedule_occurrences
+                            .with_label_values(&["fired"])
+                            .inc_by(m.fired.len() as u64);
+                        metrics
+                            .schedule_occurrences
+                            .with_label_values(&["skipped"])
+                            .inc_by(m.skipped as u64);
+                    }
                 }
+                Err(MarkError::LeaseLost(epoch)) => {
+                    tracing::warn!(epoch, "materialising schedules refused: lease lost");
+                    return;
+                }
+                Err(e) => tracing::warn!(error = %e, "materialising schedules failed; retrying"),
             }
-            Err(MarkError::LeaseLost(epoch)) => {
-                tracing::warn!(epoch, "materialising schedules refused: lease lost");
-                return;
-            }
-            Err(e) => tracing::warn!(error = %e, "materialising schedules failed; retrying"),
         }
         let wait = match release_due(&pool, lease.fence(), limit).await {
-            Ok(n) => {
+            Ok(Released {
+                events: n,
+                next_fire_in,
+            }) => {
+                schedule_due = Some(next_fire_in.map(|d| Instant::now() + d));
                 metrics.delayed_released.inc_by(n);
                 if n as i64 >= limit {
                     Duration::ZERO

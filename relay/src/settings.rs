@@ -54,7 +54,7 @@ pub struct RelaySettings {
     /// a wake-up lost while the relay stopped listening).
     #[cfg_attr(
         feature = "cli",
-        arg(long, env = "RELAY_LISTEN_POLL_INTERVAL_MS", default_value_t = 250,
+        arg(long, env = "RELAY_LISTEN_POLL_INTERVAL_MS", default_value_t = 1000,
             value_parser = clap::value_parser!(u64).range(1..))
     )]
     pub listen_poll_interval_ms: u64,
@@ -69,11 +69,13 @@ pub struct RelaySettings {
     )]
     pub queue_vacuum_interval_ms: u64,
     /// How often the active relay releases delayed events that fell due into the outbox, in
-    /// milliseconds: a delayed event is published at most about this long after its time.
+    /// milliseconds: a delayed event is published at most about this long after its time (a
+    /// recurring schedule's occurrence at most about twice this long, the first after the
+    /// schedule was made or changed).
     #[cfg_attr(
         feature = "cli",
         arg(long = "release-interval-ms", env = "RELAY_RELEASE_INTERVAL_MS",
-            value_name = "RELEASE_INTERVAL_MS", default_value_t = 200,
+            value_name = "RELEASE_INTERVAL_MS", default_value_t = 1000,
             value_parser = clap::value_parser!(u64).range(1..))
     )]
     pub release_interval_ms: u64,
@@ -181,9 +183,9 @@ impl Default for RelaySettings {
             batch_size: 5000,
             pipeline_depth: 4,
             poll_interval_ms: 5,
-            listen_poll_interval_ms: 250,
+            listen_poll_interval_ms: 1000,
             queue_vacuum_interval_ms: 1000,
-            release_interval_ms: 200,
+            release_interval_ms: 1000,
             release_batch_size: 5000,
             listen: true,
             lock_key: DEFAULT_LOCK_KEY,

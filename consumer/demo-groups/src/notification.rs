@@ -235,8 +235,13 @@ impl HandlerTransaction for NotificationTransaction {
 /// How the dispatcher sends and retries.
 #[derive(Debug, Clone)]
 pub struct DispatchSettings {
-    /// Pause when nothing is due.
+    /// Pause after the first look that found nothing due; doubled after each further one, up
+    /// to `idle_wait_max`, and back to none once one finds work: a quiet group looks a few times
+    /// a second at first, then once every `idle_wait_max`.
     pub idle_wait: Duration,
+    /// Longest pause while nothing is due: how late a notification written after a quiet
+    /// spell may be sent.
+    pub idle_wait_max: Duration,
     /// Most notifications claimed at once.
     pub max_claimed: i64,
     /// How long a claim keeps a notification from other dispatchers while it is being sent: a
@@ -257,6 +262,7 @@ impl Default for DispatchSettings {
     fn default() -> Self {
         DispatchSettings {
             idle_wait: Duration::from_millis(50),
+            idle_wait_max: Duration::from_secs(1),
             max_claimed: 200,
             claim_for: Duration::from_secs(60),
             retry_base: Duration::from_secs(1),
@@ -314,11 +320,20 @@ pub async fn dispatch(
     shutdown: CancellationToken,
 ) {
     let limit = settings.sends_per_second.map(SendLimit::per_second);
+    let mut idle = Duration::ZERO;
     while !shutdown.is_cancelled() {
         let due = dispatch_due_limited(&pool, sender.as_ref(), &settings, limit.as_ref());
         let wait = match due.await {
-            Ok(0) => settings.idle_wait,
-            Ok(_) => Duration::ZERO,
+            Ok(0) => {
+                idle = (idle * 2)
+                    .max(settings.idle_wait)
+                    .min(settings.idle_wait_max.max(settings.idle_wait));
+                idle
+            }
+            Ok(_) => {
+                idle = Duration::ZERO;
+                Duration::ZERO
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "notification dispatch failed; retrying");
                 Duration::from_secs(1)

@@ -118,7 +118,8 @@ async fn a_delayed_event_goes_out_when_due_after_what_its_order_committed_before
     assert_eq!(
         release_due(&pool, lease.fence(), 100)
             .await
-            .expect("release"),
+            .expect("release")
+            .events,
         0
     );
     relay_batch(&pool, &producer, &lease, 100, &retry, &metrics)
@@ -139,7 +140,8 @@ async fn a_delayed_event_goes_out_when_due_after_what_its_order_committed_before
     loop {
         let released = release_due(&pool, lease.fence(), 100)
             .await
-            .expect("release");
+            .expect("release")
+            .events;
         if released > 0 {
             assert_eq!(released, 1);
             break;
@@ -248,7 +250,8 @@ async fn a_delayed_fact_is_recorded_once_and_a_cancelled_one_never_published(poo
     assert_eq!(
         release_due(&pool, lease.fence(), 100)
             .await
-            .expect("release"),
+            .expect("release")
+            .events,
         1,
         "only order-b's reminder, once"
     );
@@ -280,7 +283,8 @@ async fn only_the_lease_holder_releases(pool: PgPool) {
     assert_eq!(
         release_due(&pool, lease.fence(), 100)
             .await
-            .expect("release"),
+            .expect("release")
+            .events,
         1,
         "an event already due when written is released at once"
     );

@@ -131,7 +131,7 @@ async fn measure(delayed: i64, pool: &PgPool) -> anyhow::Result<DelayedResult> {
         .execute(pool)
         .await?;
         let started = Instant::now();
-        let moved = release_due(pool, lease.fence(), BATCH).await?;
+        let moved = release_due(pool, lease.fence(), BATCH).await?.events;
         full_ms.push(round1(started.elapsed().as_secs_f64() * 1000.0));
         anyhow::ensure!(
             moved == BATCH as u64,
