@@ -76,8 +76,17 @@ previous_time() {
 mapfile -t queue < <(while IFS=$'\t' read -r label dir exe; do
     printf '%s\t%s\t%s\t%s\n' "$(previous_time "$label")" "$label" "$dir" "$exe"
 done <<<"$binaries" | sort -t$'\t' -k1,1nr | cut -f2-)
-# The doctests, as one more job (rustdoc compiles each before it runs).
-queue+=("doctests"$'\t'"$REPO_ROOT"$'\t'"")
+# The doctests, as one more job (rustdoc compiles each before it runs), unless the arguments pick
+# test targets (`--test it`, `--lib`): cargo runs no doctests of a selection like that.
+doctests=1
+for arg in "${cargo_args[@]}"; do
+    case $arg in
+    --test | --test=* | --tests | --lib | --bin | --bin=* | --bins | --example | --example=* | --examples) doctests=0 ;;
+    esac
+done
+if ((doctests)); then
+    queue+=("doctests"$'\t'"$REPO_ROOT"$'\t'"")
+fi
 
 # run_one INDEX LABEL DIR EXE — one binary (or the doctests), its output in $OUT/INDEX.log, its
 # exit status and seconds in $OUT/INDEX.status.
