@@ -149,13 +149,13 @@ impl StatementProfile {
             .filter(|(client, _)| client.as_str() != "other")
             .map(|(client, c)| {
                 format!(
-                    "{client}: {:.2} statements (round trips), {:.2} commits, {:.2} plans per \
-                     event; {:.0} µs planning + {:.0} µs executing per event",
-                    per(c.calls as f64),
-                    per(c.commits as f64),
-                    per(c.plans as f64),
-                    per(c.plan_ms * 1000.0),
-                    per(c.exec_ms * 1000.0),
+                    "{client}: {} statements (round trips), {} commits, {} plans per event; \
+                     {} µs planning + {} µs executing per event",
+                    figure(per(c.calls as f64)),
+                    figure(per(c.commits as f64)),
+                    figure(per(c.plans as f64)),
+                    figure(per(c.plan_ms * 1000.0)),
+                    figure(per(c.exec_ms * 1000.0)),
                 )
             })
             .collect()
@@ -272,6 +272,15 @@ impl StatementProfiler {
     }
 }
 
+/// `v` with three significant digits (at most two decimals from 1 up): 12.1, 0.327, 0.00412.
+fn figure(v: f64) -> String {
+    if v == 0.0 || !v.is_finite() {
+        return "0".to_owned();
+    }
+    let digits = (2 - v.abs().log10().floor() as i32).clamp(0, 8) as usize;
+    format!("{v:.digits$}")
+}
+
 fn round3(v: f64) -> f64 {
     (v * 1000.0).round() / 1000.0
 }
@@ -327,6 +336,10 @@ mod tests {
             "postgres://bench_relay@127.0.0.1:5432/pt_bench?sslmode=disable"
         );
         assert_eq!(role_of("producer"), Some("bench_order_service"));
+        assert_eq!(figure(12.05), "12.1");
+        assert_eq!(figure(0.3271), "0.327");
+        assert_eq!(figure(0.004123), "0.00412");
+        assert_eq!(figure(1246.0), "1246");
         assert_eq!(role_of("bench"), None);
     }
 }
