@@ -73,10 +73,16 @@ fn start(
     (shutdown.clone(), tokio::spawn(relay.run(shutdown)))
 }
 
-/// A relay whose safety poll is a minute away publishes each event within a fraction of a
-/// second of its commit: only the insert's notification can have woken it.
-#[sqlx::test(migrator = "outbox::MIGRATOR")]
-async fn an_idle_relay_is_woken_by_each_insert_and_does_not_poll(pool: PgPool) {
+/// A relay on a topic of its own whose safety poll is a minute away, once it said it waits for
+/// the writers' notifications: its topic, lock key, shutdown and task.
+async fn start_waiting(
+    pool: &PgPool,
+) -> (
+    String,
+    i64,
+    CancellationToken,
+    JoinHandle<anyhow::Result<()>>,
+) {
     let topic = topic().await;
     let lock_key = i64::from(rand::random::<i32>());
     let settings = RelaySettings {
@@ -85,13 +91,21 @@ async fn an_idle_relay_is_woken_by_each_insert_and_does_not_poll(pool: PgPool) {
         listen_poll_interval_ms: 60_000,
         ..RelaySettings::default()
     };
-    let (shutdown, relay) = start(&pool, settings);
+    let (shutdown, relay) = start(pool, settings);
     // The relay is active and waiting once it has said it listens.
     let deadline = Instant::now() + Duration::from_secs(20);
-    while listening(&pool, lock_key).await != Some(true) {
+    while listening(pool, lock_key).await != Some(true) {
         assert!(Instant::now() < deadline, "the relay never said it waits");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    (topic, lock_key, shutdown, relay)
+}
+
+/// A relay whose safety poll is a minute away publishes each event within a fraction of a
+/// second of its commit: only the insert's notification can have woken it.
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn an_idle_relay_is_woken_by_each_insert_and_does_not_poll(pool: PgPool) {
+    let (topic, _, shutdown, relay) = start_waiting(&pool).await;
     let claims_before: i64 = claims(&pool).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let idle_claims = claims(&pool).await - claims_before;
@@ -162,20 +176,7 @@ async fn a_busy_relay_tells_writers_not_to_notify_until_it_waits_again(pool: PgP
 /// queue every few milliseconds.
 #[sqlx::test(migrator = "outbox::MIGRATOR")]
 async fn a_trickle_of_events_is_published_without_polling_between_them(pool: PgPool) {
-    let topic = topic().await;
-    let lock_key = i64::from(rand::random::<i32>());
-    let settings = RelaySettings {
-        kafka: kafka_args(&brokers()),
-        lock_key,
-        listen_poll_interval_ms: 60_000,
-        ..RelaySettings::default()
-    };
-    let (shutdown, relay) = start(&pool, settings);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while listening(&pool, lock_key).await != Some(true) {
-        assert!(Instant::now() < deadline, "the relay never said it waits");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let (topic, lock_key, shutdown, relay) = start_waiting(&pool).await;
     // One scan of the queue a claim at least; the statistics lag by up to a second.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let before = claims(&pool).await;
