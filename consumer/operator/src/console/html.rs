@@ -6,7 +6,7 @@ use axum::http::{header, HeaderValue};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use super::session::Session;
+use super::logged_in::Session;
 
 const CSS: &str = include_str!("static/console.css");
 const JS: &str = include_str!("static/console.js");

@@ -27,6 +27,7 @@ pub mod delayed;
 mod groups;
 mod html;
 mod letters;
+mod logged_in;
 mod outbox;
 mod overview;
 mod refusal;

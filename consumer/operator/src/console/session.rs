@@ -15,7 +15,8 @@ use rand::RngCore;
 use serde::Deserialize;
 
 use super::html::{esc, layout};
-use super::users::{constant_time_eq, Role};
+pub(super) use super::logged_in::Session;
+use super::users::Role;
 use super::Console;
 
 /// The cookie's name.
@@ -24,27 +25,6 @@ pub(super) const COOKIE: &str = "pipeline_console";
 const MAX_SESSIONS: usize = 10_000;
 /// How long a refused login waits before it answers.
 const REFUSAL_DELAY: Duration = Duration::from_millis(700);
-
-/// A logged-in user, as every handler behind the login sees it.
-#[derive(Clone)]
-pub(super) struct Session {
-    pub(super) user: String,
-    pub(super) role: Role,
-    pub(super) csrf: String,
-    expires: Instant,
-}
-
-impl Session {
-    /// Whether the user may act.
-    pub(super) fn may_act(&self) -> bool {
-        self.role == Role::Operator
-    }
-
-    /// Whether `token` is the CSRF token of this login.
-    pub(super) fn csrf_matches(&self, token: Option<&str>) -> bool {
-        token.is_some_and(|t| constant_time_eq(t.as_bytes(), self.csrf.as_bytes()))
-    }
-}
 
 /// The server's side of the sessions.
 pub(super) struct Sessions {
