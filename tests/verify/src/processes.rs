@@ -354,6 +354,20 @@ impl Supervisor {
         }
     }
 
+    /// Kills `labels` at once (SIGKILL), for processes whose state is thrown away next.
+    pub fn kill_together(&self, labels: &[String]) {
+        let stopping: Vec<Slot> = {
+            let mut processes = self.processes();
+            let (stopping, kept) = std::mem::take(&mut processes.slots)
+                .into_iter()
+                .partition(|s| labels.contains(&s.spec.label));
+            processes.slots = kept;
+            stopping
+        };
+        // Dropping a slot kills its process and reaps it.
+        drop(stopping);
+    }
+
     /// Unplanned exits per process label (only those with any).
     pub fn unplanned_exits(&self) -> BTreeMap<String, u32> {
         self.processes().unplanned_exits.clone()

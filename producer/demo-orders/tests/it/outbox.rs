@@ -583,3 +583,57 @@ fn the_outbox_takes_no_key_or_event_type_consumer_groups_would_dead_letter() {
         pipeline_core::envelope::MAX_EVENT_TYPE_BYTES
     );
 }
+
+/// (generic plans, custom plans) of the outbox's append statement after ten orders of one event
+/// each, appended as the order service does, on a session that plans with `settings`.
+async fn plans_of_ten_appends(pool: &PgPool, settings: &[(&str, &str)]) -> (i64, i64) {
+    let mut conn = pool.acquire().await.expect("connection");
+    for (setting, value) in settings {
+        sqlx::raw_sql(&format!("SET {setting} = {value}"))
+            .execute(&mut *conn)
+            .await
+            .expect("SET");
+    }
+    for i in 0..10 {
+        let mut tx = sqlx::Connection::begin(&mut *conn).await.expect("begin");
+        let order = format!("order-{i}-{settings:?}");
+        // With its payment reminder, as the order service places an order.
+        let reminder = (
+            event(&order, "order.payment_reminder", &order),
+            PublishAt::After(Duration::from_secs(600)),
+        );
+        enqueue_all_and_delay(
+            &mut tx,
+            &[event(&order, "order.placed", &order)],
+            &[reminder],
+            &[],
+        )
+        .await
+        .expect("append");
+        tx.commit().await.expect("commit");
+    }
+    sqlx::query_as(
+        "SELECT generic_plans, custom_plans FROM pg_prepared_statements
+         WHERE statement LIKE '%INSERT INTO outbox %' ORDER BY generic_plans + custom_plans DESC
+         LIMIT 1",
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .expect("pg_prepared_statements")
+}
+
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
+async fn a_key_lookup_session_plans_the_append_once_however_few_events_it_carries(pool: PgPool) {
+    // Without the planner's generic plans, a plan made with the one-element arrays in view looks
+    // cheaper than the generic one, which prices each array at ten elements, so the statement is
+    // planned again on every append.
+    let planner = pipeline_core::db::KEY_LOOKUP_PLANNER;
+    let without: Vec<(&str, &str)> = planner
+        .into_iter()
+        .filter(|(setting, _)| *setting != "plan_cache_mode")
+        .collect();
+    let (_, custom) = plans_of_ten_appends(&pool, &without).await;
+    assert_eq!(custom, 10);
+    let (generic, custom) = plans_of_ten_appends(&pool, &planner).await;
+    assert_eq!((generic, custom), (10, 0));
+}
