@@ -120,6 +120,31 @@ impl PgCluster {
         Ok(())
     }
 
+    /// Makes the server checkpoint at least every `every` (a PostgreSQL interval such as `30s`)
+    /// while the run lasts, and checkpoints once now: a crash then replays at most a minute or
+    /// so of the run's writes, not all of them since the last checkpoint of a server tuned for
+    /// few checkpoints (deploy/postgres/pipeline.conf's 15 minutes: at the run's rate, 30 s or
+    /// more of replay for the same fault). Returns the setting it had, for
+    /// [`PgCluster::restore_checkpoints`].
+    pub async fn checkpoint_every(&self, every: &str) -> anyhow::Result<String> {
+        let mut conn = PgConnection::connect(&self.server_url).await?;
+        let previous: String = sqlx::query_scalar("SELECT current_setting('checkpoint_timeout')")
+            .fetch_one(&mut conn)
+            .await?;
+        set_checkpoint_timeout(&mut conn, every).await?;
+        sqlx::raw_sql("CHECKPOINT").execute(&mut conn).await?;
+        let _ = conn.close().await;
+        Ok(previous)
+    }
+
+    /// Gives the server back the `checkpoint_timeout` [`PgCluster::checkpoint_every`] found.
+    pub async fn restore_checkpoints(&self, previous: &str) -> anyhow::Result<()> {
+        let mut conn = PgConnection::connect(&self.server_url).await?;
+        set_checkpoint_timeout(&mut conn, previous).await?;
+        let _ = conn.close().await;
+        Ok(())
+    }
+
     /// Starts the cluster again if this run left it stopped.
     pub async fn restore(&self) -> anyhow::Result<()> {
         if self.stopped_by_us.load(Ordering::SeqCst) {
@@ -128,6 +153,21 @@ impl PgCluster {
         }
         Ok(())
     }
+}
+
+/// `ALTER SYSTEM SET checkpoint_timeout`, then a reload. The value is a quoted literal.
+async fn set_checkpoint_timeout(conn: &mut PgConnection, value: &str) -> anyhow::Result<()> {
+    if !value.chars().all(|c| c.is_ascii_alphanumeric()) {
+        bail!("checkpoint_timeout {value:?} is not a PostgreSQL interval");
+    }
+    sqlx::raw_sql(&format!("ALTER SYSTEM SET checkpoint_timeout = '{value}'"))
+        .execute(&mut *conn)
+        .await
+        .context("ALTER SYSTEM SET checkpoint_timeout")?;
+    sqlx::query("SELECT pg_reload_conf()")
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
 }
 
 impl Drop for PgCluster {

@@ -19,6 +19,9 @@ use crate::report::Report;
 use crate::topology::Topology;
 use crate::{checks, drain, fault_plan, kafka_cluster};
 
+/// How often the server checkpoints during a run (see [`PgCluster::checkpoint_every`]).
+const RUN_CHECKPOINT_TIMEOUT: &str = "30s";
+
 /// Runs the whole verification and cleans up after it, whatever happens (Ctrl-C included):
 /// every process stopped, PostgreSQL running, the databases dropped unless `--keep`.
 pub async fn run(settings: &Settings) -> Report {
@@ -36,6 +39,15 @@ pub async fn run(settings: &Settings) -> Report {
         Err(e) => {
             report.errors.push(format!("{e:#}"));
             return report;
+        }
+    };
+    let checkpoints = match postgres.checkpoint_every(RUN_CHECKPOINT_TIMEOUT).await {
+        Ok(previous) => Some(previous),
+        Err(e) => {
+            report
+                .errors
+                .push(format!("setting the run's checkpoint_timeout: {e:#}"));
+            None
         }
     };
     report.work_dir = Some(env.work_dir.display().to_string());
@@ -105,6 +117,13 @@ pub async fn run(settings: &Settings) -> Report {
         report
             .errors
             .push(format!("PostgreSQL could not be started again: {e:#}"));
+    }
+    if let Some(previous) = checkpoints {
+        if let Err(e) = postgres.restore_checkpoints(&previous).await {
+            report
+                .errors
+                .push(format!("restoring checkpoint_timeout {previous}: {e:#}"));
+        }
     }
     if settings.keep {
         say(&format!("kept database {}", env.database));
