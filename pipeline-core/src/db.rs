@@ -118,23 +118,42 @@ impl std::fmt::Debug for DbArgs {
     }
 }
 
-/// A URL with its password replaced, fit for logs.
+/// A URL with its passwords replaced, fit for logs: the one in its user part and every query
+/// parameter whose name holds `password` (`?password=`, `sslpassword=`), whatever their case.
 pub fn redact_url(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
+    let (address, query) = match url.split_once('?') {
+        Some((address, query)) => (address, Some(query)),
+        None => (url, None),
+    };
+    let mut redacted = match (address.find("://"), address.rfind('@')) {
         (Some(scheme_end), Some(at)) if at > scheme_end => {
-            let userinfo = &url[scheme_end + 3..at];
+            let userinfo = &address[scheme_end + 3..at];
             match userinfo.find(':') {
                 Some(colon) => format!(
                     "{}{}:***{}",
-                    &url[..scheme_end + 3],
+                    &address[..scheme_end + 3],
                     &userinfo[..colon],
-                    &url[at..]
+                    &address[at..]
                 ),
-                None => url.to_owned(),
+                None => address.to_owned(),
             }
         }
-        _ => url.to_owned(),
+        _ => address.to_owned(),
+    };
+    if let Some(query) = query {
+        let parameters: Vec<String> = query
+            .split('&')
+            .map(|pair| match pair.split_once('=') {
+                Some((name, _)) if name.to_ascii_lowercase().contains("password") => {
+                    format!("{name}=***")
+                }
+                _ => pair.to_owned(),
+            })
+            .collect();
+        redacted.push('?');
+        redacted.push_str(&parameters.join("&"));
     }
+    redacted
 }
 
 impl DbArgs {
@@ -290,5 +309,13 @@ mod tests {
         );
         assert_eq!(redact_url("postgres://app@db/x"), "postgres://app@db/x");
         assert_eq!(redact_url("postgres:///x"), "postgres:///x");
+        assert_eq!(
+            redact_url("postgres://app@db/x?sslmode=disable&password=s3cret&PassWord=s3cret"),
+            "postgres://app@db/x?sslmode=disable&password=***&PassWord=***"
+        );
+        assert_eq!(
+            redact_url("postgres://app:a@b@db/x?sslpassword=s3cret&user=app"),
+            "postgres://app:***@db/x?sslpassword=***&user=app"
+        );
     }
 }

@@ -28,6 +28,7 @@ mod groups;
 mod html;
 mod letters;
 mod logged_in;
+mod login_guard;
 mod outbox;
 mod overview;
 mod refusal;
@@ -121,6 +122,7 @@ struct Inner {
     groups: Groups,
     users: Users,
     sessions: session::Sessions,
+    login_guard: login_guard::LoginGuard,
     settings: ConsoleSettings,
     overview: overview::Board,
 }
@@ -134,6 +136,7 @@ impl Console {
                 groups,
                 users,
                 sessions: session::Sessions::new(settings.session_ttl),
+                login_guard: login_guard::LoginGuard::default(),
                 settings,
                 overview: overview::Board::default(),
             }),
@@ -188,7 +191,11 @@ impl Console {
             let shutdown = shutdown.clone();
             async move { console.sample_until(shutdown).await }
         });
-        let served = axum::serve(listener, self.router())
+        // Each request knows its client's address: logins are throttled per address.
+        let app = self
+            .router()
+            .into_make_service_with_connect_info::<std::net::SocketAddr>();
+        let served = axum::serve(listener, app)
             .with_graceful_shutdown(shutdown.clone().cancelled_owned())
             .await
             .context("serving the console");

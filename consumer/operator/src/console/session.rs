@@ -4,18 +4,21 @@
 //! carries. Nothing but `/login` and `/static/` is served without one.
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use axum::extract::{Form, Query, Request, State};
+use axum::extract::{ConnectInfo, Form, Query, Request, State};
 use axum::http::{header, HeaderMap, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{Html, IntoResponse, Redirect, Response};
+use axum::Extension;
 use rand::RngCore;
 use serde::Deserialize;
 
 use super::html::{esc, layout};
 pub(super) use super::logged_in::Session;
+use super::login_guard::Refused;
 use super::users::Role;
 use super::Console;
 
@@ -23,6 +26,11 @@ use super::Console;
 pub(super) const COOKIE: &str = "pipeline_console";
 /// Sessions kept at most; the oldest go first beyond it.
 const MAX_SESSIONS: usize = 10_000;
+/// Sessions one user keeps at most; their oldest goes first beyond it, so one user's logins
+/// never push another user's sessions out.
+const MAX_SESSIONS_PER_USER: usize = 16;
+/// The most of a refused user name a log line shows.
+const LOGGED_NAME_CHARS: usize = 64;
 /// How long a refused login waits before it answers.
 const REFUSAL_DELAY: Duration = Duration::from_millis(700);
 
@@ -52,6 +60,20 @@ impl Sessions {
         let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
         let now = Instant::now();
         map.retain(|_, s| s.expires > now);
+        let theirs: Vec<(&String, Instant)> = map
+            .iter()
+            .filter(|(_, s)| s.user == user)
+            .map(|(k, s)| (k, s.expires))
+            .collect();
+        if theirs.len() >= MAX_SESSIONS_PER_USER {
+            if let Some(oldest) = theirs
+                .iter()
+                .min_by_key(|(_, e)| *e)
+                .map(|(k, _)| (*k).clone())
+            {
+                let _ = map.remove(&oldest);
+            }
+        }
         if map.len() >= MAX_SESSIONS {
             if let Some(oldest) = map
                 .iter()
@@ -174,25 +196,51 @@ pub(super) struct LoginForm {
     next: Option<String>,
 }
 
-/// Checks the user's password; opens a session, or refuses after a short delay.
-pub(super) async fn login(State(console): State<Console>, Form(form): Form<LoginForm>) -> Response {
+/// Checks the user's password; opens a session, or refuses after a short delay. Attempts are
+/// throttled per client address and per user name, and only a few passwords are checked at
+/// once ([`super::login_guard::LoginGuard`]): a login refused for either is a 429 with `Retry-After`.
+pub(super) async fn login(
+    State(console): State<Console>,
+    client: Option<Extension<ConnectInfo<SocketAddr>>>,
+    Form(form): Form<LoginForm>,
+) -> Response {
+    let known = console.inner.users.has(&form.user);
+    let client = client.map(|Extension(ConnectInfo(address))| address.ip());
+    let guard = &console.inner.login_guard;
+    let permit = match guard.attempt(client, known.then_some(form.user.as_str())) {
+        Ok(()) => guard.check_turn().await,
+        Err(refused) => Err(refused),
+    };
+    let permit = match permit {
+        Ok(permit) => permit,
+        Err(refused) => {
+            tracing::warn!(user = %logged_name(&form.user), known, client = ?client,
+                refused = ?refused, "console login not checked");
+            return too_many_logins(&form, &refused);
+        }
+    };
     let verified = {
         let console = console.clone();
         let (user, password) = (form.user.clone(), form.password);
-        tokio::task::spawn_blocking(move || console.inner.users.verify(&user, &password))
-            .await
-            .ok()
-            .flatten()
+        tokio::task::spawn_blocking(move || {
+            let verified = console.inner.users.verify(&user, &password);
+            drop(permit);
+            verified
+        })
+        .await
+        .ok()
+        .flatten()
     };
     let Some(role) = verified else {
-        tracing::warn!(user = %form.user, "console login refused");
+        tracing::warn!(user = %logged_name(&form.user), known, client = ?client,
+            "console login refused");
         tokio::time::sleep(REFUSAL_DELAY).await;
         let mut page =
             login_form(form.next.as_deref(), Some("Wrong user name or password.")).into_response();
         *page.status_mut() = StatusCode::UNAUTHORIZED;
         return page;
     };
-    tracing::info!(user = %form.user, role = role.as_str(), "console login");
+    tracing::info!(user = %logged_name(&form.user), role = role.as_str(), "console login");
     let id = console.inner.sessions.open(&form.user, role);
     let secure = if console.inner.settings.secure_cookie {
         "; Secure"
@@ -238,10 +286,55 @@ pub(super) async fn logout(
         .into_response()
 }
 
-/// A path on this console to go back to after logging in; anything else goes to `/`.
+/// The 429 of a login that was not checked, on the login form.
+fn too_many_logins(form: &LoginForm, refused: &Refused) -> Response {
+    let (message, wait) = match refused {
+        Refused::Busy => (
+            "Too many logins at once; try again in a moment.",
+            Duration::from_secs(1),
+        ),
+        Refused::Throttled(wait) => (
+            "Too many login attempts; wait a little before trying again.",
+            *wait,
+        ),
+    };
+    let mut page = login_form(form.next.as_deref(), Some(message)).into_response();
+    *page.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+    let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+    if let Ok(value) = header::HeaderValue::from_str(&seconds.max(1).to_string()) {
+        let _ = page.headers_mut().insert(header::RETRY_AFTER, value);
+    }
+    page
+}
+
+/// A user name as a log line may show it: control characters escaped, at most
+/// [`LOGGED_NAME_CHARS`] characters and the length of the rest, so a name cannot forge or flood
+/// log lines.
+fn logged_name(name: &str) -> String {
+    let mut shown: String = name
+        .chars()
+        .take(LOGGED_NAME_CHARS)
+        .flat_map(char::escape_debug)
+        .collect();
+    let rest = name.chars().count().saturating_sub(LOGGED_NAME_CHARS);
+    if rest > 0 {
+        shown.push_str(&format!("… ({rest} more characters)"));
+    }
+    shown
+}
+
+/// A path on this console to go back to after logging in; anything else goes to `/`. Only
+/// printable ASCII without spaces or backslashes, starting with one `/`: a browser drops tabs and
+/// newlines from a `Location`, so `/<TAB>/host` would otherwise lead to another site.
 fn safe_next(next: Option<&str>) -> &str {
     match next {
-        Some(n) if n.starts_with('/') && !n.starts_with("//") && !n.contains('\\') => n,
+        Some(n)
+            if n.starts_with('/')
+                && !n.starts_with("//")
+                && n.bytes().all(|b| b.is_ascii_graphic() && b != b'\\') =>
+        {
+            n
+        }
         _ => "/",
     }
 }
@@ -256,4 +349,60 @@ pub(super) fn url_encode(s: &str) -> String {
             _ => format!("%{b:02X}"),
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_users_logins_never_push_another_users_session_out() {
+        let sessions = Sessions::new(Duration::from_secs(3600));
+        let ada = sessions.open("ada", Role::Operator);
+        let vic: Vec<String> = (0..100)
+            .map(|_| sessions.open("vic", Role::Viewer))
+            .collect();
+        assert!(sessions.get(&ada).is_some(), "ada's session stays");
+        let kept = vic.iter().filter(|id| sessions.get(id).is_some()).count();
+        assert_eq!(kept, MAX_SESSIONS_PER_USER);
+        assert!(sessions.get(&vic[99]).is_some(), "the newest stays");
+        assert!(sessions.get(&vic[0]).is_none(), "the oldest went");
+    }
+
+    #[test]
+    fn only_this_consoles_own_paths_are_followed_after_login() {
+        for next in [
+            "//evil.example/",
+            "/\t/evil.example",
+            "/\n/evil.example",
+            "/\r\nSet-Cookie: a=b",
+            "/\\evil.example",
+            "/ /evil.example",
+            "https://evil.example/",
+            "evil.example",
+            "/\u{202e}moc.elpmaxe",
+        ] {
+            assert_eq!(safe_next(Some(next)), "/", "{next:?}");
+        }
+        for next in [
+            "/",
+            "/timeline?id=order-1&x=%09",
+            "/dead-letters?group=inventory",
+        ] {
+            assert_eq!(safe_next(Some(next)), next);
+        }
+    }
+
+    #[test]
+    fn a_logged_user_name_cannot_forge_or_flood_a_log_line() {
+        let shown = logged_name("ada\n2026-12-01T00:00:00Z INFO console login user=root\u{1b}[2K");
+        assert!(
+            !shown.contains('\n') && !shown.contains('\u{1b}'),
+            "{shown}"
+        );
+        let long = "x".repeat(1_500_000);
+        let shown = logged_name(&long);
+        assert!(shown.len() < 120, "{} bytes", shown.len());
+        assert!(shown.contains("1499936 more characters"), "{shown}");
+    }
 }

@@ -278,6 +278,93 @@ async fn a_wrong_password_is_refused_after_a_delay() {
     assert_eq!(reply.headers[header::LOCATION], "/");
 }
 
+#[test]
+fn an_unknown_user_name_costs_the_same_password_check_as_a_known_one() {
+    let users = users();
+    let fastest = |name: &str| {
+        (0..3)
+            .map(|_| {
+                let started = std::time::Instant::now();
+                assert_eq!(users.verify(name, "a wrong guess"), None);
+                started.elapsed()
+            })
+            .min()
+            .expect("three timings")
+    };
+    let (known, unknown) = (fastest("ada"), fastest("mallory"));
+    // Both run Argon2: a refusal's time does not tell which names exist.
+    assert!(unknown * 2 >= known, "known {known:?}, unknown {unknown:?}");
+}
+
+/// A login form from client `address`, as the served console sees it.
+fn login_from(address: &str, user: &str, password: &str) -> Request<Body> {
+    let mut request = post("/login", None, &[("user", user), ("password", password)]);
+    let address: std::net::SocketAddr = address.parse().expect("address");
+    let _ = request
+        .extensions_mut()
+        .insert(axum::extract::ConnectInfo(address));
+    request
+}
+
+#[tokio::test]
+async fn login_attempts_are_throttled_per_address_and_per_user_name() {
+    let router = offline();
+    // Guesses at one user's password from many addresses: a burst, then 429s that say when to
+    // come back, and never a session.
+    let guesses = futures::future::join_all((0..30).map(|i| {
+        let router = router.clone();
+        async move {
+            send(
+                &router,
+                login_from(&format!("198.51.100.{i}:4000"), "ada", "guess"),
+            )
+            .await
+        }
+    }))
+    .await;
+    let refused = guesses
+        .iter()
+        .filter(|r| r.status == StatusCode::UNAUTHORIZED)
+        .count();
+    let throttled: Vec<&Reply> = guesses
+        .iter()
+        .filter(|r| r.status == StatusCode::TOO_MANY_REQUESTS)
+        .collect();
+    assert_eq!((refused, throttled.len()), (10, 20));
+    for reply in &throttled {
+        assert!(reply.headers.get(header::SET_COOKIE).is_none());
+        let wait: u64 = reply.headers[header::RETRY_AFTER]
+            .to_str()
+            .expect("ascii")
+            .parse()
+            .expect("seconds");
+        assert!((1..=60).contains(&wait), "{wait}");
+        assert!(
+            reply.body.contains("Too many login attempts"),
+            "{}",
+            reply.body
+        );
+    }
+    // Guesses of many names from one address: the address is held back.
+    let names = futures::future::join_all((0..10).map(|i| {
+        let router = router.clone();
+        async move {
+            send(
+                &router,
+                login_from("192.0.2.7:4000", &format!("user{i}"), "x"),
+            )
+            .await
+        }
+    }))
+    .await;
+    assert!(names.iter().all(|r| r.status == StatusCode::UNAUTHORIZED));
+    let reply = send(&router, login_from("192.0.2.7:4000", "vic", VIEWER_TOKEN)).await;
+    assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
+    // Another user, from another address, logs in meanwhile.
+    let reply = send(&router, login_from("203.0.113.5:4000", "vic", VIEWER_TOKEN)).await;
+    assert_eq!(reply.status, StatusCode::SEE_OTHER, "{}", reply.body);
+}
+
 #[tokio::test]
 async fn posts_need_the_csrf_token_and_the_operator_role() {
     let router = offline();

@@ -151,10 +151,21 @@ impl Users {
         self.entries.is_empty()
     }
 
+    /// Whether some user is called `name`.
+    pub fn has(&self, name: &str) -> bool {
+        self.entries.contains_key(name)
+    }
+
     /// The role of `name` when `password` is theirs. CPU-bound (Argon2): call it off the
-    /// async workers.
+    /// async workers. A name no user has costs the same Argon2 check (against a hash of
+    /// nothing anyone knows), so the time of a refusal does not tell which names exist.
     pub fn verify(&self, name: &str, password: &str) -> Option<Role> {
-        let entry = self.entries.get(name)?;
+        let Some(entry) = self.entries.get(name) else {
+            if let Ok(hash) = PasswordHash::new(unknown_user_hash()) {
+                let _ = Argon2::default().verify_password(password.as_bytes(), &hash);
+            }
+            return None;
+        };
         let ok = match &entry.verifier {
             Verifier::Argon2(phc) => PasswordHash::new(phc)
                 .map(|hash| {
@@ -170,6 +181,18 @@ impl Users {
         };
         ok.then_some(entry.role)
     }
+}
+
+/// The hash an unknown user name's password is checked against: Argon2 with the default
+/// parameters (those of [`hash_password`]) of a random secret, made once.
+fn unknown_user_hash() -> &'static str {
+    static HASH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    HASH.get_or_init(|| {
+        let mut secret = [0u8; 32];
+        rand::RngCore::fill_bytes(&mut rand::rng(), &mut secret);
+        let secret: String = secret.iter().map(|b| format!("{b:02x}")).collect();
+        hash_password(&secret).unwrap_or_default()
+    })
 }
 
 /// The Argon2id PHC string of `password`, with a random salt, for the users file.

@@ -1,0 +1,124 @@
+//! Bounds on the work a login asks for, whoever sends it: a few password checks at once (an
+//! Argon2 check takes some 19 MiB and tens of milliseconds of a core, so a flood of them would
+//! take the console's memory and cores), and attempts throttled per client address and per user
+//! name (GCRA buckets, `governor`), so guessing is slow however many connections it uses.
+
+use std::net::IpAddr;
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::Duration;
+
+use governor::clock::{Clock, DefaultClock};
+use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// Password checks running at once.
+const CHECKS_AT_ONCE: usize = 2;
+/// How long a login waits for a check to finish before it is refused as busy.
+const CHECK_QUEUE_WAIT: Duration = Duration::from_secs(2);
+/// Attempts a client address, and a user name, may make in a burst; then one every
+/// [`ATTEMPT_EVERY`].
+const ATTEMPT_BURST: u32 = 10;
+/// How often an address or a user name gets another attempt once its burst is spent.
+const ATTEMPT_EVERY: Duration = Duration::from_secs(6);
+/// Addresses tracked at most; beyond it, stale ones are forgotten, and while they are all recent
+/// every login is refused as busy (the memory an attacker can make the console hold is bounded).
+const MAX_TRACKED: usize = 100_000;
+
+/// Why a login was not checked.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Refused {
+    /// Too many checks are running or waiting: try again in a moment.
+    Busy,
+    /// This address or user name tried too often: try again after this long.
+    Throttled(Duration),
+}
+
+/// The console's bounds on logins.
+pub(super) struct LoginGuard {
+    checks: Arc<Semaphore>,
+    per_client: DefaultKeyedRateLimiter<IpAddr>,
+    per_user: DefaultKeyedRateLimiter<String>,
+}
+
+impl Default for LoginGuard {
+    fn default() -> Self {
+        let quota = Quota::with_period(ATTEMPT_EVERY)
+            .expect("a positive period")
+            .allow_burst(NonZeroU32::new(ATTEMPT_BURST).expect("a positive burst"));
+        LoginGuard {
+            checks: Arc::new(Semaphore::new(CHECKS_AT_ONCE)),
+            per_client: RateLimiter::keyed(quota),
+            per_user: RateLimiter::keyed(quota),
+        }
+    }
+}
+
+impl LoginGuard {
+    /// Counts an attempt from `client` (when known) for `user` (only a name some user has: the
+    /// names tracked stay as few as the users), and refuses it when either tried too often.
+    pub(super) fn attempt(
+        &self,
+        client: Option<IpAddr>,
+        user: Option<&str>,
+    ) -> Result<(), Refused> {
+        if self.per_client.len() >= MAX_TRACKED {
+            self.per_client.retain_recent();
+            self.per_client.shrink_to_fit();
+            if self.per_client.len() >= MAX_TRACKED {
+                return Err(Refused::Busy);
+            }
+        }
+        let now = DefaultClock::default().now();
+        if let Some(client) = client {
+            self.per_client
+                .check_key(&client)
+                .map_err(|until| Refused::Throttled(until.wait_time_from(now)))?;
+        }
+        if let Some(user) = user {
+            self.per_user
+                .check_key(&user.to_owned())
+                .map_err(|until| Refused::Throttled(until.wait_time_from(now)))?;
+        }
+        Ok(())
+    }
+
+    /// A turn to check a password: waits up to [`CHECK_QUEUE_WAIT`] for one of the
+    /// [`CHECKS_AT_ONCE`] to finish.
+    pub(super) async fn check_turn(&self) -> Result<OwnedSemaphorePermit, Refused> {
+        match tokio::time::timeout(CHECK_QUEUE_WAIT, self.checks.clone().acquire_owned()).await {
+            Ok(Ok(permit)) => Ok(permit),
+            _ => Err(Refused::Busy),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_address_and_a_user_name_are_throttled_apart() {
+        let guard = LoginGuard::default();
+        let a: IpAddr = "192.0.2.1".parse().expect("address");
+        let b: IpAddr = "192.0.2.2".parse().expect("address");
+        for _ in 0..ATTEMPT_BURST {
+            assert_eq!(guard.attempt(Some(a), None), Ok(()));
+        }
+        let Err(Refused::Throttled(wait)) = guard.attempt(Some(a), None) else {
+            panic!("the burst is spent")
+        };
+        assert!(wait > Duration::ZERO && wait <= ATTEMPT_EVERY, "{wait:?}");
+        // Another address is not held back by the first one's attempts…
+        assert_eq!(guard.attempt(Some(b), Some("ada")), Ok(()));
+        // …but a user name is, whatever address its attempts come from.
+        for i in 1..ATTEMPT_BURST {
+            let client: IpAddr = format!("198.51.100.{i}").parse().expect("address");
+            assert_eq!(guard.attempt(Some(client), Some("ada")), Ok(()));
+        }
+        assert!(matches!(
+            guard.attempt(Some("203.0.113.9".parse().expect("address")), Some("ada")),
+            Err(Refused::Throttled(_))
+        ));
+    }
+}
