@@ -8,6 +8,7 @@
 pub mod crash_point;
 pub mod db;
 pub mod envelope;
+pub mod http_server;
 pub mod kafka;
 pub mod ops_http;
 pub mod overlap;

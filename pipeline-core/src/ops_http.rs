@@ -14,6 +14,8 @@ use axum::Router;
 use prometheus::{Encoder, Registry, TextEncoder};
 use tokio_util::sync::CancellationToken;
 
+use crate::http_server::ServerLimits;
+
 /// Answers whether the service can do its work now (database and broker reachable).
 pub type ReadinessCheck =
     Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> + Send + Sync>;
@@ -33,7 +35,8 @@ pub fn router(registry: Registry, ready: ReadinessCheck) -> Router {
         .with_state(OpsState { registry, ready })
 }
 
-/// Binds `addr` (port 0 picks a free port) and serves `router` until `shutdown`.
+/// Binds `addr` (port 0 picks a free port) and serves `router` until `shutdown`, within the
+/// default [`ServerLimits`].
 /// Returns the bound address.
 pub async fn serve(
     addr: SocketAddr,
@@ -45,12 +48,7 @@ pub async fn serve(
         .with_context(|| format!("binding {addr}"))?;
     let bound = listener.local_addr()?;
     tokio::spawn(async move {
-        let result = axum::serve(listener, router)
-            .with_graceful_shutdown(async move { shutdown.cancelled().await })
-            .await;
-        if let Err(e) = result {
-            tracing::error!(error = %e, "HTTP server failed");
-        }
+        crate::http_server::serve(listener, router, &ServerLimits::default(), shutdown).await;
     });
     Ok(bound)
 }

@@ -1,6 +1,5 @@
 //! `producer serve`: the order API and the operations endpoints on one listener.
 
-use std::future::IntoFuture;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -113,15 +112,14 @@ pub async fn serve(
     shutdown: CancellationToken,
     grace: Duration,
 ) -> anyhow::Result<()> {
-    let server = axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown.clone().cancelled_owned())
-        .into_future();
+    let limits = pipeline_core::http_server::ServerLimits::default();
+    let server = pipeline_core::http_server::serve(listener, app, &limits, shutdown.clone());
     let grace_over = async {
         shutdown.cancelled().await;
         tokio::time::sleep(grace).await;
     };
     tokio::select! {
-        result = server => result.context("HTTP server failed"),
+        () = server => Ok(()),
         () = grace_over => {
             tracing::warn!(?grace, "shutdown grace period over, dropping open connections");
             Ok(())

@@ -191,17 +191,13 @@ impl Console {
             let shutdown = shutdown.clone();
             async move { console.sample_until(shutdown).await }
         });
-        // Each request knows its client's address: logins are throttled per address.
-        let app = self
-            .router()
-            .into_make_service_with_connect_info::<std::net::SocketAddr>();
-        let served = axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown.clone().cancelled_owned())
-            .await
-            .context("serving the console");
+        // Each request knows its client's address (logins are throttled per address), within
+        // the default limits.
+        let limits = pipeline_core::http_server::ServerLimits::default();
+        pipeline_core::http_server::serve(listener, self.router(), &limits, shutdown.clone()).await;
         shutdown.cancel();
         let _ = sampler.await;
-        served
+        Ok(())
     }
 }
 

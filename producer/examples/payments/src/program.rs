@@ -121,12 +121,8 @@ async fn serve_metrics(
         .route("/metrics", get(metrics))
         .with_state(registry);
     tokio::spawn(async move {
-        let served = axum::serve(listener, app)
-            .with_graceful_shutdown(async move { shutdown.cancelled().await })
-            .await;
-        if let Err(e) = served {
-            tracing::error!(error = %e, "metrics endpoint failed");
-        }
+        let limits = pipeline_core::http_server::ServerLimits::default();
+        pipeline_core::http_server::serve(listener, app, &limits, shutdown).await;
     });
     Ok(bound)
 }
