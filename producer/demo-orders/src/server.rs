@@ -8,6 +8,7 @@ use anyhow::Context;
 use axum::Router;
 use demo_events::order_events::ORDER_EVENTS_TOPIC;
 use pipeline_core::db::{DbArgs, Planner};
+use pipeline_core::http_server::ServerLimits;
 use pipeline_core::ops_http;
 use pipeline_core::telemetry::LogArgs;
 use prometheus::Registry;
@@ -105,6 +106,17 @@ pub fn app_with_exports(
     Ok(api::router(state).merge(ops_http::router(registry, ready)))
 }
 
+/// The API's bounds: its clients are other services, often behind one load balancer's address,
+/// and the group commit takes thousands of requests at once, so there is no cap per address and
+/// the caps on connections and requests in flight are those of a busy service.
+const API_LIMITS: ServerLimits = ServerLimits {
+    header_read_timeout: Duration::from_secs(10),
+    request_timeout: Duration::from_secs(30),
+    max_connections: 8_192,
+    max_connections_per_client: 8_192,
+    max_requests_in_flight: 8_192,
+};
+
 /// Serves `app` on `listener` until `shutdown`, then gives in-flight requests up to `grace`.
 pub async fn serve(
     listener: TcpListener,
@@ -112,8 +124,7 @@ pub async fn serve(
     shutdown: CancellationToken,
     grace: Duration,
 ) -> anyhow::Result<()> {
-    let limits = pipeline_core::http_server::ServerLimits::default();
-    let server = pipeline_core::http_server::serve(listener, app, &limits, shutdown.clone());
+    let server = pipeline_core::http_server::serve(listener, app, &API_LIMITS, shutdown.clone());
     let grace_over = async {
         shutdown.cancelled().await;
         tokio::time::sleep(grace).await;
