@@ -17,6 +17,11 @@ const CSP: &str = "default-src 'self'; script-src 'self'; object-src 'none'; \
                    frame-ancestors 'none'; base-uri 'none'; form-action 'self'";
 
 /// `s` escaped for HTML text and attribute values.
+/// Unicode's bidirectional marks, embeddings, overrides and isolates.
+fn is_direction_mark(c: char) -> bool {
+    matches!(c, '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
 pub(super) fn esc(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
@@ -26,7 +31,9 @@ pub(super) fn esc(s: &str) -> String {
             '>' => out.push_str("&gt;"),
             '"' => out.push_str("&quot;"),
             '\'' => out.push_str("&#39;"),
-            c if c.is_control() && c != '\n' && c != '\t' => {
+            // Control characters, and the direction marks and overrides that would show an id
+            // other than the one stored (`\u{202e}`…), are shown as escapes.
+            c if (c.is_control() && c != '\n' && c != '\t') || is_direction_mark(c) => {
                 out.push_str(&format!("\\u{{{:x}}}", c as u32))
             }
             c => out.push(c),

@@ -366,6 +366,35 @@ async fn login_attempts_are_throttled_per_address_and_per_user_name() {
 }
 
 #[tokio::test]
+async fn no_answer_shows_the_database_password_wherever_the_url_carries_it() {
+    let router = console(
+        "postgres://nobody:hunter2-userinfo@127.0.0.1:9/none?sslmode=disable&connect_timeout=1\
+         &password=hunter2-query",
+    )
+    .router();
+    let (cookie, _) = login(&router, "vic", VIEWER_TOKEN).await;
+    // The pages that read the database answer once it has not answered for 10 s (the pool's
+    // wait), two at once: the pool's size.
+    let paths = ["/api/groups", "/dead-letters?group=no-such-group"];
+    let replies = futures::future::join_all(
+        paths
+            .iter()
+            .map(|path| send(&router, get(path, Some(&cookie)))),
+    )
+    .await;
+    for (path, reply) in paths.iter().zip(replies) {
+        assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE, "{path}");
+        assert!(!reply.body.contains("hunter2"), "{path}: {}", reply.body);
+    }
+}
+
+#[test]
+fn direction_overrides_are_shown_as_escapes() {
+    let shown = super::html::esc("order-\u{202e}1-redro\u{2066}");
+    assert_eq!(shown, "order-\\u{202e}1-redro\\u{2066}");
+}
+
+#[tokio::test]
 async fn posts_need_the_csrf_token_and_the_operator_role() {
     let router = offline();
     let (operator, csrf) = login(&router, "ada", OPERATOR_PASSWORD).await;
