@@ -630,7 +630,13 @@ async fn a_paced_runner_removes_a_backlog_no_faster_than_its_pace_and_a_run_by_h
         took >= std::time::Duration::from_millis(2_400),
         "3,000 rows went in {took:?}, faster than the pace"
     );
-    assert!(metrics.yielded.with_label_values(&["pace"]).get() >= 2.0);
+    // The pace shows as yields, unless the machine was slower than the pace itself (each step
+    // then took its share of the time or more, and there was nothing to wait for).
+    let yields = metrics.yielded.with_label_values(&["pace"]).get();
+    assert!(
+        yields >= 2.0 || took >= std::time::Duration::from_millis(3_500),
+        "{yields} yields in {took:?}"
+    );
 
     // A run by hand is not paced: the same backlog goes in one go.
     process_batch(&pool, &Ledger, &order_events("order-q", 3_000, 3_000))

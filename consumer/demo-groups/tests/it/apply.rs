@@ -422,8 +422,10 @@ impl demo_groups::notification::NotificationSender for FlakySender {
 
 fn dispatch_settings() -> demo_groups::notification::DispatchSettings {
     demo_groups::notification::DispatchSettings {
-        retry_base: std::time::Duration::from_millis(200),
-        retry_max: std::time::Duration::from_millis(400),
+        // Long enough that the test's next look comes before the first retry is due on a busy
+        // machine (equal jitter: at least half of it).
+        retry_base: std::time::Duration::from_millis(1_000),
+        retry_max: std::time::Duration::from_millis(1_000),
         ..Default::default()
     }
 }
@@ -492,8 +494,8 @@ async fn dispatch_records_each_outcome_backs_off_and_gives_up_after_ten_attempts
     let attempts = sender.attempts.lock().expect("attempts").clone();
     assert_eq!(attempts.len(), 10);
     for (n, pair) in attempts.windows(2).enumerate() {
-        // Equal jitter: at least half the nominal delay (200 ms, then 400 ms, capped).
-        let least = std::time::Duration::from_millis(if n == 0 { 100 } else { 200 });
+        // Equal jitter: at least half the nominal delay (1 s, capped).
+        let least = std::time::Duration::from_millis(500);
         assert!(
             pair[1] - pair[0] >= least,
             "attempt {} came {:?} after the one before",
