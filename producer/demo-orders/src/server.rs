@@ -1,5 +1,6 @@
 //! `producer serve`: the order API and the operations endpoints on one listener.
 
+use std::future::IntoFuture;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,7 +9,6 @@ use anyhow::Context;
 use axum::Router;
 use demo_events::order_events::ORDER_EVENTS_TOPIC;
 use pipeline_core::db::{DbArgs, Planner};
-use pipeline_core::http_server::ServerLimits;
 use pipeline_core::ops_http;
 use pipeline_core::telemetry::LogArgs;
 use prometheus::Registry;
@@ -106,17 +106,6 @@ pub fn app_with_exports(
     Ok(api::router(state).merge(ops_http::router(registry, ready)))
 }
 
-/// The API's bounds: its clients are other services, often behind one load balancer's address,
-/// and the group commit takes thousands of requests at once, so there is no cap per address and
-/// the caps on connections and requests in flight are those of a busy service.
-const API_LIMITS: ServerLimits = ServerLimits {
-    header_read_timeout: Duration::from_secs(10),
-    request_timeout: Duration::from_secs(30),
-    max_connections: 8_192,
-    max_connections_per_client: 8_192,
-    max_requests_in_flight: 8_192,
-};
-
 /// Serves `app` on `listener` until `shutdown`, then gives in-flight requests up to `grace`.
 pub async fn serve(
     listener: TcpListener,
@@ -124,13 +113,18 @@ pub async fn serve(
     shutdown: CancellationToken,
     grace: Duration,
 ) -> anyhow::Result<()> {
-    let server = pipeline_core::http_server::serve(listener, app, &API_LIMITS, shutdown.clone());
+    // axum's own server: `pipeline_core::http_server` measured slower on this path (the
+    // response p50 at 1,000 orders a second 47.6 and 74.4 ms against 31.1 and 35.0), so the
+    // API keeps it until that is understood; it has no header-read timeout or connection caps.
+    let server = axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown.clone().cancelled_owned())
+        .into_future();
     let grace_over = async {
         shutdown.cancelled().await;
         tokio::time::sleep(grace).await;
     };
     tokio::select! {
-        () = server => Ok(()),
+        result = server => result.context("HTTP server failed"),
         () = grace_over => {
             tracing::warn!(?grace, "shutdown grace period over, dropping open connections");
             Ok(())
