@@ -317,14 +317,7 @@ impl Supervisor {
     /// Stops `labels` for good at the same time: SIGTERM to each (woken first), then SIGKILL to
     /// those still running after `timeout`.
     pub async fn stop_together(&self, labels: &[String], timeout: Duration) {
-        let mut slots: Vec<Slot> = {
-            let mut processes = self.processes();
-            let (stopping, kept) = std::mem::take(&mut processes.slots)
-                .into_iter()
-                .partition(|s| labels.contains(&s.spec.label));
-            processes.slots = kept;
-            stopping
-        };
+        let mut slots = self.take(labels);
         for slot in &slots {
             if let Some(pid) = slot.pid() {
                 let _ = kill(pid, Signal::SIGCONT);
@@ -356,16 +349,18 @@ impl Supervisor {
 
     /// Kills `labels` at once (SIGKILL), for processes whose state is thrown away next.
     pub fn kill_together(&self, labels: &[String]) {
-        let stopping: Vec<Slot> = {
-            let mut processes = self.processes();
-            let (stopping, kept) = std::mem::take(&mut processes.slots)
-                .into_iter()
-                .partition(|s| labels.contains(&s.spec.label));
-            processes.slots = kept;
-            stopping
-        };
         // Dropping a slot kills its process and reaps it.
-        drop(stopping);
+        drop(self.take(labels));
+    }
+
+    /// Removes the slots of `labels` from supervision and returns them.
+    fn take(&self, labels: &[String]) -> Vec<Slot> {
+        let mut processes = self.processes();
+        let (taken, kept) = std::mem::take(&mut processes.slots)
+            .into_iter()
+            .partition(|s| labels.contains(&s.spec.label));
+        processes.slots = kept;
+        taken
     }
 
     /// Unplanned exits per process label (only those with any).
