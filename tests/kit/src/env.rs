@@ -11,7 +11,7 @@ use pipeline_core::kafka::KafkaArgs;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::db::{create_database, server_url};
+use crate::db::{create_database, drop_database, server_url};
 use crate::kafka::{brokers, committed_lag, kafka_args};
 use crate::service::{bin_dir, Service};
 use crate::wait::wait_until;
@@ -28,6 +28,8 @@ pub struct TestEnv {
     pub brokers: String,
     pub log_dir: PathBuf,
     pub pool: PgPool,
+    /// The database's name, dropped with the environment when the test passed.
+    database: String,
 }
 
 impl TestEnv {
@@ -35,7 +37,8 @@ impl TestEnv {
     pub async fn new(name: &str, partitions: i32) -> anyhow::Result<TestEnv> {
         let id = Uuid::new_v4().simple().to_string();
         let short = &id[..10];
-        let database_url = create_database(&server_url(), &format!("pt_{name}_{short}")).await?;
+        let database = format!("pt_{name}_{short}");
+        let database_url = create_database(&server_url(), &database).await?;
         let pool = PgPool::connect(&database_url).await?;
         demo_events::MIGRATOR.run(&pool).await?;
         let brokers = brokers();
@@ -54,6 +57,7 @@ impl TestEnv {
             brokers,
             log_dir,
             pool,
+            database,
         })
     }
 
@@ -331,5 +335,29 @@ impl TestEnv {
             Ok(Some(()))
         })
         .await
+    }
+}
+
+/// A passed test's database is dropped (its sessions ended), so that runs leave no databases
+/// behind for autovacuum to visit; a failed test's is kept for a look. The binaries the test
+/// started were stopped before (they were made after the environment, so they drop first).
+impl Drop for TestEnv {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            return;
+        }
+        let (server, name) = (server_url(), std::mem::take(&mut self.database));
+        // A runtime of its own on a thread of its own: the test's runtime may be a
+        // current-thread one, which cannot block on a future from within.
+        let dropped = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            runtime.block_on(drop_database(&server, &name))
+        })
+        .join();
+        if let Ok(Err(e)) = dropped {
+            eprintln!("dropping the test's database: {e:#}");
+        }
     }
 }

@@ -236,17 +236,19 @@ impl Settings {
                 10_000,
                 kinds,
                 1_000.0,
+                // Each wait as short as its fault allows: a fault outlasts the bound it tests
+                // by two seconds or more, and two nodes stay down past the outage's grace.
                 Timing {
-                    gap_ms: (1_000, 3_000),
+                    gap_ms: (500, 1_500),
                     down_ms: (500, 2_500),
-                    broker_down_ms: (2_000, 8_000),
+                    broker_down_ms: (2_000, 5_000),
                     broker_freeze_ms,
-                    below_min_isr_ms: (8_000, 12_000),
-                    freeze_ms: (SESSION_TIMEOUT_MS + 3_000, SESSION_TIMEOUT_MS + 5_000),
+                    below_min_isr_ms: (6_000, 9_000),
+                    freeze_ms: (SESSION_TIMEOUT_MS + 2_000, SESSION_TIMEOUT_MS + 4_000),
                     rebalance_dwell_ms: (500, 2_000),
                     outage_ms: (
-                        RELAY_TAKEOVER_BOUND_MS + 3_000,
-                        RELAY_TAKEOVER_BOUND_MS + 5_000,
+                        RELAY_TAKEOVER_BOUND_MS + 2_000,
+                        RELAY_TAKEOVER_BOUND_MS + 4_000,
                     ),
                 },
             ),

@@ -9,7 +9,7 @@ use outbox::{
     MAX_AGGREGATE_ID_BYTES, MAX_BUSINESS_KEY_BYTES, MAX_EVENT_TYPE_BYTES,
 };
 use serde_json::json;
-use sqlx::{PgPool, Postgres, Transaction};
+use sqlx::{Connection, PgPool, Postgres, Transaction};
 
 fn event(business_key: &str, event_type: &str, aggregate_id: &str) -> NewEvent {
     NewEvent {
@@ -585,17 +585,21 @@ fn the_outbox_takes_no_key_or_event_type_consumer_groups_would_dead_letter() {
 }
 
 /// (generic plans, custom plans) of the outbox's append statement after ten orders of one event
-/// each, appended as the order service does, on a session that plans with `settings`.
+/// each, appended as the order service does, on a new session that plans with `settings` (not
+/// one of the pool's: a session the pool handed out before holds the statement's earlier plans).
 async fn plans_of_ten_appends(pool: &PgPool, settings: &[(&str, &str)]) -> (i64, i64) {
-    let mut conn = pool.acquire().await.expect("connection");
+    let options = pool.connect_options();
+    let mut conn = sqlx::PgConnection::connect_with(&options)
+        .await
+        .expect("connection");
     for (setting, value) in settings {
         sqlx::raw_sql(&format!("SET {setting} = {value}"))
-            .execute(&mut *conn)
+            .execute(&mut conn)
             .await
             .expect("SET");
     }
     for i in 0..10 {
-        let mut tx = sqlx::Connection::begin(&mut *conn).await.expect("begin");
+        let mut tx = conn.begin().await.expect("begin");
         let order = format!("order-{i}-{settings:?}");
         // With its payment reminder, as the order service places an order.
         let reminder = (
@@ -617,7 +621,7 @@ async fn plans_of_ten_appends(pool: &PgPool, settings: &[(&str, &str)]) -> (i64,
          WHERE statement LIKE '%INSERT INTO outbox %' ORDER BY generic_plans + custom_plans DESC
          LIMIT 1",
     )
-    .fetch_one(&mut *conn)
+    .fetch_one(&mut conn)
     .await
     .expect("pg_prepared_statements")
 }
