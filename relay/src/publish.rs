@@ -7,8 +7,9 @@ use anyhow::Context;
 use futures::future::join_all;
 use pipeline_core::envelope::Envelope;
 use pipeline_core::kafka::KafkaArgs;
+use pipeline_core::producer::QuietProducer;
 use rdkafka::error::KafkaError;
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::producer::FutureRecord;
 use rdkafka::statistics::Statistics;
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::ClientContext;
@@ -39,7 +40,7 @@ impl ClientContext for RelayClientContext {
 }
 
 /// The relay's producer.
-pub type RelayProducer = FutureProducer<RelayClientContext>;
+pub type RelayProducer = QuietProducer<RelayClientContext>;
 
 /// Producer settings of the relay.
 #[derive(Debug, Clone)]
@@ -111,8 +112,7 @@ pub fn create_producer(
             config.set(k, v);
         }
     }
-    config
-        .create_with_context(RelayClientContext { metrics })
+    QuietProducer::create(&config, RelayClientContext { metrics })
         .context("creating Kafka producer")
 }
 

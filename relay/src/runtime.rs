@@ -8,7 +8,6 @@ use std::time::Duration;
 use anyhow::Context;
 use pipeline_core::retention::{Backlog, RetentionMetrics, Runner};
 use prometheus::Registry;
-use rdkafka::producer::Producer;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 

@@ -13,10 +13,12 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use futures::future::try_join_all;
 use pipeline_core::envelope::MAX_KEY_BYTES;
 use pipeline_core::kafka::KafkaArgs;
+use pipeline_core::producer::QuietProducer;
 use pipeline_core::record::{escape, without_nul};
+use rdkafka::client::DefaultClientContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::FutureRecord;
 use sqlx::PgConnection;
 
 use super::message::InboundMessage;
@@ -147,7 +149,7 @@ fn letter_order(letter: &DeadLetter) -> Option<&str> {
 
 /// Publishes dead letters to Kafka.
 pub struct DeadLetterSink {
-    producer: FutureProducer,
+    producer: QuietProducer<DefaultClientContext>,
     /// Topic name template; `{topic}` is replaced by the original topic.
     topic_template: String,
 }
@@ -163,7 +165,8 @@ impl DeadLetterSink {
             .set("message.timeout.ms", "30000")
             .set("linger.ms", "1");
         Ok(DeadLetterSink {
-            producer: config.create().context("creating dead-letter producer")?,
+            producer: QuietProducer::create(&config, DefaultClientContext)
+                .context("creating dead-letter producer")?,
             topic_template: topic_template.to_owned(),
         })
     }
@@ -253,7 +256,6 @@ impl DeadLetterSink {
             .send(record, Duration::from_secs(5))
             .await
             .map(|_| ())
-            .map_err(|(e, _)| e)
     }
 }
 
