@@ -14,6 +14,7 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 use crate::batch::{Batch, BatchOutcome};
+use crate::claim::ClaimSessions;
 use crate::lease::Lease;
 use crate::mark::MarkError;
 use crate::metrics::RelayMetrics;
@@ -35,6 +36,7 @@ pub async fn run_active(
     shutdown: &CancellationToken,
 ) -> anyhow::Result<()> {
     let retry = settings.retry_policy();
+    let claims = ClaimSessions::new(pool);
     let mut wakeup = Wakeup::start(
         pool,
         settings.lock_key,
@@ -85,7 +87,7 @@ pub async fn run_active(
             left_out = !exclude.is_empty();
             let claiming = Instant::now();
             let claimed = tokio::select! {
-                claimed = Batch::claim(pool, settings.batch_size, &exclude) => claimed,
+                claimed = Batch::claim(&claims, settings.batch_size, &exclude) => claimed,
                 _ = lost.cancelled() => continue,
             };
             backlog.took(claiming.elapsed());

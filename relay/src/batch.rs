@@ -10,7 +10,7 @@ use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 
 use crate::backoff::RetryPolicy;
-use crate::claim::{claim_batch_excluding, OutboxEvent};
+use crate::claim::{claim_batch_excluding, ClaimSessions, OutboxEvent};
 use crate::lease::Lease;
 use crate::mark::{mark_published, record_failures, FailedAttempt, MarkError};
 use crate::metrics::RelayMetrics;
@@ -36,9 +36,13 @@ pub struct Batch {
 impl Batch {
     /// Claims up to `limit` due events, none of an aggregate in `busy` (those with a batch still
     /// on its way to Kafka): see [`claim_batch_excluding`].
-    pub async fn claim(pool: &PgPool, limit: i64, busy: &[&str]) -> Result<Batch, sqlx::Error> {
+    pub async fn claim(
+        sessions: &ClaimSessions,
+        limit: i64,
+        busy: &[&str],
+    ) -> Result<Batch, sqlx::Error> {
         let claimed_from = Instant::now();
-        let events = claim_batch_excluding(pool, limit, busy).await?;
+        let events = claim_batch_excluding(sessions, limit, busy).await?;
         Ok(Batch {
             events,
             claimed_from,

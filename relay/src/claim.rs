@@ -2,8 +2,41 @@
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
+use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 use uuid::Uuid;
+
+/// The sessions claims run on: the relay's database with every statement planned with its
+/// values (`plan_cache_mode = force_custom_plan`), one session.
+///
+/// A cached generic plan of the claim, made while the queue table was small, turns its
+/// anti-join into a scan per row once the table has grown; with its values known to the
+/// planner, `<> ALL` of a long list is a hash lookup. So the claim is planned on every
+/// execution, but it is prepared once per session: one round trip a claim instead of two
+/// (parse and describe, then execute), which a claim sent unprepared needs.
+#[derive(Debug, Clone)]
+pub struct ClaimSessions {
+    pool: PgPool,
+}
+
+impl ClaimSessions {
+    /// Sessions like `pool`'s (same server, credentials and settings), opened when first used.
+    pub fn new(pool: &PgPool) -> ClaimSessions {
+        let options = (*pool.connect_options())
+            .clone()
+            .options([("plan_cache_mode", "force_custom_plan")]);
+        let pool = PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(pool.options().get_acquire_timeout())
+            .connect_lazy_with(options);
+        ClaimSessions { pool }
+    }
+
+    /// The sessions' pool (one session), for a look at what runs on it.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+}
 
 /// One outbox row on its way to Kafka.
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -49,26 +82,26 @@ impl OutboxEvent {
 /// sequence, because the sequence row lock makes their inserts happen one after the other. Only a
 /// row that already failed an attempt can be failed or waiting for a retry, so the check reads a
 /// partial index of such rows.
-pub async fn claim_batch(pool: &PgPool, limit: i64) -> Result<Vec<OutboxEvent>, sqlx::Error> {
-    claim_batch_excluding(pool, limit, &[]).await
+pub async fn claim_batch(
+    sessions: &ClaimSessions,
+    limit: i64,
+) -> Result<Vec<OutboxEvent>, sqlx::Error> {
+    claim_batch_excluding(sessions, limit, &[]).await
 }
 
 /// [`claim_batch`], leaving out every event of the aggregates in `busy`: those with a batch
 /// still on its way to Kafka. A later event of such an aggregate waits until that batch's outcome
 /// is recorded, so it can never overtake an earlier event that ends up failing.
 pub async fn claim_batch_excluding(
-    pool: &PgPool,
+    sessions: &ClaimSessions,
     limit: i64,
     busy: &[&str],
 ) -> Result<Vec<OutboxEvent>, sqlx::Error> {
-    // Planned on every execution: a cached generic plan, made while the table was small, turns
-    // the anti-join into a scan per row once the table has grown. With the values known to the
-    // planner, `<> ALL` of a long list is a hash lookup.
+    // Planned on every execution (see [`ClaimSessions`]), prepared once.
     sqlx::query_as::<_, OutboxEvent>(CLAIM_SQL)
-        .persistent(false)
         .bind(limit)
         .bind(busy)
-        .fetch_all(pool)
+        .fetch_all(&sessions.pool)
         .await
 }
 

@@ -5,7 +5,7 @@ use crate::common;
 
 use std::time::Duration;
 
-use relay::claim::{claim_batch, claim_batch_excluding};
+use relay::claim::{claim_batch, claim_batch_excluding, ClaimSessions};
 use relay::mark::{mark_published, record_failures, FailedAttempt, Published};
 use sqlx::PgPool;
 
@@ -50,7 +50,9 @@ async fn an_event_committed_late_is_claimed_not_skipped(pool: PgPool) {
     let early = append(&pool, "order-b", "order.placed").await;
     assert!(late < early);
 
-    let first = claim_batch(&pool, 100).await.expect("claim");
+    let first = claim_batch(&ClaimSessions::new(&pool), 100)
+        .await
+        .expect("claim");
     assert_eq!(ids(&first), vec![early], "only committed rows are visible");
     mark_published(
         &pool,
@@ -65,7 +67,9 @@ async fn an_event_committed_late_is_claimed_not_skipped(pool: PgPool) {
     .expect("mark");
 
     slow.commit().await.expect("commit");
-    let second = claim_batch(&pool, 100).await.expect("claim");
+    let second = claim_batch(&ClaimSessions::new(&pool), 100)
+        .await
+        .expect("claim");
     assert_eq!(
         ids(&second),
         vec![late],
@@ -79,7 +83,9 @@ async fn an_order_waits_behind_its_failed_or_retrying_event_while_others_flow(po
     let a1 = append(&pool, "order-a", "order.placed").await;
     let a2 = append(&pool, "order-a", "order.paid").await;
     let b1 = append(&pool, "order-b", "order.placed").await;
-    let claimed = claim_batch(&pool, 100).await.expect("claim");
+    let claimed = claim_batch(&ClaimSessions::new(&pool), 100)
+        .await
+        .expect("claim");
     assert_eq!(
         ids(&claimed),
         vec![a1, a2, b1],
@@ -99,7 +105,9 @@ async fn an_order_waits_behind_its_failed_or_retrying_event_while_others_flow(po
     )
     .await
     .expect("failure");
-    let claimed = claim_batch(&pool, 100).await.expect("claim");
+    let claimed = claim_batch(&ClaimSessions::new(&pool), 100)
+        .await
+        .expect("claim");
     assert_eq!(ids(&claimed), vec![b1]);
 
     let (attempts, state, error, later): (i32, String, Option<String>, bool) = sqlx::query_as(
@@ -134,7 +142,9 @@ async fn an_order_waits_behind_its_failed_or_retrying_event_while_others_flow(po
         .await
         .expect("state");
     assert_eq!(state, "failed");
-    let claimed = claim_batch(&pool, 100).await.expect("claim");
+    let claimed = claim_batch(&ClaimSessions::new(&pool), 100)
+        .await
+        .expect("claim");
     assert_eq!(ids(&claimed), vec![b1]);
 }
 
@@ -173,7 +183,10 @@ async fn marking_records_partition_and_offset_once(pool: PgPool) {
             .await
             .expect("row");
     assert_eq!((p, o), (3, 42));
-    assert!(claim_batch(&pool, 10).await.expect("claim").is_empty());
+    assert!(claim_batch(&ClaimSessions::new(&pool), 10)
+        .await
+        .expect("claim")
+        .is_empty());
 }
 
 #[sqlx::test(migrator = "outbox::MIGRATOR")]
@@ -236,7 +249,9 @@ async fn claim_plan_and_time(pool: &PgPool, published: i64, pending: i64) {
         "claim must not scan the outbox:\n{plan}"
     );
     let started = std::time::Instant::now();
-    let claimed = claim_batch(pool, 2000).await.expect("claim");
+    let claimed = claim_batch(&ClaimSessions::new(pool), 2000)
+        .await
+        .expect("claim");
     assert_eq!(claimed.len() as i64, pending.min(2000));
     println!(
         "claim of {} from {published} published + {pending} pending rows took {:?}\n{plan}",
@@ -262,7 +277,10 @@ async fn any_writer_s_insert_joins_the_queue_in_its_own_transaction(pool: PgPool
         .expect("insert");
     rolled_back.rollback().await.expect("rollback");
     assert!(
-        claim_batch(&pool, 100).await.expect("claim").is_empty(),
+        claim_batch(&ClaimSessions::new(&pool), 100)
+            .await
+            .expect("claim")
+            .is_empty(),
         "a rolled-back insert queues nothing"
     );
 
@@ -277,7 +295,9 @@ async fn any_writer_s_insert_joins_the_queue_in_its_own_transaction(pool: PgPool
         .await
         .expect("insert with duplicates");
     assert_eq!(again.rows_affected(), 1, "three duplicates skipped");
-    let claimed = claim_batch(&pool, 100).await.expect("claim");
+    let claimed = claim_batch(&ClaimSessions::new(&pool), 100)
+        .await
+        .expect("claim");
     let keys: Vec<&str> = claimed.iter().map(|e| e.aggregate_id.as_str()).collect();
     assert_eq!(
         keys,
@@ -299,7 +319,7 @@ async fn an_aggregate_with_a_batch_in_flight_is_left_out_until_it_settles(pool: 
     let a1 = append(&pool, "order-a", "order.placed").await;
     let b1 = append(&pool, "order-b", "order.placed").await;
     let a2 = append(&pool, "order-a", "order.paid").await;
-    let next = claim_batch_excluding(&pool, 100, &["order-a"])
+    let next = claim_batch_excluding(&ClaimSessions::new(&pool), 100, &["order-a"])
         .await
         .expect("claim");
     assert_eq!(
@@ -321,6 +341,35 @@ async fn an_aggregate_with_a_batch_in_flight_is_left_out_until_it_settles(pool: 
     )
     .await
     .expect("record failure");
-    let after = claim_batch_excluding(&pool, 100, &[]).await.expect("claim");
+    let after = claim_batch_excluding(&ClaimSessions::new(&pool), 100, &[])
+        .await
+        .expect("claim");
     assert_eq!(ids(&after), vec![b1], "a2 is held behind a1's retry: {a2}");
+}
+
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn claims_are_prepared_once_and_planned_with_their_values_every_time(pool: PgPool) {
+    append(&pool, "order-a", "order.placed").await;
+    let claims = ClaimSessions::new(&pool);
+    // Past the five executions after which PostgreSQL would otherwise settle on a generic plan.
+    for _ in 0..10 {
+        assert_eq!(claim_batch(&claims, 100).await.expect("claim").len(), 1);
+    }
+    let mode: String = sqlx::query_scalar("SHOW plan_cache_mode")
+        .fetch_one(claims.pool())
+        .await
+        .expect("SHOW");
+    assert_eq!(mode, "force_custom_plan");
+    let prepared: Vec<(i64, i64)> = sqlx::query_as(
+        "SELECT generic_plans, custom_plans FROM pg_prepared_statements
+         WHERE statement LIKE 'WITH q AS MATERIALIZED%'",
+    )
+    .fetch_all(claims.pool())
+    .await
+    .expect("pg_prepared_statements");
+    assert_eq!(
+        prepared,
+        vec![(0, 10)],
+        "one statement, planned on each of its ten runs"
+    );
 }

@@ -5,7 +5,7 @@
 
 use crate::common;
 
-use relay::claim::claim_batch;
+use relay::claim::{claim_batch, ClaimSessions};
 use relay::mark::{mark_published, Published};
 use relay::vacuum::{vacuum_once, SHRINK_ABOVE_PAGES};
 use sqlx::PgPool;
@@ -41,7 +41,9 @@ async fn queue_pages(pool: &PgPool) -> i64 {
 /// Claims and marks published every pending event, as the relay does.
 async fn publish_all(pool: &PgPool, lease: &relay::lease::Lease) {
     loop {
-        let claimed = claim_batch(pool, 5000).await.expect("claim");
+        let claimed = claim_batch(&ClaimSessions::new(pool), 5000)
+            .await
+            .expect("claim");
         if claimed.is_empty() {
             return;
         }
@@ -95,5 +97,11 @@ async fn vacuum_frees_the_rows_of_published_events_and_shrinks_only_a_grown_tabl
 
     // The queue goes on working: a new event is claimed.
     enqueue_orders(&pool, "later", 1).await;
-    assert_eq!(claim_batch(&pool, 10).await.expect("claim").len(), 1);
+    assert_eq!(
+        claim_batch(&ClaimSessions::new(&pool), 10)
+            .await
+            .expect("claim")
+            .len(),
+        1
+    );
 }

@@ -7,7 +7,7 @@ use crate::common;
 use std::time::Duration;
 
 use common::{enqueue, pipeline};
-use relay::claim::claim_batch;
+use relay::claim::{claim_batch, ClaimSessions};
 use relay::lease::{Elector, LeaseSettings};
 use relay::mark::{record_failures, FailedAttempt};
 use sqlx::PgPool;
@@ -50,7 +50,7 @@ async fn a_requeued_event_is_published_before_its_orders_held_events(pool: PgPoo
     fail_for_good(&pool, first, "Broker: Message size too large").await;
 
     // Held: the failed event's order waits; other orders flow.
-    let claimed: Vec<i64> = claim_batch(&pool, 100)
+    let claimed: Vec<i64> = claim_batch(&ClaimSessions::new(&pool), 100)
         .await
         .expect("claim")
         .iter()
@@ -80,7 +80,7 @@ async fn a_requeued_event_is_published_before_its_orders_held_events(pool: PgPoo
     assert_eq!(requeued[0]["event_id"], first_event.to_string());
 
     // Resumed in order: the requeued event first, then the events it held.
-    let claimed: Vec<i64> = claim_batch(&pool, 100)
+    let claimed: Vec<i64> = claim_batch(&ClaimSessions::new(&pool), 100)
         .await
         .expect("claim")
         .iter()

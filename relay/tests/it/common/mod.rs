@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use relay::backoff::RetryPolicy;
 use relay::batch::{Batch, BatchOutcome};
+use relay::claim::ClaimSessions;
 use relay::lease::{Elector, Lease, LeaseSettings};
 use relay::mark::MarkError;
 use relay::metrics::RelayMetrics;
@@ -51,7 +52,7 @@ pub(crate) async fn relay_batch(
     retry: &RetryPolicy,
     metrics: &RelayMetrics,
 ) -> Result<BatchOutcome, MarkError> {
-    Batch::claim(pool, batch_size, &[])
+    Batch::claim(&ClaimSessions::new(pool), batch_size, &[])
         .await?
         .publish(pool, producer, lease, retry, metrics)
         .await
