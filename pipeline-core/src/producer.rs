@@ -226,6 +226,16 @@ mod tests {
             .unwrap_or(0)
     }
 
+    /// Waits up to five polling rounds for [`polling_threads`] to be `count` (a new thread takes
+    /// its name once it runs), and returns what it is then.
+    fn polling_threads_become(count: usize) -> usize {
+        let deadline = std::time::Instant::now() + 5 * POLL_ROUND;
+        while polling_threads() != count && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        polling_threads()
+    }
+
     #[test]
     fn the_polling_thread_lives_as_long_as_a_clone_of_its_producer() {
         // No broker is needed: the client connects in the background and never succeeds.
@@ -233,17 +243,13 @@ mod tests {
         let _ = config.set("bootstrap.servers", "127.0.0.1:1");
         let producer = QuietProducer::create(&config, DefaultClientContext).expect("producer");
         let clone = producer.clone();
-        assert_eq!(polling_threads(), 1);
+        assert_eq!(polling_threads_become(1), 1);
         drop(producer);
         std::thread::sleep(POLL_ROUND + Duration::from_millis(300));
         assert_eq!(polling_threads(), 1, "a clone still holds the producer");
         drop(clone);
-        let deadline = std::time::Instant::now() + 5 * POLL_ROUND;
-        while polling_threads() > 0 && std::time::Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(50));
-        }
         assert_eq!(
-            polling_threads(),
+            polling_threads_become(0),
             0,
             "the last clone's drop ends the thread"
         );
