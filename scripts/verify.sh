@@ -8,7 +8,7 @@
 # then checks that every acknowledged event was applied exactly once and in order by each
 # consumer group, that every event marked published is in the topic, and writes a JSON report.
 # Exits non-zero unless the checks passed. --short (the default; the test suite runs it) injects
-# one fault of each kind and takes about ten minutes, --long several of each and about half an
+# one fault of each kind and takes about four minutes, --long several of each and about half an
 # hour. `target/release/verify --help` lists every flag.
 #
 # The cluster: three nodes in KRaft combined mode (each a broker and a controller voter;
