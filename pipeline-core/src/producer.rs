@@ -199,11 +199,6 @@ impl<C: ClientContext + 'static> QuietProducer<C> {
     pub fn flush(&self, timeout: Duration) -> KafkaResult<()> {
         self.producer.flush(timeout)
     }
-
-    /// Messages queued or in flight, their reports not yet served.
-    pub fn in_flight_count(&self) -> i32 {
-        self.producer.in_flight_count()
-    }
 }
 
 #[cfg(test)]
