@@ -26,6 +26,17 @@ pub struct BenchArgs {
     /// Keep the databases, topics and logs the benchmark created.
     #[arg(long, env = "BENCH_KEEP")]
     pub keep: bool,
+    /// Where the CPU profiles of the idle phase and each latency rate go (`perf` recordings and
+    /// one flat profile per process).
+    #[arg(
+        long,
+        env = "BENCH_CPU_PROFILES",
+        default_value = ".run/bench-profiles"
+    )]
+    pub cpu_profiles: PathBuf,
+    /// Take no CPU profiles.
+    #[arg(long, env = "BENCH_NO_CPU_PROFILES")]
+    pub no_cpu_profiles: bool,
     /// Phases to run, comma separated.
     #[arg(
         long,
@@ -176,6 +187,8 @@ pub struct Settings {
     pub out: PathBuf,
     pub quick: bool,
     pub keep: bool,
+    /// Where CPU profiles go; `None`: none taken.
+    pub cpu_profiles: Option<PathBuf>,
     pub phases: Vec<Phase>,
     pub bin_dir: PathBuf,
     pub partitions: i32,
@@ -249,6 +262,7 @@ impl Settings {
             out: args.out,
             quick,
             keep: args.keep,
+            cpu_profiles: (!args.no_cpu_profiles).then_some(args.cpu_profiles),
             phases: args.phases,
             bin_dir,
             partitions: args.partitions,

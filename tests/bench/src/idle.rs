@@ -1,11 +1,13 @@
 //! The pipeline with no traffic: what each process and the database cost while nothing
 //! happens (an order service, an active and a standby relay, the consumer groups).
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::Serialize;
 
 use super::config::Settings;
+use super::cpuprofile::{self, ProcessProfile};
 use super::envs::EnvRegistry;
 use super::procstat::{CpuMeter, CpuUse, Watched};
 use super::services::{self, Pipeline};
@@ -21,6 +23,8 @@ pub struct IdleRun {
     pub cpu: CpuUse,
     /// What each program asked of the database meanwhile (`None`: not read).
     pub statements: Option<StatementProfile>,
+    /// Where each process's CPU went meanwhile, by function (empty: not taken).
+    pub cpu_profiles: BTreeMap<String, ProcessProfile>,
 }
 
 /// How long the services run before the measurement starts: the relays' election, the
@@ -55,14 +59,18 @@ pub async fn run(
         }
         false => None,
     };
-    let meter = CpuMeter::start(watched);
+    let mut notes = Vec::new();
+    let meter = CpuMeter::start(watched.clone());
+    let cpu_profiler =
+        cpuprofile::begin(settings.cpu_profiles.as_deref(), "idle", &mut notes).await;
     tokio::time::sleep(settings.idle_duration).await;
     let cpu = meter.finish();
+    let cpu_profiles = cpuprofile::end(cpu_profiler, &watched, &mut notes).await;
     let statements = match profiler {
         Some(p) => Some(p.finish().await?),
         None => None,
     };
-    let mut notes: Vec<String> = services::stop(standby).await.into_iter().collect();
+    notes.extend(services::stop(standby).await);
     notes.extend(pipeline.stop().await);
     notes.extend(envs.release(env).await);
     Ok((
@@ -70,6 +78,7 @@ pub async fn run(
             measured_seconds: settings.idle_duration.as_secs_f64(),
             cpu,
             statements,
+            cpu_profiles,
         },
         notes,
     ))

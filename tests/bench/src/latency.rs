@@ -13,6 +13,7 @@ use uuid::Uuid;
 
 use super::broker_latency::{self, BrokerLatency};
 use super::config::Settings;
+use super::cpuprofile::{self, ProcessProfile};
 use super::dbprofile::{DbActivity, DbProfiler};
 use super::driver::{drive, DriveSpec, DriveSummary, SentEvent};
 use super::envs::EnvRegistry;
@@ -35,6 +36,8 @@ pub struct LatencyRun {
     pub cpu: CpuUse,
     /// What the pipeline's database connections were doing while the driver ran.
     pub db_activity: DbActivity,
+    /// Where each process's CPU went while the driver ran, by function (empty: not taken).
+    pub cpu_profiles: BTreeMap<String, ProcessProfile>,
     pub peak_rss_mb: BTreeMap<String, f64>,
     /// The broker alone at the same rate, measured just before the pipeline (None if it failed;
     /// the notes say why).
@@ -120,11 +123,14 @@ async fn measure(
         max_in_flight: settings.max_in_flight,
     };
     let meter = CpuMeter::start(pipeline.watched());
+    let label = format!("latency-{}", rate.round());
+    let cpu_profiler = cpuprofile::begin(settings.cpu_profiles.as_deref(), &label, notes).await;
     let profiler = DbProfiler::start(&env.database_url).await?;
     let url = pipeline.url.parse()?;
     let outcome = drive(&url, &spec, &CancellationToken::new()).await?;
     // Every request is one event.
     let cpu = meter.finish();
+    let cpu_profiles = cpuprofile::end(cpu_profiler, &pipeline.watched(), notes).await;
     let db_activity = profiler.finish().await;
     let cpu = db_activity.charge_sampler(cpu).with_events(outcome.ok);
     env.wait_drained(&GROUPS, settings.drain_timeout).await?;
@@ -160,6 +166,7 @@ async fn measure(
         groups,
         cpu,
         db_activity,
+        cpu_profiles,
         peak_rss_mb,
         broker,
     })

@@ -9,14 +9,15 @@
 //!   ([`broker_latency`]), [`sustained`], [`delayed`], [`retention`];
 //! - [`driver`] (the load) and [`orders`] (the events' shape); [`services`] and [`envs`]: the
 //!   binaries and the environments they run in;
-//! - [`procstat`], [`dbprofile`], [`statements`]: CPU, memory, database activity and what each
-//!   program asked of the database;
+//! - [`procstat`], [`cpuprofile`], [`dbprofile`], [`statements`]: CPU, where it goes by function,
+//!   memory, database activity and what each program asked of the database;
 //! - [`report`] and [`table`]: the figures, the targets and their table.
 
 pub mod broker;
 pub mod broker_latency;
 pub mod config;
 pub mod consumer_drain;
+pub mod cpuprofile;
 pub mod database;
 pub mod dbprofile;
 pub mod delayed;

@@ -22,7 +22,8 @@ pub enum Watched {
 }
 
 impl Watched {
-    fn name(&self) -> &'static str {
+    /// The name its CPU is reported under.
+    pub fn name(&self) -> &'static str {
         match self {
             Watched::Pid(name, _) | Watched::Command(name, _) => name,
         }

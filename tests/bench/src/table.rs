@@ -1,7 +1,9 @@
 //! The report as a readable table for the terminal.
 
+use std::collections::BTreeMap;
 use std::fmt::Write;
 
+use super::cpuprofile::ProcessProfile;
 use super::dbprofile::DbActivity;
 use super::procstat::CpuUse;
 use super::report::Report;
@@ -43,6 +45,31 @@ fn db(d: &DbActivity, cpu: &CpuUse) -> String {
         out.push_str(&statement_lines(s, cpu));
     }
     out
+}
+
+/// Each process's CPU profile: its busiest functions and the file with all of them.
+fn profile_lines(profiles: &BTreeMap<String, ProcessProfile>) -> String {
+    profiles
+        .iter()
+        .map(|(process, p)| {
+            let top: Vec<String> = p
+                .top
+                .iter()
+                .take(4)
+                .map(|(percent, _, function)| {
+                    let short: String = function.chars().take(60).collect();
+                    format!("{percent:.0}% {short}")
+                })
+                .collect();
+            format!(
+                "      CPU profile, {process} ({} samples, {}): {}",
+                eps(p.samples as f64),
+                p.file.display(),
+                top.join("; ")
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// A statement profile: per event by client, then the statements with the most time.
@@ -92,6 +119,9 @@ fn write_report(o: &mut String, r: &Report) -> std::fmt::Result {
         writeln!(o, "      CPU: {}", idle.cpu.fine_summary())?;
         if let Some(st) = &idle.statements {
             writeln!(o, "{}", statement_lines(st, &idle.cpu))?;
+        }
+        if !idle.cpu_profiles.is_empty() {
+            writeln!(o, "{}", profile_lines(&idle.cpu_profiles))?;
         }
     }
     if let Some(b) = &r.broker {
@@ -277,6 +307,9 @@ fn write_report(o: &mut String, r: &Report) -> std::fmt::Result {
             writeln!(o, "   {:>6} requests: {} ok, {} failed, response p50/p99 {:.1}/{:.1} ms, timetable lag p99 {:.1} ms", "", run.requests.ok, run.requests.failed(), run.requests.response_p50_ms, run.requests.response_p99_ms, run.requests.timetable_lag_p99_ms)?;
             writeln!(o, "{}", cpu(&run.cpu))?;
             writeln!(o, "{}", db(&run.db_activity, &run.cpu))?;
+            if !run.cpu_profiles.is_empty() {
+                writeln!(o, "{}", profile_lines(&run.cpu_profiles))?;
+            }
             if let Some(b) = &run.broker {
                 writeln!(o, "   {:>6} broker alone, same rate (relay's producer settings, {} plain readers, no database): read p50/p99/p99.9 {:.1}/{:.1}/{:.1} ms, ack p50/p99 {:.1}/{:.1} ms, ack p50 by fifth of the run {}", "", b.readers, b.read_p50_ms, b.read_p99_ms, b.read_p999_ms, b.ack_p50_ms, b.ack_p99_ms, fifths(&b.ack_p50_by_part_ms))?;
                 writeln!(o, "{}", cpu(&b.cpu))?;
