@@ -371,11 +371,14 @@ pub async fn dispatch_due_limited(
         Some(limit) => settings.max_claimed.min(limit.claim_at_most()),
         None => settings.max_claimed,
     };
+    // `now()` (this statement's start) bounds the scan of the due index: the volatile
+    // `clock_timestamp()` could only filter it, and every claim would read the whole index,
+    // rows claimed and waiting for their next attempt and the dead entries of earlier claims.
     let claimed: Vec<(i64, Uuid, String, String, String, String, i32)> = sqlx::query_as(
         "UPDATE notification n
          SET next_attempt_at = clock_timestamp() + $2 * interval '1 millisecond'
          FROM (SELECT id FROM notification
-               WHERE status = 'pending' AND next_attempt_at <= clock_timestamp()
+               WHERE status = 'pending' AND next_attempt_at <= now()
                ORDER BY next_attempt_at, id LIMIT $1 FOR UPDATE SKIP LOCKED) due
          WHERE n.id = due.id
          RETURNING n.id, n.event_id, n.order_id, n.recipient, n.channel, n.template, n.attempts",

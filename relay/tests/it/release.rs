@@ -289,3 +289,63 @@ async fn only_the_lease_holder_releases(pool: PgPool) {
         "an event already due when written is released at once"
     );
 }
+
+/// The backlog reading every relay makes each second counts the delayed events that are due from
+/// the head of the due-time index: with thousands waiting a day ahead it reads only the due one,
+/// and reports it.
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn the_backlog_reading_reads_only_the_due_delayed_events(pool: PgPool) {
+    let ahead = 3000;
+    let later: Vec<(NewEvent, PublishAt)> = (0..ahead)
+        .map(|i| {
+            (
+                event("t", &format!("order-a{i}"), "order.payment_reminder"),
+                PublishAt::At(Utc::now() + chrono::Duration::days(1)),
+            )
+        })
+        .collect();
+    let mut tx = pool.begin().await.expect("begin");
+    let _ = outbox::enqueue_all_at(&mut tx, &later)
+        .await
+        .expect("enqueue_all_at");
+    tx.commit().await.expect("commit");
+    let _ = enqueue_later(
+        &pool,
+        &event("t", "order-due", "order.payment_reminder"),
+        PublishAt::At(Utc::now() - chrono::Duration::seconds(5)),
+    )
+    .await;
+    sqlx::raw_sql("ANALYZE outbox_delayed")
+        .execute(&pool)
+        .await
+        .expect("analyze");
+
+    let plan: Vec<String> = sqlx::query_scalar(&format!(
+        "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) {}",
+        relay::backlog::BACKLOG_SQL
+    ))
+    .bind(1_i64)
+    .fetch_all(&pool)
+    .await
+    .expect("explain");
+    let plan = plan.join("\n");
+    // Every node over the delayed events reads the due one alone: none reads the table whole,
+    // and none reads the events ahead only to throw them away.
+    assert!(!plan.contains("Seq Scan on outbox_delayed"), "{plan}");
+    let thrown_away: i64 = plan
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("Rows Removed by Filter: "))
+        .filter_map(|n| n.parse::<i64>().ok())
+        .sum();
+    assert!(
+        thrown_away < 10,
+        "{thrown_away} rows read and dropped:\n{plan}"
+    );
+
+    let metrics = RelayMetrics::register(&Registry::new()).expect("metrics");
+    relay::backlog::refresh_backlog(&pool, 1, &metrics)
+        .await
+        .expect("backlog");
+    assert_eq!(metrics.delayed_due.get(), 1);
+    assert!(metrics.delayed_overdue.get() >= 5.0);
+}
