@@ -256,16 +256,24 @@ impl Elector {
         let attempt: Attempt = self
             .with_conn(move |conn| {
                 Box::pin(async move {
-                    sqlx::query(
-                        "INSERT INTO relay_lease (lease_key) VALUES ($1) ON CONFLICT DO NOTHING",
-                    )
-                    .bind(key)
-                    .execute(&mut *conn)
-                    .await?;
-                    let (takeable, expires_in): (bool, f64) = sqlx::query_as(LOOK_SQL)
+                    // One statement a look while the lease is held; its row is written once,
+                    // by the first relay that finds none.
+                    let look: Option<(bool, f64)> = sqlx::query_as(LOOK_SQL)
                         .bind(key)
-                        .fetch_one(&mut *conn)
+                        .fetch_optional(&mut *conn)
                         .await?;
+                    let (takeable, expires_in) = match look {
+                        Some(look) => look,
+                        None => {
+                            sqlx::query(
+                                "INSERT INTO relay_lease (lease_key) VALUES ($1) ON CONFLICT DO NOTHING",
+                            )
+                            .bind(key)
+                            .execute(&mut *conn)
+                            .await?;
+                            (true, 0.0)
+                        }
+                    };
                     if !takeable {
                         return Ok(Attempt::Live { expires_in });
                     }

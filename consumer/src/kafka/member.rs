@@ -110,6 +110,8 @@ pub fn run_member(
     let mut last_commit = Instant::now();
     let mut fatal = None;
     let mut left_unreachable = false;
+    let mut last_message = Instant::now();
+    let mut busy = true;
     while !shutdown.is_cancelled() {
         // Cut off from the database, this member would keep its partitions and apply nothing:
         // it leaves, so members that reach the database take them over, and joins again later.
@@ -128,9 +130,18 @@ pub fn run_member(
                 .with_context(|| format!("subscribing group {group}"))?;
             left_unreachable = false;
         }
-        match consumer.poll(Duration::from_millis(50)) {
+        // A member with nothing queued that had no message for a while waits longer in each
+        // poll: an idle group wakes twice a second instead of twenty times. A message ends the
+        // wait at once.
+        let wait = if busy || last_message.elapsed() < QUIET_AFTER {
+            POLL_BUSY
+        } else {
+            POLL_QUIET
+        };
+        match consumer.poll(wait) {
             None => {}
             Some(Ok(msg)) => {
+                last_message = Instant::now();
                 missing_topic_since = None;
                 if let Some((key, from)) = ctx.tasks.dispatch(&msg) {
                     fetch_again(&consumer, ctx, &group, &key, from);
@@ -173,7 +184,7 @@ pub fn run_member(
         for (key, from) in ctx.tasks.take_ended() {
             fetch_again(&consumer, ctx, &group, &key, from);
         }
-        ctx.tasks.apply_fetch_pauses(&consumer);
+        busy = ctx.tasks.apply_fetch_pauses(&consumer);
     }
 
     // Shutdown: let in-flight batches finish, then commit what they own, synchronously.
@@ -219,6 +230,18 @@ const MISSING_TOPIC_GRACE: Duration = Duration::from_secs(30);
 /// How often the latest offsets of owned partitions are committed again (see
 /// `Offsets::recommit_owned`).
 const RECOMMIT_EVERY: Duration = Duration::from_secs(5);
+
+/// Longest a poll waits for a message while messages arrive: the loop's other work (commits of
+/// finished offsets, fetches moved back, fetch pauses) runs at least this often then.
+const POLL_BUSY: Duration = Duration::from_millis(50);
+
+/// Longest a poll waits once no message came for [`QUIET_AFTER`] and nothing is queued for the
+/// member's tasks: an operator's pause, a database outage's departure or a shutdown waits for at
+/// most this long.
+const POLL_QUIET: Duration = Duration::from_millis(500);
+
+/// How long without a message makes a member quiet.
+const QUIET_AFTER: Duration = Duration::from_secs(2);
 
 /// Longest the poll loop waits for librdkafka to move a partition's fetch back.
 const SEEK_TIMEOUT: Duration = Duration::from_secs(1);

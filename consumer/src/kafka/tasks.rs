@@ -247,8 +247,12 @@ impl PartitionTasks {
     /// much queued, and resumes it when neither holds (backpressure lets go once the task has
     /// done half of what was queued). Called by the poll loop after every poll, and right after
     /// an assignment, so a partition assigned while the group is paused starts paused.
-    pub(crate) fn apply_fetch_pauses<C: ConsumerContext>(&self, consumer: &BaseConsumer<C>) {
+    pub(crate) fn apply_fetch_pauses<C: ConsumerContext>(
+        &self,
+        consumer: &BaseConsumer<C>,
+    ) -> bool {
         let group_paused = self.group_pause.is_paused();
+        let mut busy = false;
         let mut tasks = lock(&self.tasks);
         {
             let mut seen = lock(&self.group_paused);
@@ -260,6 +264,7 @@ impl PartitionTasks {
         }
         for ((topic, partition), t) in tasks.iter_mut() {
             let queued = t.queued.load(Ordering::Acquire);
+            busy |= queued > 0;
             if !t.backpressured && queued >= self.max_queued {
                 t.backpressured = true;
             } else if t.backpressured && queued <= self.max_queued / 2 {
@@ -284,6 +289,7 @@ impl PartitionTasks {
                 }
             }
         }
+        busy
     }
 }
 
