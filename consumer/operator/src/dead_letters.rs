@@ -13,7 +13,7 @@ use serde::Serialize;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::cli::{DeadLetterAction, DeadLetterArgs, LetterAction, LetterFilter};
+use crate::args::{DeadLetterAction, DeadLetterArgs, LetterAction, LetterFilter};
 use crate::error::BadInput;
 use crate::output::{cell, table};
 use crate::targets::{KnownBy, Targets};

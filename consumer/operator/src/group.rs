@@ -23,7 +23,7 @@ use sqlx::PgPool;
 
 pub use consumer::pause::PausedSince;
 
-use crate::cli::GroupAction;
+use crate::args::GroupAction;
 use crate::error::BadInput;
 use crate::output::age;
 use crate::targets::{KnownBy, Targets};

@@ -15,7 +15,8 @@
 //! - [`console`]: the web console (`pipeline console --listen ADDR`): the same reads and actions
 //!   from pages, for logged-in users with a role.
 //!
-//! Around them: [`cli`] (flags and environment), [`targets`] (what the commands act on: the
+//! Around them: [`cli`] (the command line: flags and environment), [`args`] (each operation's
+//! inputs, as the command line and the console give them), [`targets`] (what the commands act on: the
 //! outbox's database and each group's, the known groups and their topics), [`output`] (tables
 //! or JSON) and [`error`] (bad input, exit status 2). [`main`] and [`run`] are the entries.
 //!
@@ -42,6 +43,7 @@
 
 #![warn(missing_docs)]
 
+pub mod args;
 pub mod cli;
 pub mod console;
 pub mod dead_letters;
@@ -61,7 +63,8 @@ use std::process::ExitCode;
 use consumer::Groups;
 use pipeline_core::telemetry::{self, LogArgs};
 
-use crate::cli::{Cli, Command, OutboxAction};
+use crate::args::OutboxAction;
+use crate::cli::{Cli, Command};
 use crate::error::exit_code;
 use crate::targets::Targets;
 

@@ -19,7 +19,7 @@ use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::{Offset, TopicPartitionList};
 use serde::Serialize;
 
-use crate::cli::{Position, ReprocessArgs};
+use crate::args::{Position, ReprocessArgs};
 use crate::error::BadInput;
 use crate::output::table;
 use crate::targets::{KnownBy, Targets};

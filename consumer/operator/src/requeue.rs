@@ -7,7 +7,7 @@ use serde::Serialize;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::cli::RequeueArgs;
+use crate::args::RequeueArgs;
 use crate::error::BadInput;
 use crate::output::table;
 

@@ -16,7 +16,7 @@ use pipeline_core::retention::{Rule, Runner, TableReport, Window};
 use serde::Serialize;
 use sqlx::PgPool;
 
-use crate::cli::{RetentionAction, RetentionRunArgs};
+use crate::args::{RetentionAction, RetentionRunArgs};
 use crate::error::BadInput;
 use crate::output::{age, cell, table};
 use crate::targets::Targets;

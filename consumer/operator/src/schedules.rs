@@ -11,7 +11,7 @@ use serde::Serialize;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::cli::{AddScheduleArgs, ScheduleAction};
+use crate::args::{AddScheduleArgs, ScheduleAction};
 use crate::error::BadInput;
 use crate::output::{cell, table};
 use crate::targets::Targets;

@@ -17,7 +17,7 @@ use rdkafka::consumer::Consumer;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 
-use crate::cli::TargetArgs;
+use crate::args::TargetArgs;
 use crate::error::BadInput;
 
 /// How long Kafka may take to say whether it knows a group.

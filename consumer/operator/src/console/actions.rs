@@ -18,7 +18,7 @@ use super::letters::LetterQuery;
 use super::refusal::Refusal;
 use super::session::Session;
 use super::{delayed, Console};
-use crate::cli::{Change, LetterAction, LetterFilter, Position, ReprocessArgs, RequeueArgs};
+use crate::args::{Change, LetterAction, LetterFilter, Position, ReprocessArgs, RequeueArgs};
 use crate::dead_letters::resolve_letters;
 use crate::targets::KnownBy;
 use crate::{reprocess, requeue};

@@ -14,7 +14,7 @@ use super::html::{action_footer, esc, layout, opt};
 use super::refusal::Refusal;
 use super::session::{url_encode, Session};
 use super::Console;
-use crate::cli::LetterFilter;
+use crate::args::LetterFilter;
 use crate::dead_letters::{list, Letter};
 use crate::targets::KnownBy;
 

@@ -19,7 +19,7 @@ use tower::ServiceExt;
 
 use super::users::{hash_password, Role, Users};
 use super::{Console, ConsoleSettings};
-use crate::cli::Cli;
+use crate::args::TargetArgs;
 use crate::targets::Targets;
 
 const OPERATOR_PASSWORD: &str = "correct horse battery staple";
@@ -37,11 +37,18 @@ fn users() -> Users {
     .expect("users")
 }
 
+/// The targets alone, as the command line reads them.
+#[derive(clap::Parser)]
+struct TargetsOnly {
+    #[command(flatten)]
+    targets: TargetArgs,
+}
+
 fn console(database_url: &str) -> Console {
-    let cli = Cli::try_parse_from(["pipeline", "--database-url", database_url, "status"])
+    let args = TargetsOnly::try_parse_from(["pipeline", "--database-url", database_url])
         .expect("arguments");
     Console::new(
-        Targets::new(cli.targets, &Groups::new()),
+        Targets::new(args.targets, &Groups::new()),
         Groups::new(),
         users(),
         ConsoleSettings::default(),
