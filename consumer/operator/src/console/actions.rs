@@ -17,14 +17,11 @@ use super::html::{esc, layout};
 use super::letters::LetterQuery;
 use super::refusal::Refusal;
 use super::session::Session;
-use super::{delayed, Console};
+use super::{delayed, Console, BULK_LIMIT};
 use crate::args::{Change, LetterAction, LetterFilter, Position, ReprocessArgs, RequeueArgs};
 use crate::dead_letters::resolve_letters;
 use crate::targets::KnownBy;
 use crate::{reprocess, requeue};
-
-/// Letters or events one action takes at most ("every letter that matches" stops here).
-pub(super) const BULK_LIMIT: usize = 1_000;
 
 /// A form's fields, repeated names and all.
 struct Fields(Vec<(String, String)>);

@@ -1,6 +1,6 @@
 //! Dead letters: `pipeline dead-letters list` with filters and paging, across one group or all,
 //! and the form that replays, skips or discards the letters ticked, or every open letter the
-//! filters match (at most [`super::actions::BULK_LIMIT`] at a time).
+//! filters match (at most [`super::BULK_LIMIT`] at a time).
 
 use axum::extract::{Query, State};
 use axum::response::Html;
@@ -9,11 +9,11 @@ use chrono::{DateTime, Utc};
 use pipeline_core::record::escape;
 use serde::{Deserialize, Serialize};
 
-use super::actions::BULK_LIMIT;
 use super::html::{action_footer, esc, layout, opt};
 use super::refusal::Refusal;
 use super::session::{url_encode, Session};
 use super::Console;
+use super::BULK_LIMIT;
 use crate::args::LetterFilter;
 use crate::dead_letters::{list, Letter};
 use crate::targets::KnownBy;

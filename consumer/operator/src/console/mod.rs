@@ -50,6 +50,9 @@ use tokio_util::sync::CancellationToken;
 use crate::targets::Targets;
 use users::Users;
 
+/// Letters or events one action takes at most ("every letter that matches" stops here).
+const BULK_LIMIT: usize = 1_000;
+
 /// `pipeline console`: where it listens and who may log in.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ConsoleArgs {
