@@ -367,7 +367,7 @@ async fn claims_are_prepared_and_planned_once_with_a_plan_that_holds_for_any_que
     );
     let prepared: Vec<(i64, i64)> = sqlx::query_as(
         "SELECT generic_plans, custom_plans FROM pg_prepared_statements
-         WHERE statement LIKE 'WITH blocked AS MATERIALIZED%'",
+         WHERE statement LIKE 'WITH q AS MATERIALIZED%'",
     )
     .fetch_all(claims.pool())
     .await
@@ -379,8 +379,9 @@ async fn claims_are_prepared_and_planned_once_with_a_plan_that_holds_for_any_que
     );
 
     // The plan made for a one-row queue, as a claim session makes it: no step reads a table
-    // once per row of another, or whole: the aggregates left out are a hashed set, the held ones
-    // come from the partial index of retried rows, the rest through the primary keys.
+    // once per row of another, or whole: the queue in id order through its primary key (the
+    // limit stops it), each row's earlier retried events looked up in their partial index, the
+    // aggregates left out a hashed set, the outbox by the claimed ids.
     sqlx::raw_sql("ANALYZE outbox, outbox_unpublished")
         .execute(&pool)
         .await
@@ -402,4 +403,8 @@ async fn claims_are_prepared_and_planned_once_with_a_plan_that_holds_for_any_que
     assert!(!plan.contains("Seq Scan"), "{plan}");
     assert!(plan.contains("hashed SubPlan"), "{plan}");
     assert!(plan.contains("outbox_unpublished_retrying_idx"), "{plan}");
+    assert!(
+        plan.contains("Index Scan using outbox_unpublished_pkey"),
+        "{plan}"
+    );
 }
