@@ -95,39 +95,59 @@ const LETTER_COLUMNS: &str = "d.id, d.event_id, d.order_id, d.sequence, d.event_
     (SELECT count(*) FROM parked_event p
      WHERE p.group_name = d.group_name AND p.order_id = d.order_id) AS parked_behind";
 
-/// Letters of `group` matching `filter` and `status`, in each order's sequence.
-pub async fn list(
-    pool: &PgPool,
-    group: &str,
-    filter: &LetterFilter,
-    status: Option<&str>,
-) -> anyhow::Result<Vec<Letter>> {
+/// Which letters of a group match: `$1` the group, `$2` the status, `$3`–`$7` the filter's id,
+/// reason, since, until and order.
+const LETTER_MATCH: &str = "d.group_name = $1 AND ($2::text IS NULL OR d.status = $2)
+    AND ($3::bigint IS NULL OR d.id = $3)
+    AND ($4::text IS NULL OR strpos(d.reason, $4) > 0)
+    AND ($5::timestamptz IS NULL OR d.created_at >= $5)
+    AND ($6::timestamptz IS NULL OR d.created_at < $6)
+    AND ($7::text IS NULL OR d.order_id = $7)";
+
+/// Refuses a status or a time range no letter could match.
+fn check(filter: &LetterFilter, status: Option<&str>) -> Result<(), BadInput> {
     if let Some(s) = status {
         if !["open", "replayed", "skipped", "discarded"].contains(&s) {
             return Err(BadInput::Refused(format!(
                 "unknown status {s}: open, replayed, skipped or discarded"
-            ))
-            .into());
+            )));
         }
     }
     if let (Some(since), Some(until)) = (filter.since, filter.until) {
         if since >= until {
             return Err(BadInput::Refused(format!(
                 "--since {since} is not before --until {until}"
-            ))
-            .into());
+            )));
         }
     }
+    Ok(())
+}
+
+/// Letters of `group` matching `filter` and `status`, in each order's sequence (at most 10,000).
+pub async fn list(
+    pool: &PgPool,
+    group: &str,
+    filter: &LetterFilter,
+    status: Option<&str>,
+) -> anyhow::Result<Vec<Letter>> {
+    list_page(pool, group, filter, status, 0, 10_000).await
+}
+
+/// The letters [`list`] gives from the `offset`th on, at most `limit` of them: one page, read as
+/// such.
+pub async fn list_page(
+    pool: &PgPool,
+    group: &str,
+    filter: &LetterFilter,
+    status: Option<&str>,
+    offset: i64,
+    limit: i64,
+) -> anyhow::Result<Vec<Letter>> {
+    check(filter, status)?;
     Ok(sqlx::query_as(&format!(
-        "SELECT {LETTER_COLUMNS} FROM dead_letter d
-         WHERE d.group_name = $1 AND ($2::text IS NULL OR d.status = $2)
-           AND ($3::bigint IS NULL OR d.id = $3)
-           AND ($4::text IS NULL OR strpos(d.reason, $4) > 0)
-           AND ($5::timestamptz IS NULL OR d.created_at >= $5)
-           AND ($6::timestamptz IS NULL OR d.created_at < $6)
-           AND ($7::text IS NULL OR d.order_id = $7)
+        "SELECT {LETTER_COLUMNS} FROM dead_letter d WHERE {LETTER_MATCH}
          ORDER BY d.order_id, d.sequence NULLS FIRST, d.id
-         LIMIT 10000"
+         OFFSET $8 LIMIT $9"
     ))
     .bind(group)
     .bind(status)
@@ -136,7 +156,31 @@ pub async fn list(
     .bind(filter.since)
     .bind(filter.until)
     .bind(&filter.order)
+    .bind(offset)
+    .bind(limit)
     .fetch_all(pool)
+    .await?)
+}
+
+/// How many letters of `group` match `filter` and `status`.
+pub async fn count(
+    pool: &PgPool,
+    group: &str,
+    filter: &LetterFilter,
+    status: Option<&str>,
+) -> anyhow::Result<i64> {
+    check(filter, status)?;
+    Ok(sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM dead_letter d WHERE {LETTER_MATCH}"
+    ))
+    .bind(group)
+    .bind(status)
+    .bind(filter.id)
+    .bind(&filter.reason)
+    .bind(filter.since)
+    .bind(filter.until)
+    .bind(&filter.order)
+    .fetch_one(pool)
     .await?)
 }
 
@@ -401,12 +445,15 @@ async fn act(
     } else {
         let mut t = table(&["dead letter", "order", "outcome", "parked events released"]);
         for o in &resolved.outcomes {
-            let _ = t.add_row(vec![
-                o.id.to_string(),
-                cell(o.order_id.as_ref()),
-                o.outcome.clone(),
-                o.released.to_string(),
-            ]);
+            crate::output::row(
+                &mut t,
+                vec![
+                    o.id.to_string(),
+                    cell(o.order_id.as_ref()),
+                    o.outcome.clone(),
+                    o.released.to_string(),
+                ],
+            );
         }
         println!("{t}");
     }
@@ -430,18 +477,21 @@ fn print_list(letters: &[Letter]) {
         "parked behind",
     ]);
     for l in letters {
-        let _ = t.add_row(vec![
-            l.id.to_string(),
-            text_cell(l.order_id.as_deref()),
-            cell(l.sequence),
-            text_cell(l.event_type.as_deref()),
-            format!("{}/{}", l.partition, l.kafka_offset),
-            text_cell(Some(&l.reason)),
-            l.attempts.to_string(),
-            l.status.clone(),
-            l.created_at.format("%Y-%m-%d %H:%M:%S").to_string(),
-            l.parked_behind.to_string(),
-        ]);
+        crate::output::row(
+            &mut t,
+            vec![
+                l.id.to_string(),
+                text_cell(l.order_id.as_deref()),
+                cell(l.sequence),
+                text_cell(l.event_type.as_deref()),
+                format!("{}/{}", l.partition, l.kafka_offset),
+                text_cell(Some(&l.reason)),
+                l.attempts.to_string(),
+                l.status.clone(),
+                l.created_at.format("%Y-%m-%d %H:%M:%S").to_string(),
+                l.parked_behind.to_string(),
+            ],
+        );
     }
     println!("{t}");
     println!("{} letter(s)", letters.len());
@@ -485,7 +535,7 @@ fn print_shown(s: &ShownLetter) {
         ("parked behind", format!("{:?}", s.parked_sequences)),
     ];
     for (k, v) in rows {
-        let _ = t.add_row(vec![k.to_owned(), v]);
+        crate::output::row(&mut t, vec![k.to_owned(), v]);
     }
     println!("{t}");
 }

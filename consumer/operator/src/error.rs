@@ -20,6 +20,9 @@ pub enum BadInput {
     /// database and (where asked) unknown to Kafka; or a replay for a group with no handler.
     #[error("unknown consumer group {0}: {1}")]
     UnknownGroup(String, String),
+    /// A group outside those `--group` names, which are the scope of what is read and done.
+    #[error("group {0} is outside this command's groups (--group)")]
+    OutOfScope(String),
     /// A requeue of an event that is not failed.
     #[error("event {event_id} is {state}, not failed: only failed events can be requeued")]
     NotFailed {

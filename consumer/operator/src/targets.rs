@@ -38,8 +38,22 @@ pub struct Targets {
     pub args: TargetArgs,
     registered: BTreeSet<String>,
     groups: Groups,
-    pools: tokio::sync::Mutex<BTreeMap<String, PgPool>>,
+    pools: tokio::sync::Mutex<BTreeMap<String, Opened>>,
 }
+
+/// A database's pool, or why it could not be opened and when.
+#[derive(Debug)]
+enum Opened {
+    Pool(PgPool),
+    Failed(std::time::Instant, String),
+}
+
+/// How long a client waits for one of a pool's connections, and the first one's connection.
+const ACQUIRE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// How long a database that could not be reached is not tried again: the requests that come
+/// meanwhile are refused at once instead of each waiting for its own connection attempt.
+const RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(2);
 
 impl Targets {
     /// Nothing is connected until a command needs it; `groups` are the names the program
@@ -66,6 +80,7 @@ impl Targets {
 
     /// The database of `group` (a name without the prefix).
     pub async fn group(&self, group: &str) -> anyhow::Result<PgPool> {
+        self.in_scope(group)?;
         let url = self.group_url(group).to_owned();
         self.pool_of(&url).await
     }
@@ -132,8 +147,18 @@ impl Targets {
         Ok(found.into_iter().collect())
     }
 
+    /// Refuses a group outside those `--group` names, when it names any: they are the scope of
+    /// everything read and done (the console's included).
+    pub fn in_scope(&self, group: &str) -> Result<(), BadInput> {
+        if self.args.groups.is_empty() || self.args.groups.iter().any(|g| g == group) {
+            return Ok(());
+        }
+        Err(BadInput::OutOfScope(group.to_owned()))
+    }
+
     /// Refuses a group name that is not known (see the module's documentation).
     pub async fn check_known(&self, group: &str, known_by: KnownBy) -> anyhow::Result<()> {
+        self.in_scope(group)?;
         if self.registered.contains(group) || self.in_database(group).await? {
             return Ok(());
         }
@@ -232,23 +257,41 @@ impl Targets {
         .context("asking Kafka about the group")?
     }
 
-    /// The database at `url` (one pool per URL, opened on first use).
+    /// The database at `url` (one pool per URL, opened on first use; a database that could not
+    /// be reached is tried again [`RETRY_AFTER`] later, and the requests meanwhile are refused
+    /// with the same error at once).
     pub async fn pool_of(&self, url: &str) -> anyhow::Result<PgPool> {
         let mut pools = self.pools.lock().await;
-        if let Some(pool) = pools.get(url) {
-            return Ok(pool.clone());
+        match pools.get(url) {
+            Some(Opened::Pool(pool)) => return Ok(pool.clone()),
+            Some(Opened::Failed(at, error)) if at.elapsed() < RETRY_AFTER => {
+                anyhow::bail!("{error}")
+            }
+            _ => {}
         }
         let options: PgConnectOptions = url
             .parse()
             .with_context(|| format!("invalid database URL {}", redact_url(url)))?;
-        let pool = PgPoolOptions::new()
+        let opened = PgPoolOptions::new()
             .max_connections(2)
-            .acquire_timeout(std::time::Duration::from_secs(10))
+            .acquire_timeout(ACQUIRE_TIMEOUT)
             .connect_with(options.application_name("pipeline-operator"))
             .await
-            .with_context(|| format!("connecting to {}", redact_url(url)))?;
-        let _ = pools.insert(url.to_owned(), pool.clone());
-        Ok(pool)
+            .with_context(|| format!("connecting to {}", redact_url(url)));
+        match opened {
+            Ok(pool) => {
+                let _ = pools.insert(url.to_owned(), Opened::Pool(pool.clone()));
+                Ok(pool)
+            }
+            Err(e) => {
+                let error = format!("{e:#}");
+                let _ = pools.insert(
+                    url.to_owned(),
+                    Opened::Failed(std::time::Instant::now(), error),
+                );
+                Err(e)
+            }
+        }
     }
 }
 

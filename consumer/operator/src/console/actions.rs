@@ -45,6 +45,16 @@ impl Fields {
             .filter(|v| !v.is_empty())
             .collect()
     }
+
+    /// Every distinct non-blank value of `name`, in the order given: a box ticked twice (a
+    /// crafted form) counts once.
+    fn ticked(&self, name: &str) -> Vec<&str> {
+        let mut seen = std::collections::HashSet::new();
+        self.all(name)
+            .into_iter()
+            .filter(|value| seen.insert(*value))
+            .collect()
+    }
 }
 
 /// What an action did.
@@ -161,7 +171,7 @@ async fn dead_letters(console: &Console, fields: &Fields, change: Change) -> Res
     let mut batches: Vec<(String, LetterFilter, bool, usize)> = Vec::new();
     match fields.get("scope").unwrap_or("selected") {
         "selected" => {
-            let letters = fields.all("letter");
+            let letters = fields.ticked("letter");
             if letters.is_empty() {
                 return Err(Refusal::bad(
                     "tick at least one letter (or choose every letter that matches)",
@@ -441,4 +451,25 @@ fn table(rows: &serde_json::Value) -> String {
     }
     out.push_str("</tbody></table>");
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Fields;
+
+    #[test]
+    fn a_letter_ticked_twice_is_taken_once() {
+        let fields = Fields(
+            [
+                ("letter", "ga:7"),
+                ("letter", " ga:7 "),
+                ("letter", "ga:8"),
+                ("letter", "ga:7"),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect(),
+        );
+        assert_eq!(fields.ticked("letter"), vec!["ga:7", "ga:8"]);
+    }
 }

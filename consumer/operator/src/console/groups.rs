@@ -3,12 +3,13 @@
 //! offset (`pipeline reprocess`).
 
 use axum::extract::State;
+use axum::http::StatusCode;
 use axum::response::Html;
 use axum::{Extension, Json};
 use serde::Serialize;
 
 use super::html::{action_footer, esc, layout, unavailable};
-use super::refusal::Refusal;
+use super::refusal::{unanswered, Refusal};
 use super::session::Session;
 use super::Console;
 use crate::group::PausedSince;
@@ -52,15 +53,19 @@ pub(super) async fn api(State(console): State<Console>) -> Result<Json<GroupsDat
 pub(super) async fn page(
     State(console): State<Console>,
     Extension(session): Extension<Session>,
-) -> Html<String> {
+) -> (StatusCode, Html<String>) {
+    let mut status = StatusCode::OK;
     let mut body =
         r#"<h1>Groups</h1><p class="muted">Lag and members: see the <a href="/">overview</a>.</p>"#
             .to_owned();
     match read(&console).await {
-        Err(e) => body.push_str(&unavailable(
-            "The groups' databases did not answer",
-            &format!("{e:#}"),
-        )),
+        Err(e) => {
+            status = StatusCode::SERVICE_UNAVAILABLE;
+            body.push_str(&unavailable(
+                "The groups' databases did not answer",
+                &unanswered(&e),
+            ));
+        }
         Ok(data) => {
             for state in &data.groups {
                 body.push_str(&group_section(&session, state));
@@ -70,7 +75,7 @@ pub(super) async fn page(
             }
         }
     }
-    Html(layout("Groups", Some(&session), &body))
+    (status, Html(layout("Groups", Some(&session), &body)))
 }
 
 fn group_section(session: &Session, state: &GroupState) -> String {

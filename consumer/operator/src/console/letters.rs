@@ -15,7 +15,7 @@ use super::session::{url_encode, Session};
 use super::Console;
 use super::BULK_LIMIT;
 use crate::args::LetterFilter;
-use crate::dead_letters::{list, Letter};
+use crate::dead_letters::{count, list_page, Letter};
 use crate::targets::KnownBy;
 
 /// Letters on a page.
@@ -54,7 +54,7 @@ pub(super) struct GroupLetter {
 #[derive(Serialize)]
 pub(super) struct LetterPage {
     letters: Vec<GroupLetter>,
-    /// Letters matching, over every page (each group's list stops at 10,000).
+    /// Letters matching, over every page.
     total: usize,
     page: usize,
     page_size: usize,
@@ -114,22 +114,31 @@ async fn read(console: &Console, q: &LetterQuery) -> Result<LetterPage, Refusal>
         None => all.clone(),
     };
     let status = q.status();
+    // Paged in SQL: each group's matching letters counted, and only the page's rows read, the
+    // groups one after the other in the order listed.
+    let page = q.page.unwrap_or(1).max(1);
+    let mut skip = i64::try_from((page - 1).saturating_mul(PAGE_SIZE)).unwrap_or(i64::MAX);
+    let mut room = PAGE_SIZE as i64;
+    let mut total = 0;
     let mut letters = Vec::new();
     for group in &groups {
         let pool = targets.group(group).await?;
-        let found = list(&pool, &targets.qualified(group), &filter, status.as_deref()).await?;
+        let name = targets.qualified(group);
+        let matching = count(&pool, &name, &filter, status.as_deref()).await?;
+        total += matching;
+        if room == 0 || skip >= matching {
+            skip = skip.saturating_sub(matching);
+            continue;
+        }
+        let found = list_page(&pool, &name, &filter, status.as_deref(), skip, room).await?;
+        skip = 0;
+        room -= found.len() as i64;
         letters.extend(found.into_iter().map(|letter| GroupLetter {
             group: group.clone(),
             letter,
         }));
     }
-    let total = letters.len();
-    let page = q.page.unwrap_or(1).max(1);
-    let letters = letters
-        .into_iter()
-        .skip((page - 1) * PAGE_SIZE)
-        .take(PAGE_SIZE)
-        .collect();
+    let total = usize::try_from(total).unwrap_or(usize::MAX);
     Ok(LetterPage {
         letters,
         total,
@@ -253,7 +262,7 @@ pub(super) async fn page(
             link(data.page - 1)
         ));
     }
-    if data.page * PAGE_SIZE < data.total {
+    if data.page.saturating_mul(PAGE_SIZE) < data.total {
         pager.push_str(&format!(
             r#"<a href="/dead-letters?{}">next →</a>"#,
             link(data.page + 1)

@@ -21,8 +21,9 @@ const CHECK_QUEUE_WAIT: Duration = Duration::from_secs(2);
 const ATTEMPT_BURST: u32 = 10;
 /// How often an address or a user name gets another attempt once its burst is spent.
 const ATTEMPT_EVERY: Duration = Duration::from_secs(6);
-/// Addresses tracked at most; beyond it, stale ones are forgotten, and while they are all recent
-/// every login is refused as busy (the memory an attacker can make the console hold is bounded).
+/// Addresses, and user names, tracked at most; beyond it, stale ones are forgotten, and while
+/// they are all recent every login is refused as busy (the memory an attacker can make the
+/// console hold is bounded).
 const MAX_TRACKED: usize = 100_000;
 
 /// Why a login was not checked.
@@ -55,19 +56,20 @@ impl Default for LoginGuard {
 }
 
 impl LoginGuard {
-    /// Counts an attempt from `client` (when known) for `user` (only a name some user has: the
-    /// names tracked stay as few as the users), and refuses it when either tried too often.
-    pub(super) fn attempt(
-        &self,
-        client: Option<IpAddr>,
-        user: Option<&str>,
-    ) -> Result<(), Refused> {
-        if self.per_client.len() >= MAX_TRACKED {
-            self.per_client.retain_recent();
-            self.per_client.shrink_to_fit();
-            if self.per_client.len() >= MAX_TRACKED {
-                return Err(Refused::Busy);
+    /// Counts an attempt from `client` (when known) for `user`, and refuses it when either tried
+    /// too often. Every name is tracked alike, a user's or not, so that being throttled does
+    /// not tell which names exist.
+    pub(super) fn attempt(&self, client: Option<IpAddr>, user: &str) -> Result<(), Refused> {
+        for tracked in [self.per_client.len(), self.per_user.len()] {
+            if tracked >= MAX_TRACKED {
+                self.per_client.retain_recent();
+                self.per_client.shrink_to_fit();
+                self.per_user.retain_recent();
+                self.per_user.shrink_to_fit();
             }
+        }
+        if self.per_client.len() >= MAX_TRACKED || self.per_user.len() >= MAX_TRACKED {
+            return Err(Refused::Busy);
         }
         let now = DefaultClock::default().now();
         if let Some(client) = client {
@@ -75,11 +77,9 @@ impl LoginGuard {
                 .check_key(&client)
                 .map_err(|until| Refused::Throttled(until.wait_time_from(now)))?;
         }
-        if let Some(user) = user {
-            self.per_user
-                .check_key(&user.to_owned())
-                .map_err(|until| Refused::Throttled(until.wait_time_from(now)))?;
-        }
+        self.per_user
+            .check_key(&user.to_owned())
+            .map_err(|until| Refused::Throttled(until.wait_time_from(now)))?;
         Ok(())
     }
 
@@ -102,22 +102,33 @@ mod tests {
         let guard = LoginGuard::default();
         let a: IpAddr = "192.0.2.1".parse().expect("address");
         let b: IpAddr = "192.0.2.2".parse().expect("address");
-        for _ in 0..ATTEMPT_BURST {
-            assert_eq!(guard.attempt(Some(a), None), Ok(()));
+        for i in 0..ATTEMPT_BURST {
+            assert_eq!(guard.attempt(Some(a), &format!("guess{i}")), Ok(()));
         }
-        let Err(Refused::Throttled(wait)) = guard.attempt(Some(a), None) else {
+        let Err(Refused::Throttled(wait)) = guard.attempt(Some(a), "guess") else {
             panic!("the burst is spent")
         };
         assert!(wait > Duration::ZERO && wait <= ATTEMPT_EVERY, "{wait:?}");
         // Another address is not held back by the first one's attempts…
-        assert_eq!(guard.attempt(Some(b), Some("ada")), Ok(()));
-        // …but a user name is, whatever address its attempts come from.
+        assert_eq!(guard.attempt(Some(b), "ada"), Ok(()));
+        // …but a user name is, whatever address its attempts come from, a user's or not.
         for i in 1..ATTEMPT_BURST {
             let client: IpAddr = format!("198.51.100.{i}").parse().expect("address");
-            assert_eq!(guard.attempt(Some(client), Some("ada")), Ok(()));
+            assert_eq!(guard.attempt(Some(client), "ada"), Ok(()));
         }
         assert!(matches!(
-            guard.attempt(Some("203.0.113.9".parse().expect("address")), Some("ada")),
+            guard.attempt(Some("203.0.113.9".parse().expect("address")), "ada"),
+            Err(Refused::Throttled(_))
+        ));
+        for i in 1..=ATTEMPT_BURST {
+            let client: IpAddr = format!("198.51.100.{}", 100 + i).parse().expect("address");
+            assert_eq!(guard.attempt(Some(client), "nobody-has-it"), Ok(()));
+        }
+        assert!(matches!(
+            guard.attempt(
+                Some("203.0.113.10".parse().expect("address")),
+                "nobody-has-it"
+            ),
             Err(Refused::Throttled(_))
         ));
     }

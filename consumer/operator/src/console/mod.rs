@@ -18,11 +18,13 @@
 //! - `html`: escaping, the page layout, the security headers;
 //! - `refusal`: bad input as a 4xx with a message, a database or broker that does not answer
 //!   as a 503 that says so (never a 500);
+//! - `busy`: the few places the routes that read or change the databases take at a time;
 //! - `overview`, `timeline`, `letters`, `outbox`, `groups`: one page (and its `/api/` twin)
 //!   each; `actions`: the one `POST` entry for every change;
 //! - [`delayed`]: list, publish now, cancel delayed events.
 
 mod actions;
+mod busy;
 pub mod delayed;
 mod groups;
 mod html;
@@ -128,6 +130,8 @@ struct Inner {
     login_guard: login_guard::LoginGuard,
     settings: ConsoleSettings,
     overview: overview::Board,
+    /// See [`busy`].
+    database_places: tokio::sync::Semaphore,
 }
 
 impl Console {
@@ -142,6 +146,7 @@ impl Console {
                 login_guard: login_guard::LoginGuard::default(),
                 settings,
                 overview: overview::Board::default(),
+                database_places: tokio::sync::Semaphore::new(busy::PLACES),
             }),
         }
     }
@@ -149,9 +154,7 @@ impl Console {
     /// Every route: `/login` and `/static/` are open, everything else needs a session; every
     /// response carries the security headers.
     pub fn router(&self) -> Router {
-        let protected = Router::new()
-            .route("/", get(overview::page))
-            .route("/api/overview", get(overview::api))
+        let reads_and_actions = Router::new()
             .route("/timeline", get(timeline::page))
             .route("/api/timeline", get(timeline::api))
             .route("/dead-letters", get(letters::page))
@@ -162,6 +165,14 @@ impl Console {
             .route("/api/groups", get(groups::api))
             .route("/actions/{action}", post(actions::html))
             .route("/api/actions/{action}", post(actions::json))
+            .route_layer(axum::middleware::from_fn_with_state(
+                self.clone(),
+                busy::one_of_few,
+            ));
+        let protected = Router::new()
+            .route("/", get(overview::page))
+            .route("/api/overview", get(overview::api))
+            .merge(reads_and_actions)
             .route("/logout", post(session::logout))
             .fallback(refusal::not_found)
             .layer(axum::middleware::from_fn_with_state(

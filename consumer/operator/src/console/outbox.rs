@@ -2,6 +2,7 @@
 //! events (publish now, cancel). Each list shows at most [`LIST_LIMIT`] rows, read by index.
 
 use axum::extract::State;
+use axum::http::StatusCode;
 use axum::response::Html;
 use axum::{Extension, Json};
 use chrono::{DateTime, Utc};
@@ -11,7 +12,7 @@ use uuid::Uuid;
 
 use super::delayed::{self, DelayedEvent};
 use super::html::{action_footer, esc, layout, opt, unavailable};
-use super::refusal::Refusal;
+use super::refusal::{unanswered, Refusal};
 use super::session::{url_encode, Session};
 use super::Console;
 
@@ -74,19 +75,23 @@ pub(super) async fn api(State(console): State<Console>) -> Result<Json<OutboxDat
 pub(super) async fn page(
     State(console): State<Console>,
     Extension(session): Extension<Session>,
-) -> Html<String> {
+) -> (StatusCode, Html<String>) {
+    let mut status = StatusCode::OK;
     let mut body = "<h1>Outbox</h1>".to_owned();
     match read(&console).await {
-        Err(e) => body.push_str(&unavailable(
-            "The outbox's database did not answer",
-            &format!("{e:#}"),
-        )),
+        Err(e) => {
+            status = StatusCode::SERVICE_UNAVAILABLE;
+            body.push_str(&unavailable(
+                "The outbox's database did not answer",
+                &unanswered(&e),
+            ));
+        }
         Ok(data) => {
             body.push_str(&failed_section(&session, &data.failed));
             body.push_str(&delayed_section(&session, &data.delayed));
         }
     }
-    Html(layout("Outbox", Some(&session), &body))
+    (status, Html(layout("Outbox", Some(&session), &body)))
 }
 
 fn order_link(order: &str) -> String {

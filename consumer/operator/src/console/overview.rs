@@ -14,6 +14,7 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use super::html::layout;
+use super::refusal::unanswered;
 use super::session::Session;
 use super::Console;
 use crate::status::{self, Status};
@@ -97,7 +98,7 @@ pub(super) async fn sample_until(console: &Console, shutdown: CancellationToken)
                     state.status = Some((now, status));
                     state.error = None;
                 }
-                Ok(Err(e)) => state.error = Some((now, format!("{e:#}"))),
+                Ok(Err(e)) => state.error = Some((now, unanswered(&e))),
                 Err(_) => {
                     state.error =
                         Some((now, format!("no answer within {}s", READ_TIMEOUT.as_secs())))

@@ -4,6 +4,7 @@
 
 use axum::http::StatusCode;
 use axum::response::{Html, IntoResponse, Response};
+use uuid::Uuid;
 
 use super::html::{esc, layout};
 use crate::error::BadInput;
@@ -13,7 +14,7 @@ use crate::error::BadInput;
 pub(super) struct Refusal {
     pub(super) status: StatusCode,
     pub(super) message: String,
-    json: bool,
+    pub(super) json: bool,
 }
 
 impl Refusal {
@@ -58,37 +59,64 @@ impl Refusal {
     }
 }
 
-/// Whether `e` is PostgreSQL refusing a value (SQLSTATE class 22, data exception).
-fn refused_value(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| match c.downcast_ref::<sqlx::Error>() {
-        Some(sqlx::Error::Database(db)) => db.code().is_some_and(|code| code.starts_with("22")),
-        _ => false,
-    })
+/// PostgreSQL's own words when it refused a value (SQLSTATE class 22, data exception: a NUL
+/// character, bytes that are not UTF-8, a value too long), which speak of the value only.
+fn refused_value(e: &anyhow::Error) -> Option<String> {
+    e.chain()
+        .find_map(|c| match c.downcast_ref::<sqlx::Error>() {
+            Some(sqlx::Error::Database(db))
+                if db.code().is_some_and(|code| code.starts_with("22")) =>
+            {
+                Some(db.message().to_owned())
+            }
+            _ => None,
+        })
+}
+
+/// What a client is told of a failure that is not its own: that PostgreSQL or Kafka did not
+/// answer, with a reference. The detail (the driver's text, a database's host, user and name, a
+/// broker's address) goes to the log under the same reference, never to the client.
+pub(super) fn unanswered(e: &anyhow::Error) -> String {
+    let reference = Uuid::new_v4().simple().to_string()[..12].to_owned();
+    tracing::warn!(
+        reference = %reference,
+        error = %format!("{e:#}"),
+        "console: a read or an action failed"
+    );
+    format!("PostgreSQL or Kafka did not answer (try again; reference {reference} in the console's log)")
 }
 
 impl From<anyhow::Error> for Refusal {
     fn from(e: anyhow::Error) -> Self {
         let bad = e.chain().find_map(|c| c.downcast_ref::<BadInput>());
-        let (status, message) = match bad {
-            Some(BadInput::NotFound { .. }) => (StatusCode::NOT_FOUND, format!("{e:#}")),
-            Some(_) => (StatusCode::BAD_REQUEST, format!("{e:#}")),
-            // PostgreSQL refused a value the request carried (SQLSTATE class 22, data exception:
-            // a NUL character, bytes that are not UTF-8, a value too long): the input is at fault.
-            None if refused_value(&e) => (
-                StatusCode::BAD_REQUEST,
-                format!("PostgreSQL refused a value of the request: {e:#}"),
-            ),
-            None => {
-                tracing::warn!(error = %format!("{e:#}"), "console: a read or an action failed");
-                (
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    format!("PostgreSQL or Kafka did not answer (try again): {e:#}"),
-                )
+        // The operator's own input is named back; where a group or the databases are concerned,
+        // only the input (the command line says which database holds what).
+        let (status, message) = match (bad, refused_value(&e)) {
+            (Some(BadInput::NotFound { .. }), _) => {
+                (StatusCode::NOT_FOUND, bad.map(ToString::to_string))
             }
+            (Some(BadInput::UnknownGroup(group, _)), _) => (
+                StatusCode::BAD_REQUEST,
+                Some(format!("unknown consumer group {group}")),
+            ),
+            (Some(BadInput::OutOfScope(group)), _) => (
+                StatusCode::FORBIDDEN,
+                Some(format!(
+                    "group {group} is outside this console's groups (--group)"
+                )),
+            ),
+            (Some(bad), _) => (StatusCode::BAD_REQUEST, Some(bad.to_string())),
+            (None, Some(refused)) => (
+                StatusCode::BAD_REQUEST,
+                Some(format!(
+                    "PostgreSQL refused a value of the request: {refused}"
+                )),
+            ),
+            (None, None) => (StatusCode::SERVICE_UNAVAILABLE, None),
         };
         Refusal {
             status,
-            message,
+            message: message.unwrap_or_else(|| unanswered(&e)),
             json: false,
         }
     }

@@ -19,7 +19,7 @@ use serde::Deserialize;
 use super::html::{esc, layout};
 pub(super) use super::logged_in::Session;
 use super::login_guard::Refused;
-use super::users::Role;
+use super::users::{possible_name, Role};
 use super::Console;
 
 /// The cookie's name.
@@ -204,10 +204,16 @@ pub(super) async fn login(
     client: Option<Extension<ConnectInfo<SocketAddr>>>,
     Form(form): Form<LoginForm>,
 ) -> Response {
-    let known = console.inner.users.has(&form.user);
     let client = client.map(|Extension(ConnectInfo(address))| address.ip());
+    if !possible_name(&form.user) {
+        // No user could have it (the users file takes 1 to 64 printable characters): refused
+        // as a wrong password is, neither logged nor tracked.
+        tokio::time::sleep(REFUSAL_DELAY).await;
+        return wrong_password(form.next.as_deref());
+    }
+    let known = console.inner.users.has(&form.user);
     let guard = &console.inner.login_guard;
-    let permit = match guard.attempt(client, known.then_some(form.user.as_str())) {
+    let permit = match guard.attempt(client, &form.user) {
         Ok(()) => guard.check_turn().await,
         Err(refused) => Err(refused),
     };
@@ -235,10 +241,7 @@ pub(super) async fn login(
         tracing::warn!(user = %logged_name(&form.user), known, client = ?client,
             "console login refused");
         tokio::time::sleep(REFUSAL_DELAY).await;
-        let mut page =
-            login_form(form.next.as_deref(), Some("Wrong user name or password.")).into_response();
-        *page.status_mut() = StatusCode::UNAUTHORIZED;
-        return page;
+        return wrong_password(form.next.as_deref());
     };
     tracing::info!(user = %logged_name(&form.user), role = role.as_str(), "console login");
     let id = console.inner.sessions.open(&form.user, role);
@@ -304,6 +307,13 @@ fn too_many_logins(form: &LoginForm, refused: &Refused) -> Response {
     if let Ok(value) = header::HeaderValue::from_str(&seconds.max(1).to_string()) {
         let _ = page.headers_mut().insert(header::RETRY_AFTER, value);
     }
+    page
+}
+
+/// The login page again, 401: a wrong user name or password (which, it does not say).
+fn wrong_password(next: Option<&str>) -> Response {
+    let mut page = login_form(next, Some("Wrong user name or password.")).into_response();
+    *page.status_mut() = StatusCode::UNAUTHORIZED;
     page
 }
 

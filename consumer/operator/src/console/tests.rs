@@ -45,8 +45,17 @@ struct TargetsOnly {
 }
 
 fn console(database_url: &str) -> Console {
-    let args = TargetsOnly::try_parse_from(["pipeline", "--database-url", database_url])
-        .expect("arguments");
+    console_with(database_url, &[])
+}
+
+/// A console with more of the command line's target arguments (`--group …`).
+fn console_with(database_url: &str, more: &[&str]) -> Console {
+    let args = TargetsOnly::try_parse_from(
+        ["pipeline", "--database-url", database_url]
+            .iter()
+            .chain(more),
+    )
+    .expect("arguments");
     Console::new(
         Targets::new(args.targets, &Groups::new()),
         Groups::new(),
@@ -380,8 +389,7 @@ async fn no_answer_shows_the_database_password_wherever_the_url_carries_it() {
     )
     .router();
     let (cookie, _) = login(&router, "vic", VIEWER_TOKEN).await;
-    // The pages that read the database answer once it has not answered for 10 s (the pool's
-    // wait), two at once: the pool's size.
+    // The pages that read the database answer once it has not answered (the pool's wait).
     let paths = ["/api/groups", "/dead-letters?group=no-such-group"];
     let replies = futures::future::join_all(
         paths
@@ -506,13 +514,29 @@ async fn a_database_that_does_not_answer_is_a_503_that_says_so() {
         reply.body
     );
     assert!(reply.body.contains("did not answer"), "{}", reply.body);
+    // What the client is told is that, with a reference to the log's line: not the driver's
+    // text, nor the database's host, user or name.
+    for shown in ["127.0.0.1", "nobody", "none", "refused", "onnect"] {
+        assert!(!reply.body.contains(shown), "{shown}: {}", reply.body);
+    }
+    assert!(reply.body.contains("reference "), "{}", reply.body);
     let page = send(&router, get("/outbox", Some(&cookie))).await;
     assert_eq!(
         page.status,
-        StatusCode::OK,
-        "the page says so, in its panel"
+        StatusCode::SERVICE_UNAVAILABLE,
+        "the page says so, in its panel, and its status too"
     );
     assert!(page.body.contains("did not answer"), "{}", page.body);
+    // Within a moment of a failed connection, the next request is refused at once instead of
+    // trying again.
+    let started = std::time::Instant::now();
+    let groups = send(&router, get("/groups", Some(&cookie))).await;
+    assert_eq!(groups.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
     // The overview answers from its last reading (none yet) at once.
     let overview = send(&router, get("/api/overview", Some(&cookie))).await;
     assert_eq!(overview.status, StatusCode::OK);
@@ -685,6 +709,142 @@ async fn delayed_events_are_published_now_or_cancelled_and_recorded() {
         "{}",
         trace.body
     );
+    drop(pool);
+    drop_database(&server_url(), &name).await.expect("drop");
+}
+
+#[tokio::test]
+async fn a_name_no_user_has_is_throttled_as_a_users_name_is() {
+    let router = offline();
+    // Ten guesses, from ten addresses, of a name nobody has and of one a user has: the same
+    // answers, then the same 429, so throttling does not tell which names exist.
+    for name in ["mallory", "ada"] {
+        let guesses = futures::future::join_all((0..11).map(|i| {
+            let router = router.clone();
+            async move {
+                send(
+                    &router,
+                    login_from(&format!("198.18.{}.{i}:4000", name.len()), name, "guess"),
+                )
+                .await
+                .status
+            }
+        }))
+        .await;
+        let refused = guesses
+            .iter()
+            .filter(|s| **s == StatusCode::UNAUTHORIZED)
+            .count();
+        let throttled = guesses
+            .iter()
+            .filter(|s| **s == StatusCode::TOO_MANY_REQUESTS)
+            .count();
+        assert_eq!((refused, throttled), (10, 1), "{name}");
+    }
+    // A name no user could have (a control character, a space, 65 characters) is refused as a
+    // wrong password is.
+    for name in ["x\n\u{1b}[31mFORGED", "a b", &"n".repeat(65)] {
+        let reply = send(&router, login_from("198.18.9.9:4000", name, "guess")).await;
+        assert_eq!(reply.status, StatusCode::UNAUTHORIZED, "{name:?}");
+        assert!(reply.body.contains("Wrong user name or password"));
+    }
+}
+
+/// Inserts `count` open dead letters of `group`, one order each.
+async fn letters(pool: &sqlx::PgPool, group: &str, count: i64) -> Vec<i64> {
+    sqlx::query_scalar(
+        "INSERT INTO dead_letter (group_name, order_id, sequence, event_type, topic, partition,
+                                  kafka_offset, reason)
+         SELECT $1, 'order-' || $1 || '-' || lpad(n::text, 4, '0'), 1, 'order.placed', 'orders',
+                0, n, 'test'
+         FROM generate_series(1, $2) n
+         RETURNING id",
+    )
+    .bind(group)
+    .bind(count)
+    .fetch_all(pool)
+    .await
+    .expect("letters")
+}
+
+#[tokio::test]
+async fn letters_are_paged_in_sql_across_groups_and_only_the_groups_given_are_in_reach() {
+    let (name, pool) = migrated_database("operator_console_paging")
+        .await
+        .expect("database");
+    let url = database_url(&pool);
+    let _ = letters(&pool, "ga", 60).await;
+    let _ = letters(&pool, "gb", 30).await;
+    let router = console_with(&url, &["--group", "ga", "--group", "gb"]).router();
+    let (cookie, _) = login(&router, "ada", OPERATOR_PASSWORD).await;
+    let page = |n: usize| {
+        let (router, cookie) = (router.clone(), cookie.clone());
+        async move {
+            let reply = send(
+                &router,
+                get(&format!("/api/dead-letters?page={n}"), Some(&cookie)),
+            )
+            .await;
+            assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+            let data: serde_json::Value = serde_json::from_str(&reply.body).expect("json");
+            let groups: Vec<String> = data["letters"]
+                .as_array()
+                .expect("letters")
+                .iter()
+                .map(|l| l["group"].as_str().expect("group").to_owned())
+                .collect();
+            (data["total"].as_u64().expect("total"), groups)
+        }
+    };
+    let (total, first) = page(1).await;
+    assert_eq!((total, first.len()), (90, 50));
+    assert!(first.iter().all(|g| g == "ga"));
+    let (_, second) = page(2).await;
+    assert_eq!(second.iter().filter(|g| *g == "ga").count(), 10);
+    assert_eq!(second.iter().filter(|g| *g == "gb").count(), 30);
+    assert!(page(3).await.1.is_empty());
+    assert!(page(usize::MAX).await.1.is_empty());
+
+    // A console given one group reads and acts on that group alone.
+    let scoped = console_with(&url, &["--group", "ga"]).router();
+    let (cookie, csrf) = login(&scoped, "ada", OPERATOR_PASSWORD).await;
+    let outside = send(&scoped, get("/api/dead-letters?group=gb", Some(&cookie))).await;
+    assert_eq!(outside.status, StatusCode::FORBIDDEN, "{}", outside.body);
+    let all = send(&scoped, get("/api/dead-letters", Some(&cookie))).await;
+    let data: serde_json::Value = serde_json::from_str(&all.body).expect("json");
+    assert_eq!(data["total"], 60, "{}", all.body);
+    for action in ["pause", "dead-letters"] {
+        let reply = send(
+            &scoped,
+            post(
+                &format!("/api/actions/{action}"),
+                Some(&cookie),
+                &[
+                    ("csrf", &csrf),
+                    ("reason", "outside"),
+                    ("confirm", "yes"),
+                    ("group", "gb"),
+                    ("how", "discard"),
+                    ("scope", "matching"),
+                    ("filter_group", "gb"),
+                ],
+            ),
+        )
+        .await;
+        assert_eq!(
+            reply.status,
+            StatusCode::FORBIDDEN,
+            "{action}: {}",
+            reply.body
+        );
+    }
+    let open: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM dead_letter WHERE group_name = 'gb' AND status = 'open'",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("count");
+    assert_eq!(open, 30);
     drop(pool);
     drop_database(&server_url(), &name).await.expect("drop");
 }
