@@ -84,7 +84,7 @@ pub fn main(groups: Groups) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", output::shown(&format!("{e:#}")));
             ExitCode::from(exit_code(&e))
         }
     }

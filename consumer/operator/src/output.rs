@@ -2,6 +2,7 @@
 
 use comfy_table::presets::UTF8_FULL_CONDENSED;
 use comfy_table::{ContentArrangement, Table};
+use pipeline_core::record::escape;
 use serde::Serialize;
 
 /// A table with `header`, laid out to the terminal's width.
@@ -12,6 +13,21 @@ pub fn table(header: &[&str]) -> Table {
         .set_content_arrangement(ContentArrangement::Dynamic)
         .set_header(header.to_vec());
     table
+}
+
+/// `text` as a terminal may show it: every control character (an escape sequence, a carriage
+/// return, a bell) and backslash escaped as in `dead-letters show`, line breaks kept. What the
+/// commands print comes partly from the databases and Kafka, written by services and clients.
+pub fn shown(text: &str) -> String {
+    text.split('\n')
+        .map(|line| escape(line.as_bytes()).into_owned())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Adds a row of `cells` to `table`, each [`shown`] as a terminal may show it.
+pub fn row<S: AsRef<str>>(table: &mut Table, cells: impl IntoIterator<Item = S>) {
+    let _ = table.add_row(cells.into_iter().map(|c| shown(c.as_ref())));
 }
 
 /// Prints `value` as pretty JSON.

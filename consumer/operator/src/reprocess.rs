@@ -249,12 +249,15 @@ fn plan(client: &BaseConsumer, topics: &[String], from: Position) -> anyhow::Res
 pub fn print(r: &Reprocessed) {
     let mut t = table(&["topic", "partition", "committed before", "starts from"]);
     for p in &r.partitions {
-        let _ = t.add_row(vec![
-            p.topic.clone(),
-            p.partition.to_string(),
-            p.committed_before.map_or("-".to_owned(), |o| o.to_string()),
-            p.from.to_string(),
-        ]);
+        crate::output::row(
+            &mut t,
+            vec![
+                p.topic.clone(),
+                p.partition.to_string(),
+                p.committed_before.map_or("-".to_owned(), |o| o.to_string()),
+                p.from.to_string(),
+            ],
+        );
     }
     println!("{t}");
     println!(

@@ -113,13 +113,16 @@ pub fn print(requeued: &[Requeued]) {
         "last error",
     ]);
     for r in requeued {
-        let _ = t.add_row(vec![
-            r.event_id.to_string(),
-            r.aggregate_id.clone(),
-            r.sequence.to_string(),
-            r.attempts.to_string(),
-            r.last_error.clone().unwrap_or_default(),
-        ]);
+        crate::output::row(
+            &mut t,
+            vec![
+                r.event_id.to_string(),
+                r.aggregate_id.clone(),
+                r.sequence.to_string(),
+                r.attempts.to_string(),
+                r.last_error.clone().unwrap_or_default(),
+            ],
+        );
     }
     println!("{t}");
     println!(

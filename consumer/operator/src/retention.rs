@@ -240,16 +240,19 @@ fn print_status(status: &[TableStatus]) {
                 "-".to_owned(),
             ),
         };
-        let _ = t.add_row(vec![
-            s.database.clone(),
-            s.table.clone(),
-            s.window.clone(),
-            last_run,
-            caught_up,
-            removed,
-            oldest,
-            by,
-        ]);
+        crate::output::row(
+            &mut t,
+            vec![
+                s.database.clone(),
+                s.table.clone(),
+                s.window.clone(),
+                last_run,
+                caught_up,
+                removed,
+                oldest,
+                by,
+            ],
+        );
     }
     println!("{t}");
     println!("Kept whatever their age:");
@@ -273,29 +276,35 @@ fn print_runs(runs: &[DatabaseRun], dry_run: bool) {
     ]);
     for r in runs {
         if r.busy {
-            let _ = t.add_row(vec![
-                r.database.clone(),
-                "(another runner is at work: try again)".to_owned(),
-            ]);
+            crate::output::row(
+                &mut t,
+                vec![
+                    r.database.clone(),
+                    "(another runner is at work: try again)".to_owned(),
+                ],
+            );
         }
         for table in &r.tables {
-            let _ = t.add_row(vec![
-                r.database.clone(),
-                table.table.clone(),
-                table.window.clone(),
-                table
-                    .cutoff
-                    .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-                if table.partitions_removed > 0 {
-                    format!(
-                        "{} ({} partitions)",
-                        table.removed, table.partitions_removed
-                    )
-                } else {
-                    table.removed.to_string()
-                },
-                if table.caught_up { "yes" } else { "no" }.to_owned(),
-            ]);
+            crate::output::row(
+                &mut t,
+                vec![
+                    r.database.clone(),
+                    table.table.clone(),
+                    table.window.clone(),
+                    table
+                        .cutoff
+                        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                    if table.partitions_removed > 0 {
+                        format!(
+                            "{} ({} partitions)",
+                            table.removed, table.partitions_removed
+                        )
+                    } else {
+                        table.removed.to_string()
+                    },
+                    if table.caught_up { "yes" } else { "no" }.to_owned(),
+                ],
+            );
         }
     }
     println!("{t}");

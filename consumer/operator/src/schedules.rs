@@ -279,20 +279,23 @@ fn print_list(listed: &[Listed]) {
     ]);
     for l in listed {
         let s = &l.schedule;
-        let _ = t.add_row(vec![
-            s.name.clone(),
-            s.cron.clone(),
-            s.time_zone.clone(),
-            format!("{} → {}", s.event_type, s.topic),
-            s.aggregate_id.clone(),
-            s.missed.clone(),
-            if s.enabled { "active" } else { "paused" }.to_owned(),
-            l.next
-                .iter()
-                .map(|(_, local)| local.clone())
-                .collect::<Vec<_>>()
-                .join("\n"),
-        ]);
+        crate::output::row(
+            &mut t,
+            vec![
+                s.name.clone(),
+                s.cron.clone(),
+                s.time_zone.clone(),
+                format!("{} → {}", s.event_type, s.topic),
+                s.aggregate_id.clone(),
+                s.missed.clone(),
+                if s.enabled { "active" } else { "paused" }.to_owned(),
+                l.next
+                    .iter()
+                    .map(|(_, local)| local.clone())
+                    .collect::<Vec<_>>()
+                    .join("\n"),
+            ],
+        );
     }
     println!("{t}");
 }
@@ -306,13 +309,16 @@ fn print_occurrences(occurrences: &[Occurrence]) {
         "relay epoch",
     ]);
     for o in occurrences {
-        let _ = t.add_row(vec![
-            o.fire_at.format("%Y-%m-%d %H:%M:%S%.3f").to_string(),
-            o.outcome.clone(),
-            cell(o.event_id),
-            cell(o.event_state.clone()),
-            cell(o.relay_epoch),
-        ]);
+        crate::output::row(
+            &mut t,
+            vec![
+                o.fire_at.format("%Y-%m-%d %H:%M:%S%.3f").to_string(),
+                o.outcome.clone(),
+                cell(o.event_id),
+                cell(o.event_state.clone()),
+                cell(o.relay_epoch),
+            ],
+        );
     }
     println!("{t}");
 }

@@ -304,27 +304,33 @@ pub fn print(status: &Status) {
         "failed",
         "oldest unpublished",
     ]);
-    let _ = outbox.add_row(vec![
-        "queue".to_owned(),
-        capped(o.pending, CAP),
-        capped(o.retrying, CAP),
-        capped(o.failed, CAP),
-        cell(o.oldest_unpublished_seconds.map(age)),
-    ]);
+    crate::output::row(
+        &mut outbox,
+        vec![
+            "queue".to_owned(),
+            capped(o.pending, CAP),
+            capped(o.retrying, CAP),
+            capped(o.failed, CAP),
+            cell(o.oldest_unpublished_seconds.map(age)),
+        ],
+    );
     println!("{outbox}");
     let mut delayed = table(&["delayed events", "waiting", "due", "next due"]);
-    let _ = delayed.add_row(vec![
-        "delayed".to_owned(),
-        capped(o.delayed, CAP),
-        capped(o.delayed_due, CAP),
-        cell(o.next_delayed_in_seconds.map(|s| {
-            if s >= 0.0 {
-                format!("in {}", age(s))
-            } else {
-                format!("overdue {}", age(-s))
-            }
-        })),
-    ]);
+    crate::output::row(
+        &mut delayed,
+        vec![
+            "delayed".to_owned(),
+            capped(o.delayed, CAP),
+            capped(o.delayed_due, CAP),
+            cell(o.next_delayed_in_seconds.map(|s| {
+                if s >= 0.0 {
+                    format!("in {}", age(s))
+                } else {
+                    format!("overdue {}", age(-s))
+                }
+            })),
+        ],
+    );
     println!("{delayed}");
     let mut relay = table(&["relay lease", "epoch", "holder", "state", "renewed"]);
     for l in &status.relay {
@@ -334,19 +340,25 @@ pub fn print(status: &Status) {
             (false, true) => "expired (holder frozen or cut off?)",
             (false, false) => "vacant",
         };
-        let _ = relay.add_row(vec![
-            l.lease_key.to_string(),
-            l.epoch.to_string(),
-            cell(
-                l.holder
-                    .map(|h| format!("{h} (pid {})", cell(l.holder_pid))),
-            ),
-            state.to_owned(),
-            cell(l.renewed_seconds_ago.map(|s| format!("{} ago", age(s)))),
-        ]);
+        crate::output::row(
+            &mut relay,
+            vec![
+                l.lease_key.to_string(),
+                l.epoch.to_string(),
+                cell(
+                    l.holder
+                        .map(|h| format!("{h} (pid {})", cell(l.holder_pid))),
+                ),
+                state.to_owned(),
+                cell(l.renewed_seconds_ago.map(|s| format!("{} ago", age(s)))),
+            ],
+        );
     }
     if status.relay.is_empty() {
-        let _ = relay.add_row(vec!["-", "-", "no relay has run", "vacant", "-"]);
+        crate::output::row(
+            &mut relay,
+            vec!["-", "-", "no relay has run", "vacant", "-"],
+        );
     }
     println!("{relay}");
     let mut groups = table(&[
@@ -368,17 +380,20 @@ pub fn print(status: &Status) {
             ),
             None => g.state.to_owned(),
         };
-        let _ = groups.add_row(vec![
-            g.group.clone(),
-            state,
-            cell(g.members),
-            cell(g.lag_messages),
-            cell(g.lag_seconds.map(age)),
-            cell(g.uncommitted_partitions),
-            g.rate_limit.clone().unwrap_or_else(|| "none".to_owned()),
-            capped(g.dead_letters_open, CAP),
-            capped(g.orders_parked, CAP),
-        ]);
+        crate::output::row(
+            &mut groups,
+            vec![
+                g.group.clone(),
+                state,
+                cell(g.members),
+                cell(g.lag_messages),
+                cell(g.lag_seconds.map(age)),
+                cell(g.uncommitted_partitions),
+                g.rate_limit.clone().unwrap_or_else(|| "none".to_owned()),
+                capped(g.dead_letters_open, CAP),
+                capped(g.orders_parked, CAP),
+            ],
+        );
     }
     println!("{groups}");
     for g in &status.groups {

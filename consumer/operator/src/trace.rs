@@ -226,25 +226,28 @@ pub fn print(trace: &Trace) {
         "detail",
     ]);
     for s in &trace.steps {
-        let _ = t.add_row(vec![
-            s.at.format("%Y-%m-%d %H:%M:%S%.3f").to_string(),
-            s.place.clone(),
-            s.transition.clone(),
-            cell(s.sequence),
-            cell(
-                s.event_type
-                    .clone()
-                    .or_else(|| s.event_id.map(|e| e.to_string())),
-            ),
-            match (s.kafka_partition, s.kafka_offset) {
-                (Some(p), Some(o)) => format!("{p}/{o}"),
-                _ => "-".to_owned(),
-            },
-            s.detail
-                .as_deref()
-                .map(|d| escape(d.as_bytes()).into_owned())
-                .unwrap_or_default(),
-        ]);
+        crate::output::row(
+            &mut t,
+            vec![
+                s.at.format("%Y-%m-%d %H:%M:%S%.3f").to_string(),
+                s.place.clone(),
+                s.transition.clone(),
+                cell(s.sequence),
+                cell(
+                    s.event_type
+                        .clone()
+                        .or_else(|| s.event_id.map(|e| e.to_string())),
+                ),
+                match (s.kafka_partition, s.kafka_offset) {
+                    (Some(p), Some(o)) => format!("{p}/{o}"),
+                    _ => "-".to_owned(),
+                },
+                s.detail
+                    .as_deref()
+                    .map(|d| escape(d.as_bytes()).into_owned())
+                    .unwrap_or_default(),
+            ],
+        );
     }
     println!("{t}");
 }

@@ -60,7 +60,7 @@ const HEADER_FRAMING_BYTES: usize = 10;
 
 impl OutboxSettings {
     /// Checks `event`: required fields present, no NUL character anywhere (PostgreSQL's text
-    /// and jsonb cannot store one), keys and event type within their lengths
+    /// and jsonb cannot store one), no control character in the event type, keys and event type within their lengths
     /// ([`MAX_AGGREGATE_ID_BYTES`], [`MAX_EVENT_TYPE_BYTES`], [`MAX_BUSINESS_KEY_BYTES`]), a
     /// topic name Kafka accepts, and at most
     /// [`max_message_bytes`](OutboxSettings::max_message_bytes) as produced.
@@ -78,6 +78,9 @@ impl OutboxSettings {
             if has_nul(value) {
                 return Err(EnqueueError::NulCharacter(name));
             }
+        }
+        if event.event_type.chars().any(char::is_control) {
+            return Err(EnqueueError::ControlCharacter("event_type"));
         }
         for (name, value, limit) in [
             ("business_key", &event.business_key, MAX_BUSINESS_KEY_BYTES),

@@ -169,6 +169,11 @@ pub enum EnqueueError {
     /// store; nothing was written.
     #[error("event field `{0}` contains a NUL character")]
     NulCharacter(&'static str),
+    /// The event type holds a control character (U+0000–U+001F, U+007F–U+009F: an escape
+    /// sequence, a line break), which would reach the operator's terminal and every log line
+    /// that names it; nothing was written.
+    #[error("event field `{0}` contains a control character")]
+    ControlCharacter(&'static str),
     /// A field (named: `business_key`, `event_type` or `aggregate_id`) is longer than consumer
     /// groups or PostgreSQL's indexes take ([`MAX_AGGREGATE_ID_BYTES`],
     /// [`MAX_EVENT_TYPE_BYTES`], [`MAX_BUSINESS_KEY_BYTES`]); nothing was written.

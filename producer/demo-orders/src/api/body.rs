@@ -57,6 +57,36 @@ where
     }
 }
 
+/// The body of an action that reads none (pay, cancel, ship): nothing, or the empty JSON object
+/// `{}`. Anything else is refused with 400, so that a client that believes its body says
+/// something (`[1,2]`, a reason, a quantity) learns that it does not, before the order changes.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct NoBody;
+
+impl<S> FromRequest<S> for NoBody
+where
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let bytes = Bytes::from_request(req, state)
+            .await
+            .map_err(|e| body_error(&e))?;
+        let empty = bytes.iter().all(u8::is_ascii_whitespace)
+            || serde_json::from_slice::<serde_json::Map<String, Value>>(&bytes)
+                .is_ok_and(|object| object.is_empty());
+        if empty {
+            Ok(NoBody)
+        } else {
+            Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "this action reads no body: send none, or the empty JSON object {}",
+            ))
+        }
+    }
+}
+
 /// A body axum's JSON extractor refused: 400 for malformed JSON, 422 for JSON of the wrong
 /// shape, the body's own refusal otherwise.
 impl From<JsonRejection> for ApiError {

@@ -9,7 +9,7 @@ use demo_events::order_events::ORDER_PLACED;
 use pipeline_core::envelope::TRACEPARENT;
 use uuid::Uuid;
 
-use super::body::ApiJson;
+use super::body::{ApiJson, NoBody};
 use super::error::ApiError;
 use super::state::AppState;
 use crate::orders::Action;
@@ -67,6 +67,7 @@ pub(super) async fn pay_order(
     state: State<AppState>,
     headers: HeaderMap,
     id: Result<Path<String>, PathRejection>,
+    _: NoBody,
 ) -> Result<Response, ApiError> {
     transition(state, headers, id, Action::Pay).await
 }
@@ -76,6 +77,7 @@ pub(super) async fn cancel_order(
     state: State<AppState>,
     headers: HeaderMap,
     id: Result<Path<String>, PathRejection>,
+    _: NoBody,
 ) -> Result<Response, ApiError> {
     transition(state, headers, id, Action::Cancel).await
 }
@@ -85,6 +87,7 @@ pub(super) async fn ship_order(
     state: State<AppState>,
     headers: HeaderMap,
     id: Result<Path<String>, PathRejection>,
+    _: NoBody,
 ) -> Result<Response, ApiError> {
     transition(state, headers, id, Action::Ship).await
 }

@@ -4,7 +4,7 @@
 //! |----------------------------|-----------------------------------------------|
 //! | `POST /orders`             | 201 placed, 200 replayed (same key and body)  |
 //! | `GET /orders/{id}`         | 200 order, 404                                |
-//! | `POST /orders/{id}/pay`    | 200 order, 404, 409 when the lifecycle forbids |
+//! | `POST /orders/{id}/pay`    | 200 order, 404, 409 when the lifecycle forbids, 400 for a body (none or `{}`) |
 //! | `POST /orders/{id}/cancel` | same                                          |
 //! | `POST /orders/{id}/ship`   | same                                          |
 //! | `POST /exports`            | 202 pending export job, `Location` header      |

@@ -265,15 +265,40 @@ async fn limits_are_inclusive(pool: PgPool) {
 }
 
 #[sqlx::test(migrator = "demo_events::MIGRATOR")]
-async fn transitions_ignore_their_body(pool: PgPool) {
+async fn transitions_refuse_a_body_they_do_not_read(pool: PgPool) {
     let app = spawn_app(pool).await;
     let id = app.place_order().await;
+    for (content_type, body) in [
+        (Some("application/json"), &b"[1,2]"[..]),
+        (Some("application/json"), br#"{"reason":"fraud"}"#),
+        (Some("text/plain"), b"whatever"),
+        (None, b"\x00\x01"),
+    ] {
+        let (status, reply) = app
+            .post_raw(&format!("/orders/{id}/cancel"), content_type, body.to_vec())
+            .await;
+        assert_eq!(status, 400, "{reply}");
+        assert!(
+            reply["error"]
+                .as_str()
+                .unwrap_or("")
+                .contains("reads no body"),
+            "{reply}"
+        );
+    }
+    let (status, order) = app.get(&format!("/orders/{id}")).await;
+    assert_eq!((status, order["status"].as_str()), (200, Some("placed")));
+    // No body, or the empty object, is the action.
     let (status, order) = app
         .post_raw(
             &format!("/orders/{id}/pay"),
-            Some("text/plain"),
-            b"whatever".to_vec(),
+            Some("application/json"),
+            b" { } ".to_vec(),
         )
         .await;
     assert_eq!((status, order["status"].as_str()), (200, Some("paid")));
+    let (status, order) = app
+        .post_raw(&format!("/orders/{id}/ship"), None, Vec::new())
+        .await;
+    assert_eq!((status, order["status"].as_str()), (200, Some("shipped")));
 }

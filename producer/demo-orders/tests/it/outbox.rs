@@ -325,6 +325,16 @@ fn refused_events() -> Vec<RefusedEvent> {
             |e| matches!(e, EnqueueError::NulCharacter("payload")),
         ),
         (
+            "an escape sequence in the event type",
+            with(|e| e.event_type = "t\u{1b}[31mRED\u{1b}[0m".into()),
+            |e| matches!(e, EnqueueError::ControlCharacter("event_type")),
+        ),
+        (
+            "a line break in the event type",
+            with(|e| e.event_type = "order.placed\nforged".into()),
+            |e| matches!(e, EnqueueError::ControlCharacter("event_type")),
+        ),
+        (
             "an aggregate id longer than consumer groups take",
             with(|e| e.aggregate_id = "o".repeat(MAX_AGGREGATE_ID_BYTES + 1)),
             |e| {

@@ -11,6 +11,7 @@ mod end_to_end;
 mod exports;
 mod fenced_partition;
 mod group_pause;
+mod hostile_http;
 mod hostile_records;
 mod prometheus;
 mod rate_limits;
