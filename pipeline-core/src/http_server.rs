@@ -34,21 +34,58 @@ use tokio_util::sync::CancellationToken;
 use tower::limit::GlobalConcurrencyLimitLayer;
 use tower::ServiceBuilder;
 
-/// The bounds [`serve`] holds every client to.
+/// The bounds [`serve`] holds every client to. With the `cli` feature, also a command line's
+/// settings (`--http-max-connections` and the rest, each with its `HTTP_…` environment
+/// variable), whose defaults are [`ServerLimits::default`]'s.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
 pub struct ServerLimits {
     /// Longest a connection may take to send a request's head (line and headers), counted from
     /// when the server is ready to read one: a connection idle that long between requests is
     /// closed too.
+    #[cfg_attr(
+        feature = "cli",
+        arg(long = "http-header-read-timeout", env = "HTTP_HEADER_READ_TIMEOUT", default_value = "10s",
+            value_parser = humantime::parse_duration)
+    )]
     pub header_read_timeout: Duration,
     /// Longest a request may take from its head to its response, its body included: 408 after.
+    #[cfg_attr(
+        feature = "cli",
+        arg(long = "http-request-timeout", env = "HTTP_REQUEST_TIMEOUT", default_value = "30s",
+            value_parser = humantime::parse_duration)
+    )]
     pub request_timeout: Duration,
     /// Connections open at once; one more gets a 503 and is closed.
+    #[cfg_attr(
+        feature = "cli",
+        arg(
+            long = "http-max-connections",
+            env = "HTTP_MAX_CONNECTIONS",
+            default_value_t = 1_024
+        )
+    )]
     pub max_connections: usize,
     /// Connections open at once from one client address (so one client cannot take them all);
     /// one more from it gets a 503 and is closed.
+    #[cfg_attr(
+        feature = "cli",
+        arg(
+            long = "http-max-connections-per-client",
+            env = "HTTP_MAX_CONNECTIONS_PER_CLIENT",
+            default_value_t = 64
+        )
+    )]
     pub max_connections_per_client: usize,
     /// Requests handled at once; one more gets a 503.
+    #[cfg_attr(
+        feature = "cli",
+        arg(
+            long = "http-max-requests-in-flight",
+            env = "HTTP_MAX_REQUESTS_IN_FLIGHT",
+            default_value_t = 256
+        )
+    )]
     pub max_requests_in_flight: usize,
 }
 

@@ -2,7 +2,6 @@
 
 use comfy_table::presets::UTF8_FULL_CONDENSED;
 use comfy_table::{ContentArrangement, Table};
-use pipeline_core::record::escape;
 use serde::Serialize;
 
 /// A table with `header`, laid out to the terminal's width.
@@ -15,14 +14,23 @@ pub fn table(header: &[&str]) -> Table {
     table
 }
 
-/// `text` as a terminal may show it: every control character (an escape sequence, a carriage
-/// return, a bell) and backslash escaped as in `dead-letters show`, line breaks kept. What the
-/// commands print comes partly from the databases and Kafka, written by services and clients.
+/// `text` as a terminal may show it: every control character but the line break (an escape
+/// sequence, a carriage return, a bell) written as `\u{1b}`. What the commands print comes
+/// partly from the databases and Kafka, written by services and clients; values already escaped
+/// (a dead letter's bytes) pass unchanged.
 pub fn shown(text: &str) -> String {
-    text.split('\n')
-        .map(|line| escape(line.as_bytes()).into_owned())
-        .collect::<Vec<_>>()
-        .join("\n")
+    if !text.chars().any(|c| c.is_control() && c != '\n') {
+        return text.to_owned();
+    }
+    text.chars()
+        .map(|c| {
+            if c.is_control() && c != '\n' {
+                format!("\\u{{{:x}}}", u32::from(c))
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 /// Adds a row of `cells` to `table`, each [`shown`] as a terminal may show it.
@@ -68,5 +76,17 @@ pub fn age(seconds: f64) -> String {
             (seconds / 3600.0) as i64,
             ((seconds % 3600.0) / 60.0) as i64
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shown;
+
+    #[test]
+    fn control_characters_are_shown_as_escapes_and_the_rest_as_is() {
+        assert_eq!(shown("agg\u{1b}[31mRED\r"), "agg\\u{1b}[31mRED\\u{d}");
+        assert_eq!(shown("a\nb"), "a\nb");
+        assert_eq!(shown("\\xff\\xfe (2 bytes)"), "\\xff\\xfe (2 bytes)");
     }
 }

@@ -258,7 +258,7 @@ impl Targets {
     }
 
     /// The database at `url` (one pool per URL, opened on first use; a database that could not
-    /// be reached is tried again [`RETRY_AFTER`] later, and the requests meanwhile are refused
+    /// be reached is tried again two seconds later, and the requests meanwhile are refused
     /// with the same error at once).
     pub async fn pool_of(&self, url: &str) -> anyhow::Result<PgPool> {
         let mut pools = self.pools.lock().await;

@@ -47,6 +47,7 @@ use anyhow::Context;
 use axum::routing::{get, post};
 use axum::Router;
 use consumer::Groups;
+use pipeline_core::http_server::ServerLimits;
 use tokio_util::sync::CancellationToken;
 
 use crate::targets::Targets;
@@ -89,6 +90,9 @@ pub struct ConsoleArgs {
     /// Read a password from standard input, print its Argon2 hash for the users file, and exit.
     #[arg(long)]
     pub hash_password: bool,
+    /// The HTTP server's bounds on every client.
+    #[command(flatten)]
+    pub limits: ServerLimits,
 }
 
 /// Settings of a console, as a library user builds them.
@@ -102,6 +106,8 @@ pub struct ConsoleSettings {
     pub session_ttl: Duration,
     /// Mark the session cookie `Secure`.
     pub secure_cookie: bool,
+    /// The HTTP server's bounds on every client.
+    pub limits: ServerLimits,
 }
 
 impl Default for ConsoleSettings {
@@ -111,6 +117,7 @@ impl Default for ConsoleSettings {
             refresh: Duration::from_secs(3),
             session_ttl: Duration::from_secs(12 * 3600),
             secure_cookie: false,
+            limits: ServerLimits::default(),
         }
     }
 }
@@ -205,10 +212,9 @@ impl Console {
             let shutdown = shutdown.clone();
             async move { console.sample_until(shutdown).await }
         });
-        // Each request knows its client's address (logins are throttled per address), within
-        // the default limits.
-        let limits = pipeline_core::http_server::ServerLimits::default();
-        pipeline_core::http_server::serve(listener, self.router(), &limits, shutdown.clone()).await;
+        // Each request knows its client's address (logins are throttled per address).
+        let limits = &self.inner.settings.limits;
+        pipeline_core::http_server::serve(listener, self.router(), limits, shutdown.clone()).await;
         shutdown.cancel();
         let _ = sampler.await;
         Ok(())
@@ -236,6 +242,7 @@ pub async fn run(targets: Targets, groups: Groups, args: &ConsoleArgs) -> anyhow
         refresh: Duration::from_secs(args.refresh_seconds.max(1)),
         session_ttl: Duration::from_secs(args.session_hours.max(1) * 3600),
         secure_cookie: args.secure_cookie,
+        limits: args.limits.clone(),
     };
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await

@@ -848,3 +848,30 @@ async fn letters_are_paged_in_sql_across_groups_and_only_the_groups_given_are_in
     drop(pool);
     drop_database(&server_url(), &name).await.expect("drop");
 }
+
+#[test]
+fn the_http_limits_default_as_the_library_does_and_are_settings() {
+    #[derive(clap::Parser)]
+    struct ConsoleOnly {
+        #[command(flatten)]
+        console: super::ConsoleArgs,
+    }
+    let parsed = ConsoleOnly::try_parse_from(["console"]).expect("arguments");
+    assert_eq!(
+        parsed.console.limits,
+        pipeline_core::http_server::ServerLimits::default()
+    );
+    let parsed = ConsoleOnly::try_parse_from([
+        "console",
+        "--http-max-connections",
+        "100",
+        "--http-header-read-timeout",
+        "3s",
+    ])
+    .expect("arguments");
+    assert_eq!(parsed.console.limits.max_connections, 100);
+    assert_eq!(
+        parsed.console.limits.header_read_timeout,
+        Duration::from_secs(3)
+    );
+}
