@@ -30,11 +30,13 @@ pub struct TargetArgs {
         long = "group",
         global = true,
         env = "CONSUMER_GROUPS",
-        value_delimiter = ','
+        value_delimiter = ',',
+        value_parser = parse_name
     )]
     pub groups: Vec<String>,
     /// Prefix of the Kafka group ids and of the groups' rows, as the groups run with it.
-    #[arg(long, global = true, env = "CONSUMER_GROUP_PREFIX", default_value = "")]
+    #[arg(long, global = true, env = "CONSUMER_GROUP_PREFIX", default_value = "",
+          value_parser = parse_name)]
     pub group_prefix: String,
     /// Topics the groups consume (default: the topics each group has owned partitions of, from
     /// its database).
@@ -50,9 +52,22 @@ pub struct TargetArgs {
     pub kafka: KafkaArgs,
 }
 
+/// A group's name or prefix: refused when it holds a control character (an escape sequence, a
+/// line break), which would reach the operator's terminal and the logs.
+fn parse_name(s: &str) -> Result<String, String> {
+    if s.chars().any(char::is_control) {
+        return Err(format!("`{}` holds a control character", s.escape_debug()));
+    }
+    Ok(s.to_owned())
+}
+
 fn parse_group_database(s: &str) -> Result<(String, String), String> {
     match s.split_once('=') {
-        Some((name, url)) if !name.trim().is_empty() && !url.trim().is_empty() => {
+        Some((name, url))
+            if !name.trim().is_empty()
+                && !url.trim().is_empty()
+                && !name.chars().any(char::is_control) =>
+        {
             Ok((name.trim().to_owned(), url.trim().to_owned()))
         }
         _ => Err(format!("`{s}` is not GROUP=URL")),

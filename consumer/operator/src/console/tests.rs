@@ -875,3 +875,19 @@ fn the_http_limits_default_as_the_library_does_and_are_settings() {
         Duration::from_secs(3)
     );
 }
+
+#[test]
+fn a_group_name_or_prefix_with_a_control_character_is_refused() {
+    for args in [
+        vec!["pipeline", "--group", "inventory\u{1b}[2J"],
+        vec!["pipeline", "--group", "inventory,noti\nfication"],
+        vec!["pipeline", "--group-prefix", "t-\r"],
+        vec!["pipeline", "--group-database", "in\u{7}v=postgres://db/x"],
+    ] {
+        let refused = TargetsOnly::try_parse_from(&args).err();
+        assert!(refused.is_some(), "{args:?} accepted");
+    }
+    let fine = TargetsOnly::try_parse_from(["pipeline", "--group", "inventory,notification"])
+        .expect("arguments");
+    assert_eq!(fine.targets.groups, ["inventory", "notification"]);
+}
