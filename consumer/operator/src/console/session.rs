@@ -226,16 +226,16 @@ pub(super) async fn login(
         }
     };
     let verified = {
-        let console = console.clone();
+        let checker = console.clone();
         let (user, password) = (form.user.clone(), form.password);
-        tokio::task::spawn_blocking(move || {
-            let verified = console.inner.users.verify(&user, &password);
-            drop(permit);
-            verified
-        })
-        .await
-        .ok()
-        .flatten()
+        guard
+            .run(move |memory| {
+                let verified = checker.inner.users.verify_in(&user, &password, memory);
+                drop(permit);
+                verified
+            })
+            .await
+            .flatten()
     };
     let Some(role) = verified else {
         tracing::warn!(user = %logged_name(&form.user), known, client = ?client,

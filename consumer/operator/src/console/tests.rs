@@ -891,3 +891,33 @@ fn a_group_name_or_prefix_with_a_control_character_is_refused() {
         .expect("arguments");
     assert_eq!(fine.targets.groups, ["inventory", "notification"]);
 }
+
+#[test]
+fn argon2_hashes_of_any_parameters_verify_in_one_reused_memory() {
+    use argon2::password_hash::{PasswordHasher, SaltString};
+    let salt = SaltString::encode_b64(b"a salt of 16 b!!").expect("salt");
+    let small = argon2::Argon2::new(
+        argon2::Algorithm::Argon2i,
+        argon2::Version::V0x10,
+        argon2::Params::new(64, 2, 1, Some(24)).expect("params"),
+    )
+    .hash_password(b"small secret", &salt)
+    .expect("hash")
+    .to_string();
+    let default = hash_password(OPERATOR_PASSWORD).expect("hash");
+    let users =
+        Users::parse(&format!("sam:viewer:{small}\nada:operator:{default}\n")).expect("users");
+    let mut memory = Vec::new();
+    for _ in 0..2 {
+        assert_eq!(
+            users.verify_in("sam", "small secret", &mut memory),
+            Some(Role::Viewer)
+        );
+        assert_eq!(users.verify_in("sam", "small secreT", &mut memory), None);
+        assert_eq!(
+            users.verify_in("ada", OPERATOR_PASSWORD, &mut memory),
+            Some(Role::Operator)
+        );
+        assert_eq!(users.verify_in("ada", "wrong", &mut memory), None);
+    }
+}

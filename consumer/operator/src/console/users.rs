@@ -12,7 +12,7 @@ use std::str::FromStr;
 
 use anyhow::{bail, Context};
 use argon2::password_hash::{rand_core::OsRng, PasswordHash, PasswordHasher, SaltString};
-use argon2::{Argon2, PasswordVerifier};
+use argon2::{Algorithm, Argon2, Block, Params, Version};
 use sha2::{Digest, Sha256};
 
 /// What a user may do.
@@ -161,28 +161,65 @@ impl Users {
     /// (against a hash of nothing anyone knows), so the time of a refusal does not tell which
     /// names exist.
     pub fn verify(&self, name: &str, password: &str) -> Option<Role> {
+        self.verify_in(name, password, &mut Vec::new())
+    }
+
+    /// [`Users::verify`] with the Argon2 check's memory (about 19 MiB) taken from `memory`,
+    /// grown to the size the check needs and kept for the next one: a thread that checks
+    /// passwords one after another holds that memory once, where an allocation for each check
+    /// left the allocator holding several.
+    pub fn verify_in(&self, name: &str, password: &str, memory: &mut Vec<Block>) -> Option<Role> {
         let Some(entry) = self.entries.get(name) else {
-            check_against_nothing(password);
+            check_against_nothing(password, memory);
             return None;
         };
         let ok = match &entry.verifier {
-            Verifier::Argon2(phc) => PasswordHash::new(phc)
-                .map(|hash| {
-                    Argon2::default()
-                        .verify_password(password.as_bytes(), &hash)
-                        .is_ok()
-                })
-                .unwrap_or(false),
+            Verifier::Argon2(phc) => argon2_matches(phc, password, memory),
             Verifier::Sha256(want) => {
                 // A token is checked in microseconds: the Argon2 check of a name no user has is
                 // done as well, so that the time of a refusal does not tell token users apart.
-                check_against_nothing(password);
+                check_against_nothing(password, memory);
                 let got: [u8; 32] = Sha256::digest(password.as_bytes()).into();
                 constant_time_eq(&got, want)
             }
         };
         ok.then_some(entry.role)
     }
+}
+
+/// Whether `password` hashes to the Argon2 PHC string `phc` (its algorithm, version, parameters
+/// and salt), computed in `memory`.
+fn argon2_matches(phc: &str, password: &str, memory: &mut Vec<Block>) -> bool {
+    let Ok(hash) = PasswordHash::new(phc) else {
+        return false;
+    };
+    let (Some(salt), Some(want)) = (hash.salt, hash.hash) else {
+        return false;
+    };
+    let Ok(algorithm) = Algorithm::try_from(hash.algorithm) else {
+        return false;
+    };
+    let version = match hash.version.map(Version::try_from) {
+        None => Version::default(),
+        Some(Ok(version)) => version,
+        Some(Err(_)) => return false,
+    };
+    let Ok(params) = Params::try_from(&hash) else {
+        return false;
+    };
+    let mut salt_bytes = [0u8; 64];
+    let Ok(salt) = salt.decode_b64(&mut salt_bytes) else {
+        return false;
+    };
+    if memory.len() < params.block_count() {
+        memory.resize(params.block_count(), Block::default());
+    }
+    let blocks = params.block_count();
+    let mut got = vec![0u8; want.len()];
+    Argon2::new(algorithm, version, params)
+        .hash_password_into_with_memory(password.as_bytes(), salt, &mut got, &mut memory[..blocks])
+        .is_ok()
+        && constant_time_eq(&got, want.as_bytes())
 }
 
 /// Whether a user could be called `name`: 1 to 64 printable ASCII characters without spaces,
@@ -194,10 +231,8 @@ pub(super) fn possible_name(name: &str) -> bool {
 
 /// The Argon2 check of a password against [`unknown_user_hash`], whose outcome is not used: the
 /// same work as a user's check.
-fn check_against_nothing(password: &str) {
-    if let Ok(hash) = PasswordHash::new(unknown_user_hash()) {
-        let _ = Argon2::default().verify_password(password.as_bytes(), &hash);
-    }
+fn check_against_nothing(password: &str, memory: &mut Vec<Block>) {
+    let _ = argon2_matches(unknown_user_hash(), password, memory);
 }
 
 /// The hash an unknown user name's password is checked against: Argon2 with the default

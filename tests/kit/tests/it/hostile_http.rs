@@ -127,6 +127,10 @@ async fn the_console_holds_under_login_floods_slow_clients_and_read_floods() -> 
     } = console(&env, &[], &[]).await?;
     let legit = client_from([127, 0, 0, 2])?;
     let cookie = login(&legit, &base, "vic", &viewer_password).await?;
+    println!(
+        "before: console peak RSS {} MB",
+        peak_rss(&service)? / 1024 / 1024
+    );
     let overview = |legit: Client, cookie: String, base: String| async move {
         let started = Instant::now();
         let reply = legit
