@@ -10,7 +10,9 @@ use consumer::operator::dead_letters::{self as resolve, Resolution, ResolveError
 use consumer::Groups;
 use pipeline_core::record::{escape, RecordHeaders};
 use serde::Serialize;
-use sqlx::PgPool;
+use sqlx::postgres::PgArguments;
+use sqlx::query::QueryAs;
+use sqlx::{PgPool, Postgres};
 use uuid::Uuid;
 
 use crate::args::{DeadLetterAction, DeadLetterArgs, LetterAction, LetterFilter};
@@ -144,22 +146,16 @@ pub async fn list_page(
     limit: i64,
 ) -> anyhow::Result<Vec<Letter>> {
     check(filter, status)?;
-    Ok(sqlx::query_as(&format!(
+    let sql = format!(
         "SELECT {LETTER_COLUMNS} FROM dead_letter d WHERE {LETTER_MATCH}
          ORDER BY d.order_id, d.sequence NULLS FIRST, d.id
          OFFSET $8 LIMIT $9"
-    ))
-    .bind(group)
-    .bind(status)
-    .bind(filter.id)
-    .bind(&filter.reason)
-    .bind(filter.since)
-    .bind(filter.until)
-    .bind(&filter.order)
-    .bind(offset)
-    .bind(limit)
-    .fetch_all(pool)
-    .await?)
+    );
+    Ok(matching(sqlx::query_as(&sql), group, filter, status)
+        .bind(offset)
+        .bind(limit)
+        .fetch_all(pool)
+        .await?)
 }
 
 /// How many letters of `group` match `filter` and `status`.
@@ -170,18 +166,28 @@ pub async fn count(
     status: Option<&str>,
 ) -> anyhow::Result<i64> {
     check(filter, status)?;
-    Ok(sqlx::query_scalar(&format!(
-        "SELECT count(*) FROM dead_letter d WHERE {LETTER_MATCH}"
-    ))
-    .bind(group)
-    .bind(status)
-    .bind(filter.id)
-    .bind(&filter.reason)
-    .bind(filter.since)
-    .bind(filter.until)
-    .bind(&filter.order)
-    .fetch_one(pool)
-    .await?)
+    let sql = format!("SELECT count(*) FROM dead_letter d WHERE {LETTER_MATCH}");
+    let (count,): (i64,) = matching(sqlx::query_as(&sql), group, filter, status)
+        .fetch_one(pool)
+        .await?;
+    Ok(count)
+}
+
+/// `query` with [`LETTER_MATCH`]'s parameters bound: the group, the status and the filter.
+fn matching<'q, T>(
+    query: QueryAs<'q, Postgres, T, PgArguments>,
+    group: &'q str,
+    filter: &'q LetterFilter,
+    status: Option<&'q str>,
+) -> QueryAs<'q, Postgres, T, PgArguments> {
+    query
+        .bind(group)
+        .bind(status)
+        .bind(filter.id)
+        .bind(&filter.reason)
+        .bind(filter.since)
+        .bind(filter.until)
+        .bind(&filter.order)
 }
 
 /// Runs a `dead-letters` command and prints its result.
