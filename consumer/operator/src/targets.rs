@@ -7,7 +7,7 @@
 //! on its topics). Any other name is bad input: a typo must not pass for a healthy, empty group.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use consumer::Groups;
@@ -45,15 +45,15 @@ pub struct Targets {
 #[derive(Debug)]
 enum Opened {
     Pool(PgPool),
-    Failed(std::time::Instant, String),
+    Failed(Instant, String),
 }
 
 /// How long a client waits for one of a pool's connections, and the first one's connection.
-const ACQUIRE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// How long a database that could not be reached is not tried again: the requests that come
 /// meanwhile are refused at once instead of each waiting for its own connection attempt.
-const RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(2);
+const RETRY_AFTER: Duration = Duration::from_secs(2);
 
 impl Targets {
     /// Nothing is connected until a command needs it; `groups` are the names the program
@@ -285,10 +285,7 @@ impl Targets {
             }
             Err(e) => {
                 let error = format!("{e:#}");
-                let _ = pools.insert(
-                    url.to_owned(),
-                    Opened::Failed(std::time::Instant::now(), error),
-                );
+                let _ = pools.insert(url.to_owned(), Opened::Failed(Instant::now(), error));
                 Err(e)
             }
         }

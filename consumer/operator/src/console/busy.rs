@@ -7,7 +7,6 @@
 use std::time::Duration;
 
 use axum::extract::{Request, State};
-use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
@@ -31,15 +30,11 @@ pub(super) async fn one_of_few(
     match place {
         Ok(Ok(_place)) => next.run(request).await,
         _ => {
-            let refusal = Refusal {
-                status: StatusCode::SERVICE_UNAVAILABLE,
-                message: format!(
-                    "the console is busy: {PLACES} reads or actions at once, and this one waited \
-                     {}s for its turn (try again)",
-                    PLACE_WAIT.as_secs()
-                ),
-                json: false,
-            };
+            let refusal = Refusal::unavailable(format!(
+                "the console is busy: {PLACES} reads or actions at once, and this one waited {}s \
+                 for its turn (try again)",
+                PLACE_WAIT.as_secs()
+            ));
             if json { refusal.json() } else { refusal }.into_response()
         }
     }

@@ -14,7 +14,7 @@ use crate::error::BadInput;
 pub(super) struct Refusal {
     pub(super) status: StatusCode,
     pub(super) message: String,
-    pub(super) json: bool,
+    json: bool,
 }
 
 impl Refusal {
@@ -40,6 +40,15 @@ impl Refusal {
     pub(super) fn not_found(message: impl Into<String>) -> Self {
         Refusal {
             status: StatusCode::NOT_FOUND,
+            message: message.into(),
+            json: false,
+        }
+    }
+
+    /// Not now: 503 with `message`.
+    pub(super) fn unavailable(message: impl Into<String>) -> Self {
+        Refusal {
+            status: StatusCode::SERVICE_UNAVAILABLE,
             message: message.into(),
             json: false,
         }
