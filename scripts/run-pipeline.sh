@@ -15,6 +15,8 @@
 #   DRAIN_TIMEOUT=120        seconds to wait, after the load, for outbox and consumer lag to reach 0
 #   STOP_TIMEOUT=30          seconds a service gets to exit after SIGTERM before SIGKILL
 #   DIGEST_SCHEDULE='*/10 * * * * *'   the order service's recurring digest schedule (cron, UTC)
+#   SCHEDULE_FLOOR='10 seconds'        this deployment's least time between two occurrences of a
+#                                      schedule (outbox_schedule_floor), set before the services start
 #   RUST_LOG=info LOG_JSON   the services' logging ($RUN_DIR/{producer,relay,consumer}.log)
 #   KAFKA_BROKERS            an existing Kafka cluster to use instead of a local broker
 #   RUN_DIR, KAFKA_*         see scripts/lib.sh
@@ -26,6 +28,7 @@ cd "$REPO_ROOT"
 ORDERS="${ORDERS:-3000}"
 RATE="${RATE:-500}"
 DIGEST_SCHEDULE="${DIGEST_SCHEDULE:-*/10 * * * * *}"
+SCHEDULE_FLOOR="${SCHEDULE_FLOOR:-10 seconds}"
 PIPELINE_DB="${PIPELINE_DB:-pipeline}"
 PIPELINE_RESET="${PIPELINE_RESET:-1}"
 READY_TIMEOUT="${READY_TIMEOUT:-60}"
@@ -252,6 +255,9 @@ rm -rf "$EXPORT_DIR"
 mkdir -p "$EXPORT_DIR"
 log "producer seed-catalog --products $PRODUCTS"
 "$BIN/producer" seed-catalog --products "$PRODUCTS"
+log "schedule floor: $SCHEDULE_FLOOR (outbox_schedule_floor)"
+psql -w -X -q -v ON_ERROR_STOP=1 "$DATABASE_URL" \
+    -c "UPDATE outbox_schedule_floor SET least_gap = interval '$SCHEDULE_FLOOR'"
 log "consumer seed-stock --products $PRODUCTS --quantity 1000000"
 "$BIN/consumer" seed-stock --products "$PRODUCTS" --quantity 1000000
 

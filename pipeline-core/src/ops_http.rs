@@ -35,37 +35,39 @@ pub fn router(registry: Registry, ready: ReadinessCheck) -> Router {
         .with_state(OpsState { registry, ready })
 }
 
-/// Binds `addr` (port 0 picks a free port) and serves `router` until `shutdown`, within the
-/// default [`ServerLimits`].
-/// Returns the bound address.
+/// Binds `addr` (port 0 picks a free port) and serves `router` until `shutdown`, within
+/// `limits`. Returns the bound address.
 pub async fn serve(
     addr: SocketAddr,
     router: Router,
+    limits: &ServerLimits,
     shutdown: CancellationToken,
 ) -> anyhow::Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("binding {addr}"))?;
     let bound = listener.local_addr()?;
+    let limits = limits.clone();
     tokio::spawn(async move {
-        crate::http_server::serve(listener, router, &ServerLimits::default(), shutdown).await;
+        crate::http_server::serve(listener, router, &limits, shutdown).await;
     });
     Ok(bound)
 }
 
-/// Serves a worker's ops endpoint on `addr` until `shutdown`: `/metrics` from `registry`,
-/// `/healthz`, and `/readyz` answering 200 while both `pool`'s database and `kafka`'s brokers
-/// answer. Logs "`program` metrics listening on `address`" and returns the bound address.
+/// Serves a worker's ops endpoint on `addr` within `limits` until `shutdown`: `/metrics` from
+/// `registry`, `/healthz`, and `/readyz` answering 200 while both `pool`'s database and `kafka`'s
+/// brokers answer. Logs "`program` metrics listening on `address`" and returns the bound address.
 pub async fn serve_worker(
     program: &str,
     addr: SocketAddr,
+    limits: &ServerLimits,
     registry: Registry,
     pool: &sqlx::PgPool,
     kafka: &crate::kafka::KafkaArgs,
     shutdown: CancellationToken,
 ) -> anyhow::Result<SocketAddr> {
     let ready = all_ready(vec![database_ready(pool.clone()), kafka_ready(kafka)?]);
-    let bound = serve(addr, router(registry, ready), shutdown).await?;
+    let bound = serve(addr, router(registry, ready), limits, shutdown).await?;
     tracing::info!(addr = %bound, "{program} metrics listening on {bound}");
     Ok(bound)
 }

@@ -58,6 +58,9 @@ pub struct RunCommand {
     /// Address of the /metrics, /healthz and /readyz endpoint (port 0 picks one).
     #[arg(long, env = "METRICS_LISTEN", default_value = "127.0.0.1:9102")]
     pub metrics_listen: SocketAddr,
+    /// The bounds the ops endpoint holds its clients to.
+    #[command(flatten)]
+    pub http: pipeline_core::http_server::ServerLimits,
     /// What `consumer::run` takes.
     #[command(flatten)]
     pub run: ConsumerSettings,

@@ -60,6 +60,7 @@ async fn run(command: RunCommand) -> anyhow::Result<()> {
     let RunCommand {
         db,
         metrics_listen,
+        http,
         run: settings,
         notification_sends_per_second,
         export,
@@ -85,6 +86,7 @@ async fn run(command: RunCommand) -> anyhow::Result<()> {
     ops_http::serve_worker(
         "consumer",
         metrics_listen,
+        &http,
         registry,
         &pool,
         &kafka,

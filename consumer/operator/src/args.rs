@@ -172,9 +172,6 @@ pub struct AddScheduleArgs {
     /// or none more than a minute late (latest, all, skip).
     #[arg(long, default_value = "latest")]
     pub missed: outbox::schedule::Missed,
-    /// The least time between two occurrences a schedule may have.
-    #[arg(long, env = "PIPELINE_SCHEDULE_FLOOR", default_value = "1m")]
-    pub floor: pipeline_core::retention::Window,
     /// Who and why.
     #[command(flatten)]
     pub change: Change,

@@ -197,7 +197,7 @@ pub async fn add(pool: &PgPool, args: &AddScheduleArgs) -> anyhow::Result<Schedu
         missed: args.missed,
     };
     let mut tx = pool.begin().await?;
-    let row = schedule::add_schedule(&mut tx, &Outbox::default(), &new, args.floor.duration())
+    let row = schedule::add_schedule(&mut tx, &Outbox::default(), &new)
         .await
         .map_err(bad_input)?;
     record(

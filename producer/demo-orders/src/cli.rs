@@ -22,7 +22,7 @@ pub struct Cli {
 pub enum Command {
     /// Serve the order API, /metrics, /healthz and /readyz; orders and their events are
     /// written to PostgreSQL in one transaction.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Create or update the demonstration products sku-00001 … sku-N (idempotent).
     SeedCatalog(SeedCatalogArgs),
 }
@@ -40,7 +40,7 @@ impl Cli {
 /// Runs the chosen subcommand until it is done or `shutdown` is cancelled.
 pub async fn run(cli: Cli, shutdown: CancellationToken) -> anyhow::Result<()> {
     match cli.command {
-        Command::Serve(args) => server::run(args, shutdown).await,
+        Command::Serve(args) => server::run(*args, shutdown).await,
         Command::SeedCatalog(args) => catalog::run(args).await,
     }
 }

@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use pipeline_core::db::{self, DbArgs};
+use pipeline_core::http_server::ServerLimits;
 use pipeline_core::kafka::KafkaArgs;
 use pipeline_core::ops_http;
 use pipeline_core::telemetry::{self, LogArgs};
@@ -50,6 +51,9 @@ struct RunArgs {
     /// Address of the /metrics, /healthz and /readyz endpoint (port 0 picks one).
     #[arg(long, env = "METRICS_LISTEN", default_value = "127.0.0.1:9101")]
     metrics_listen: SocketAddr,
+    /// The bounds the ops endpoint holds its clients to.
+    #[command(flatten)]
+    http: ServerLimits,
 }
 
 /// Parses the command line and runs its command.
@@ -96,6 +100,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         db,
         relay: settings,
         metrics_listen,
+        http,
     } = args;
     settings.validate()?;
     let pool = relay::connect(&db, &settings).await?;
@@ -109,6 +114,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     ops_http::serve_worker(
         "relay",
         metrics_listen,
+        &http,
         registry,
         &pool,
         &kafka,

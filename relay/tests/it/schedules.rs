@@ -6,8 +6,6 @@
 
 use crate::common;
 
-use std::time::Duration;
-
 use chrono::{DateTime, Utc};
 use outbox::schedule::{
     add_schedule, materialise_due, occurrences, run_now, set_enabled, Missed, NewSchedule,
@@ -31,17 +29,16 @@ fn every_ten_seconds(name: &str, missed: Missed) -> NewSchedule {
     }
 }
 
-/// Adds `schedule` (floor 1 s) and returns its first fire time.
+/// Adds `schedule` under a floor of 1 s and returns its first fire time.
 async fn add(pool: &PgPool, schedule: &NewSchedule) -> DateTime<Utc> {
     let mut tx = pool.begin().await.expect("begin");
-    let row = add_schedule(
-        &mut tx,
-        &Outbox::default(),
-        schedule,
-        Duration::from_secs(1),
-    )
-    .await
-    .expect("add");
+    let _ = sqlx::query("UPDATE outbox_schedule_floor SET least_gap = interval '1 second'")
+        .execute(&mut *tx)
+        .await
+        .expect("lower the floor");
+    let row = add_schedule(&mut tx, &Outbox::default(), schedule)
+        .await
+        .expect("add");
     tx.commit().await.expect("commit");
     row.next_fire_at.expect("next fire time")
 }
@@ -214,12 +211,12 @@ async fn bad_schedules_are_refused_and_write_nothing(pool: PgPool) {
             let mut s = every_ten_seconds("report", Missed::Latest);
             change(&mut s);
             let mut tx = pool.begin().await.expect("begin");
-            let r = add_schedule(&mut tx, &Outbox::default(), &s, Duration::from_secs(60)).await;
+            let r = add_schedule(&mut tx, &Outbox::default(), &s).await;
             tx.commit().await.expect("commit");
             r.map(|_| ())
         }
     };
-    // Every ten seconds is more often than a one-minute floor.
+    // Every ten seconds is more often than the database's floor (one minute, its default).
     assert!(matches!(
         try_add(|_| {}).await,
         Err(ScheduleError::TooFrequent { .. })

@@ -33,6 +33,23 @@ const ADD: [&str; 6] = [
     "--event-topic",
 ];
 
+/// A schedule that fires every second: more often than the database's default floor (1 minute).
+const FAST: [&str; 13] = [
+    "schedules",
+    "add",
+    "fast",
+    "--cron",
+    "* * * * * *",
+    "--event-type",
+    "tick",
+    "--event-topic",
+    "ticks",
+    "--note",
+    "n",
+    "--actor",
+    "ops",
+];
+
 #[tokio::test]
 async fn schedules_are_managed_from_the_command_line_and_recorded() {
     let (name, pool) = migrated_database("operator_schedules")
@@ -86,26 +103,7 @@ async fn schedules_are_managed_from_the_command_line_and_recorded() {
         assert_eq!(exit_code(&e), 2, "{e:#}");
         assert!(e.to_string().contains(says), "{e:#}");
     }
-    let every_second = pipeline(
-        &pool,
-        &[
-            "schedules",
-            "add",
-            "fast",
-            "--cron",
-            "* * * * * *",
-            "--event-type",
-            "tick",
-            "--event-topic",
-            "ticks",
-            "--note",
-            "n",
-            "--actor",
-            "ops",
-        ],
-    )
-    .await
-    .expect_err("too frequent");
+    let every_second = pipeline(&pool, &FAST).await.expect_err("too frequent");
     assert!(
         every_second.to_string().contains("floor"),
         "{every_second:#}"
@@ -215,6 +213,22 @@ async fn schedules_are_managed_from_the_command_line_and_recorded() {
     .await
     .expect_err("removed");
     assert_eq!(exit_code(&e), 2);
+
+    // The floor is the deployment's, in the database: no flag of the command lifts it, and what
+    // the database's owner sets holds for every schedule added after.
+    assert!(Cli::try_parse_from(
+        ["pipeline", "schedules", "add", "fast", "--floor", "0s"]
+            .into_iter()
+            .chain(FAST.into_iter().skip(3))
+    )
+    .is_err());
+    let _ = sqlx::query("UPDATE outbox_schedule_floor SET least_gap = interval '1 second'")
+        .execute(&pool)
+        .await
+        .expect("lower the floor");
+    pipeline(&pool, &FAST)
+        .await
+        .expect("every second, under a 1 s floor");
     pool.close().await;
     drop_database(&server_url(), &name).await.expect("drop");
 }

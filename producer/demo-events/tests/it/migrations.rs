@@ -30,7 +30,7 @@ async fn tables(pool: &PgPool) -> Vec<String> {
     .expect("tables")
 }
 
-const PIPELINE_TABLES: [&str; 26] = [
+const PIPELINE_TABLES: [&str; 27] = [
     "applied_effect",
     "applied_effect_held",
     "dead_letter",
@@ -47,6 +47,7 @@ const PIPELINE_TABLES: [&str; 26] = [
     "outbox_history",
     "outbox_relay_wakeup",
     "outbox_schedule",
+    "outbox_schedule_floor",
     "outbox_schedule_occurrence",
     "outbox_sequence",
     "outbox_status",

@@ -20,10 +20,10 @@ pub mod times;
 
 pub use materialise::{materialise_due, Materialised, MISSED_GRACE};
 pub use store::{
-    add_schedule, get_schedule, list_schedules, occurrences, remove_schedule, run_now, set_enabled,
-    Occurrence, ScheduleRow,
+    add_schedule, get_schedule, list_schedules, occurrences, remove_schedule, run_now,
+    schedule_floor, set_enabled, Occurrence, ScheduleRow,
 };
-pub use times::{fire_times, CronTimes, MIN_INTERVAL_FLOOR};
+pub use times::{fire_times, CronTimes};
 
 use serde_json::Value;
 
@@ -105,9 +105,10 @@ pub enum ScheduleError {
     /// Not an IANA time zone name.
     #[error("`{0}` is not a time zone (an IANA name such as Europe/Berlin or UTC)")]
     InvalidTimeZone(String),
-    /// Two occurrences come closer together than the floor allows.
+    /// Two occurrences come closer together than the deployment's floor allows.
     #[error(
-        "`{expression}` fires every {every:?} at times, more often than the floor of {floor:?}"
+        "`{expression}` fires every {every:?} at times, more often than this database's floor of \
+         {floor:?} (outbox_schedule_floor, set by whoever owns the database)"
     )]
     TooFrequent {
         /// The expression given.

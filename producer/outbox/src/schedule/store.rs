@@ -90,16 +90,29 @@ fn check_name(name: &str) -> Result<(), ScheduleError> {
     }
 }
 
+/// The least time between two occurrences a schedule may have: the deployment's setting, the one
+/// row of `outbox_schedule_floor` (1 minute unless its owner changed it), which
+/// [`add_schedule`] holds every schedule to.
+pub async fn schedule_floor(conn: impl sqlx::PgExecutor<'_>) -> Result<Duration, ScheduleError> {
+    let micros: i64 = sqlx::query_scalar(
+        "SELECT (extract(epoch FROM least_gap) * 1000000)::bigint FROM outbox_schedule_floor",
+    )
+    .fetch_one(conn)
+    .await?;
+    Ok(Duration::from_micros(u64::try_from(micros).unwrap_or(0)))
+}
+
 /// Adds `schedule` in `tx`, checked first: its name, expression and time zone, that it never
-/// fires more often than `floor`, and that `outbox` would take its events. Its first occurrence
-/// is the first after now. A name taken is [`ScheduleError::Duplicate`].
+/// fires more often than the database's floor ([`schedule_floor`]), and that `outbox` would take
+/// its events. Its first occurrence is the first after now. A name taken is
+/// [`ScheduleError::Duplicate`].
 pub async fn add_schedule(
     tx: &mut Transaction<'_, Postgres>,
     outbox: &Outbox,
     schedule: &NewSchedule,
-    floor: Duration,
 ) -> Result<ScheduleRow, ScheduleError> {
     check_name(&schedule.name)?;
+    let floor = schedule_floor(&mut **tx).await?;
     let times = CronTimes::parse(&schedule.cron, &schedule.time_zone)?;
     let now = Utc::now();
     let first = times

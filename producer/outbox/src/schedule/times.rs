@@ -16,9 +16,6 @@ use chrono_tz::Tz;
 
 use super::ScheduleError;
 
-/// The least gap between occurrences `pipeline schedules add` accepts by default.
-pub const MIN_INTERVAL_FLOOR: Duration = Duration::from_secs(60);
-
 /// A parsed cron expression in its time zone.
 #[derive(Debug, Clone)]
 pub struct CronTimes {

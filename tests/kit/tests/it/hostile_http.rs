@@ -1,9 +1,10 @@
-//! Hostile clients against the real `pipeline console` process, as an attacker on the network
-//! would try it: a login flood, slow and idle connections, a flood of database reads by a
-//! logged-in client, and secrets wherever a database URL can carry them. Each asserts that the
-//! console stays up within its memory bound, keeps answering a legitimate client (from another
-//! address: 127.0.0.2), and shows no secret to a client or in its log. Also the `pipeline`
-//! command's tables, which print what services and clients wrote.
+//! Hostile clients against the real `pipeline console`, order service and relay processes, as an
+//! attacker on the network would try it: a login flood, slow and idle connections, floods of
+//! database reads and of orders, oversized bodies, and secrets wherever a database URL can carry
+//! them. Each asserts that the server stays up (the console within its memory bound), keeps
+//! answering a legitimate client (from another address: 127.0.0.2), loses nothing, and shows no
+//! secret to a client or in its log. Also the `pipeline` command's tables, which print what
+//! services and clients wrote.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};
@@ -28,10 +29,13 @@ fn sha256_hex(secret: &str) -> String {
 }
 
 /// A client from `address` (a loopback address of its own: the console throttles and caps
-/// connections per client address) that does not follow redirects.
+/// connections per client address) that does not follow redirects. It keeps an idle connection
+/// for a second only, well within the servers' header-read timeouts (which close a connection
+/// idle that long), as a client of these servers should.
 fn client_from(address: [u8; 4]) -> anyhow::Result<Client> {
     Ok(Client::builder()
         .redirect(redirect::Policy::none())
+        .pool_idle_timeout(Duration::from_secs(1))
         .local_address(IpAddr::V4(Ipv4Addr::from(address)))
         .timeout(Duration::from_secs(60))
         .build()?)
@@ -308,6 +312,231 @@ async fn the_console_holds_under_login_floods_slow_clients_and_read_floods() -> 
         rss / 1024 / 1024
     );
     assert!(rss < RSS_BOUND_BYTES, "peak RSS {rss} bytes");
+    Ok(())
+}
+
+/// Opens `count` connections to `addr` from `from`, each sending `head` (nothing when empty).
+async fn hold_sockets(
+    addr: std::net::SocketAddr,
+    from: &str,
+    count: usize,
+    head: &[u8],
+) -> anyhow::Result<Vec<TcpStream>> {
+    let mut held = Vec::new();
+    for _ in 0..count {
+        let socket = tokio::net::TcpSocket::new_v4()?;
+        socket.bind(format!("{from}:0").parse()?)?;
+        let mut socket = socket.connect(addr).await?;
+        if !head.is_empty() {
+            socket.write_all(head).await?;
+        }
+        held.push(socket);
+    }
+    Ok(held)
+}
+
+/// Waits until the server has closed every socket (after its answer, if any); returns how long
+/// the last one took from `opened`, or fails when one is still open at `opened + within`.
+async fn all_closed(
+    sockets: Vec<TcpStream>,
+    opened: Instant,
+    within: Duration,
+) -> anyhow::Result<Duration> {
+    for mut socket in sockets {
+        let left = (opened + within).saturating_duration_since(Instant::now());
+        let mut buf = [0u8; 512];
+        loop {
+            match tokio::time::timeout(left, socket.read(&mut buf)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => break,
+                Ok(Ok(_)) => continue,
+                Err(_) => anyhow::bail!("a slow or idle connection still open after {within:?}"),
+            }
+        }
+    }
+    Ok(opened.elapsed())
+}
+
+/// The body of an order for `customer`: one line of the first product.
+fn order_body(customer: &str) -> serde_json::Value {
+    serde_json::json!({
+        "customer_id": customer,
+        "lines": [{"product_id": "sku-00001", "quantity": 1}],
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_order_service_and_the_ops_endpoints_hold_under_floods_and_slow_clients(
+) -> anyhow::Result<()> {
+    let env = TestEnv::new("hostile_orders", 1).await?;
+    env.seed_catalog(3)?;
+    // Limits smaller than the defaults, through the service's own flags, so the test is quick.
+    let (_service, base) = env
+        .order_service_with_args(&[
+            "--http-header-read-timeout",
+            "3s",
+            "--http-max-connections-per-client",
+            "48",
+            "--http-max-requests-in-flight",
+            "32",
+        ])
+        .await?;
+    let addr: std::net::SocketAddr = base.trim_start_matches("http://").parse()?;
+    let legit = client_from([127, 0, 0, 2])?;
+    let place = |http: Client, key: String| {
+        let base = base.clone();
+        async move {
+            http.post(format!("{base}/orders"))
+                .header("idempotency-key", key.as_str())
+                .json(&order_body(&key))
+                .send()
+                .await
+        }
+    };
+
+    // 1. Slow and idle clients from one address: 24 half request heads, 24 silent sockets. The
+    //    49th connection from that address is told 503 at once; a client elsewhere places an
+    //    order meanwhile; the held sockets are closed after the header-read timeout.
+    let opened = Instant::now();
+    let mut slow = hold_sockets(
+        addr,
+        "127.0.0.5",
+        24,
+        b"POST /orders HTTP/1.1\r\nHost: x\r\n",
+    )
+    .await?;
+    slow.extend(hold_sockets(addr, "127.0.0.5", 24, b"").await?);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut beyond = hold_sockets(addr, "127.0.0.5", 1, b"").await?.remove(0);
+    let mut refusal = String::new();
+    tokio::time::timeout(Duration::from_secs(3), beyond.read_to_string(&mut refusal)).await??;
+    assert!(refusal.starts_with("HTTP/1.1 503"), "{refusal}");
+    let reply = place(legit.clone(), "legit-during-slow".to_owned()).await?;
+    assert_eq!(
+        reply.status(),
+        StatusCode::CREATED,
+        "an order beside 48 held sockets"
+    );
+    let held = all_closed(slow, opened, Duration::from_secs(15)).await?;
+    println!("order service: 48 slow or idle sockets closed after {held:?}");
+    assert!(
+        held >= Duration::from_millis(2_500),
+        "closed before the timeout: {held:?}"
+    );
+
+    // 2. A flood of orders, 1,200 at once from one address: each is placed (201), shed (503) or
+    //    its connection refused; a client elsewhere is served meanwhile; and what the service
+    //    said it placed is stored with its event, nothing more.
+    let attacker = client_from([127, 0, 0, 1])?;
+    let started = Instant::now();
+    let flood = join_all((0..1_200).map(|i| {
+        let attacker = attacker.clone();
+        let place = &place;
+        async move {
+            let key = format!("flood-{i}");
+            (key.clone(), place(attacker, key).await.map(|r| r.status()))
+        }
+    }));
+    let legit_during = async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        place(legit.clone(), "legit-during-flood".to_owned()).await
+    };
+    let (answers, legit_during) = tokio::join!(flood, legit_during);
+    let mut by_status = std::collections::BTreeMap::new();
+    let mut placed = Vec::new();
+    for (key, answer) in &answers {
+        let code = answer.as_ref().map_or(0, |s| s.as_u16());
+        *by_status.entry(code).or_insert(0) += 1;
+        if code == 201 {
+            placed.push(key.clone());
+        }
+    }
+    println!(
+        "order flood: answers by status {by_status:?} in {:?}",
+        started.elapsed()
+    );
+    assert!(
+        by_status.keys().all(|s| [0, 201, 503].contains(s)),
+        "{by_status:?}"
+    );
+    assert!(placed.len() >= 32, "{by_status:?}");
+    let legit_status = legit_during?.status();
+    assert!(
+        legit_status == StatusCode::CREATED || legit_status == StatusCode::SERVICE_UNAVAILABLE,
+        "{legit_status}"
+    );
+    let stored: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT o.customer_id,
+                (SELECT count(*) FROM outbox o2 WHERE o2.aggregate_id = o.order_id::text
+                   AND o2.event_type = 'order.placed')
+         FROM orders o WHERE o.customer_id LIKE 'flood-%'",
+    )
+    .fetch_all(&env.pool)
+    .await?;
+    let mut stored_keys: Vec<String> = stored.iter().map(|(k, _)| k.clone()).collect();
+    stored_keys.sort();
+    placed.sort();
+    assert_eq!(
+        stored_keys, placed,
+        "orders stored against orders answered 201"
+    );
+    assert!(
+        stored.iter().all(|(_, events)| *events == 1),
+        "one placed event each"
+    );
+
+    // 3. Oversized and malformed bodies: a clear 4xx, and the service still answers.
+    let huge = "x".repeat(1 << 20);
+    let reply = legit
+        .post(format!("{base}/orders"))
+        .header("content-type", "application/json")
+        .body(format!("{{\"customer_id\": \"{huge}\"}}"))
+        .send()
+        .await?;
+    assert_eq!(reply.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    let reply = legit
+        .post(format!("{base}/orders"))
+        .header("content-type", "application/json")
+        .body("{\"customer_id\": ")
+        .send()
+        .await?;
+    assert_eq!(
+        reply.status(),
+        StatusCode::BAD_REQUEST,
+        "{:?}",
+        reply.text().await
+    );
+    let reply = place(legit.clone(), "legit-after".to_owned()).await?;
+    assert_eq!(reply.status(), StatusCode::CREATED);
+
+    // 4. A relay's ops endpoint, under its own flags: idle sockets are closed after the
+    //    header-read timeout, one address cannot take every connection, /metrics still answers.
+    let (_relay, metrics) = env
+        .relay_with_args(
+            "hostile",
+            &[
+                "--http-header-read-timeout",
+                "2s",
+                "--http-max-connections-per-client",
+                "8",
+            ],
+        )
+        .await?;
+    let ops: std::net::SocketAddr = metrics.parse()?;
+    let opened = Instant::now();
+    let idle = hold_sockets(ops, "127.0.0.5", 8, b"").await?;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut beyond = hold_sockets(ops, "127.0.0.5", 1, b"").await?.remove(0);
+    let mut refusal = String::new();
+    tokio::time::timeout(Duration::from_secs(3), beyond.read_to_string(&mut refusal)).await??;
+    assert!(refusal.starts_with("HTTP/1.1 503"), "{refusal}");
+    let scrape = legit
+        .get(format!("http://{metrics}/metrics"))
+        .send()
+        .await?;
+    assert_eq!(scrape.status(), StatusCode::OK);
+    let held = all_closed(idle, opened, Duration::from_secs(12)).await?;
+    println!("relay ops endpoint: 8 idle sockets closed after {held:?}");
+    assert!(held >= Duration::from_millis(1_500), "{held:?}");
     Ok(())
 }
 

@@ -93,6 +93,7 @@ pub async fn spawn_app(pool: PgPool) -> TestApp {
     let _server = tokio::spawn(demo_orders::server::serve(
         listener,
         app,
+        &demo_orders::server::API_LIMITS,
         shutdown.clone(),
         Duration::from_secs(5),
     ));
