@@ -87,6 +87,9 @@ impl From<ExportError> for ApiError {
             ExportError::NotFound(_) => Self::new(StatusCode::NOT_FOUND, e.to_string()),
             ExportError::NotReady { .. } => Self::new(StatusCode::CONFLICT, e.to_string()),
             ExportError::Expired(_) => Self::new(StatusCode::GONE, e.to_string()),
+            ExportError::TooManyPending(_) => {
+                Self::new(StatusCode::TOO_MANY_REQUESTS, e.to_string())
+            }
             ExportError::Database(e) | ExportError::Enqueue(EnqueueError::Database(e)) => {
                 database_error(&e)
             }

@@ -49,6 +49,9 @@ pub enum ExportError {
     FileMissing(PathBuf),
     #[error("export directory: {0}")]
     Io(#[from] std::io::Error),
+    /// As many jobs as `--export-max-pending` are pending or being written.
+    #[error("{0} exports are pending or being written already; try again when one has finished")]
+    TooManyPending(u32),
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
     #[error("outbox: {0}")]

@@ -22,13 +22,23 @@ pub struct ExportSettings {
     #[arg(id = "export_topic", long = "export-topic", value_name = "TOPIC", env = "EXPORT_JOBS_TOPIC", default_value = EXPORT_JOBS_TOPIC,
           value_parser = clap::builder::NonEmptyStringValueParser::new())]
     pub topic: String,
+    /// Most export jobs pending or being written at once: a request for one more is refused
+    /// with 429 until one finishes (each job reads orders and writes a file).
+    #[arg(long = "export-max-pending", value_name = "N", env = "EXPORT_MAX_PENDING",
+          default_value_t = DEFAULT_MAX_PENDING,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_pending: u32,
 }
+
+/// The default of [`ExportSettings::max_pending`].
+const DEFAULT_MAX_PENDING: u32 = 64;
 
 impl Default for ExportSettings {
     fn default() -> Self {
         ExportSettings {
             dir: PathBuf::from("exports"),
             topic: EXPORT_JOBS_TOPIC.to_owned(),
+            max_pending: DEFAULT_MAX_PENDING,
         }
     }
 }

@@ -64,13 +64,26 @@ impl ExportService {
         })
         .map_err(|e| ExportError::Database(sqlx::Error::Encode(Box::new(e))))?;
         let mut tx = self.pool.begin().await?;
-        let job: ExportJob = sqlx::query_as(&format!(
-            "INSERT INTO export_job (id, filters) VALUES ($1, $2) RETURNING {JOB_COLUMNS}"
+        // Submissions take turns (a transaction-scoped lock, taken by a statement of its own so
+        // that the next one's snapshot sees the jobs of those before), so the count is exact.
+        let _ = sqlx::query("SELECT pg_advisory_xact_lock(hashtext('export_job submit'))")
+            .execute(&mut *tx)
+            .await?;
+        let job: Option<ExportJob> = sqlx::query_as(&format!(
+            "INSERT INTO export_job (id, filters)
+             SELECT $1, $2
+             WHERE (SELECT count(*) FROM export_job
+                    WHERE state IN ('pending', 'processing')) < $3
+             RETURNING {JOB_COLUMNS}"
         ))
         .bind(id)
         .bind(&stored)
-        .fetch_one(&mut *tx)
+        .bind(i64::from(self.settings.max_pending))
+        .fetch_optional(&mut *tx)
         .await?;
+        let Some(job) = job else {
+            return Err(ExportError::TooManyPending(self.settings.max_pending));
+        };
         let event = NewEvent {
             business_key: id.to_string(),
             event_type: EXPORT_REQUESTED.to_owned(),

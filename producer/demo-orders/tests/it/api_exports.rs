@@ -223,3 +223,44 @@ async fn downloads_answer_by_the_jobs_state(pool: PgPool) {
         .unwrap_or_default()
         .contains("expired"));
 }
+
+/// Each job reads orders and writes a file, so a flood of requests must not queue without end:
+/// at most `--export-max-pending` jobs (64 by default) are pending or being written; of 80 sent
+/// at once exactly 64 are accepted and the rest refused with 429, writing nothing, until one
+/// finishes.
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
+async fn requests_beyond_the_pending_cap_are_refused_until_one_finishes(pool: PgPool) {
+    let app = spawn_app(pool).await;
+    let submit = || async {
+        app.http
+            .post(app.url("/exports"))
+            .json(&json!({"status": "paid"}))
+            .send()
+            .await
+            .expect("send")
+    };
+    let answers = futures::future::join_all((0..80).map(|_| submit())).await;
+    let mut accepted = 0;
+    for answer in answers {
+        match answer.status().as_u16() {
+            202 => accepted += 1,
+            429 => {
+                let body: Value = answer.json().await.expect("json");
+                let error = body["error"].as_str().unwrap_or_default();
+                assert!(error.contains("64 exports are pending"), "{body}");
+            }
+            other => panic!("unexpected status {other}"),
+        }
+    }
+    assert_eq!(accepted, 64);
+    assert_eq!(written(&app).await, (64, 64));
+    let _ = sqlx::query(
+        "UPDATE export_job SET state = 'failed', failure_reason = 'test', finished_at = now()
+         WHERE id = (SELECT id FROM export_job ORDER BY id LIMIT 1)",
+    )
+    .execute(&app.pool)
+    .await
+    .expect("finish one");
+    assert_eq!(submit().await.status(), 202);
+    assert_eq!(written(&app).await, (65, 65));
+}
