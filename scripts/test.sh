@@ -272,6 +272,8 @@ library_dependencies() {
     return $status
 }
 step "library dependencies" library_dependencies
+# No import circle between a crate's modules, no arrow upward between the product's crates.
+step "crate structure" python3 scripts/check-structure.py
 test_env=(
     DATABASE_URL="postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
     KAFKA_BROKERS="$(broker_list)"

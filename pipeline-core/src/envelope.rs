@@ -24,10 +24,12 @@ pub const TRACEPARENT: &str = "traceparent";
 
 /// The longest aggregate id (record key) an event may have, in bytes: it is a key of B-tree
 /// indexes (an order's progress, parked events, history), whose entries must fit in a page. The
-/// outbox library's own limit, so what it accepts consumers take.
-pub const MAX_KEY_BYTES: usize = outbox::MAX_AGGREGATE_ID_BYTES;
-/// The longest event type, in bytes: the outbox library's limit.
-pub const MAX_EVENT_TYPE_BYTES: usize = outbox::MAX_EVENT_TYPE_BYTES;
+/// outbox library's own limit (`outbox::MAX_AGGREGATE_ID_BYTES`), so what it accepts consumers
+/// take: the relay, which depends on both, fails to compile if the two differ.
+pub const MAX_KEY_BYTES: usize = 1024;
+/// The longest event type, in bytes: the outbox library's limit (`outbox::MAX_EVENT_TYPE_BYTES`,
+/// held equal by the relay as [`MAX_KEY_BYTES`] is).
+pub const MAX_EVENT_TYPE_BYTES: usize = 255;
 
 /// The envelope of one event, as consumers see it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -67,3 +67,9 @@ pub mod wakeup;
 pub use outbox::MIGRATOR;
 pub use runtime::{run, Relay};
 pub use settings::{connect, session_options, InvalidSettings, RelaySettings};
+
+// The relay publishes what the outbox accepted, and consumers read it through the envelope: the
+// two crates' limits must agree (pipeline-core does not depend on the outbox).
+const _: () = assert!(pipeline_core::envelope::MAX_KEY_BYTES == outbox::MAX_AGGREGATE_ID_BYTES);
+const _: () =
+    assert!(pipeline_core::envelope::MAX_EVENT_TYPE_BYTES == outbox::MAX_EVENT_TYPE_BYTES);
