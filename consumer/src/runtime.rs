@@ -81,8 +81,8 @@ impl Runtime {
         for group in &args.groups {
             groups.register_metrics(group, registry)?;
         }
-        let retention =
-            RetentionMetrics::register(registry).context("registering retention metrics")?;
+        let retention = RetentionMetrics::register(registry, "consumer")
+            .context("registering retention metrics")?;
         let lag_collector = LagCollector::new().context("lag metrics")?;
         registry
             .register(Box::new(lag_collector.clone()))

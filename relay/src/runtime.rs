@@ -43,8 +43,8 @@ impl Relay {
         settings.validate()?;
         let metrics =
             RelayMetrics::register(registry).context("registering the relay's metrics")?;
-        let retention =
-            RetentionMetrics::register(registry).context("registering the retention metrics")?;
+        let retention = RetentionMetrics::register(registry, "relay")
+            .context("registering the retention metrics")?;
         let producer = ProducerHandle::create(
             &settings.kafka,
             &settings.producer_settings(),

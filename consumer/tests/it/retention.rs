@@ -135,7 +135,8 @@ fn runner() -> Runner {
 
 /// `runner`, yielding to `backlog`, and the metrics it serves.
 fn yielding_runner(runner: Runner, backlog: &Backlog) -> (Runner, RetentionMetrics) {
-    let metrics = RetentionMetrics::register(&prometheus::Registry::new()).expect("metrics");
+    let metrics =
+        RetentionMetrics::register(&prometheus::Registry::new(), "consumer").expect("metrics");
     let runner = runner
         .yield_to(backlog.clone())
         .with_metrics(metrics.clone());

@@ -32,20 +32,23 @@ pub struct RetentionMetrics {
 }
 
 impl RetentionMetrics {
-    /// Registers the metrics on `registry`.
-    pub fn register(registry: &Registry) -> prometheus::Result<Self> {
+    /// Registers the metrics on `registry`, each series labelled `runner` = `runner` (`relay`,
+    /// `consumer`), so that a program running both runners registers both sets on one registry.
+    pub fn register(registry: &Registry, runner: &str) -> prometheus::Result<Self> {
         let removed = IntCounterVec::new(
             Opts::new(
                 "retention_rows_removed_total",
                 "Rows removed by retention, by table.",
-            ),
+            )
+            .const_label("runner", runner),
             &["table"],
         )?;
         let partitions_removed = IntCounterVec::new(
             Opts::new(
                 "retention_partitions_removed_total",
                 "Partitions of a table in time partitions that retention dropped, by table.",
-            ),
+            )
+            .const_label("runner", runner),
             &["table"],
         )?;
         let run_duration = Histogram::with_opts(
@@ -53,38 +56,46 @@ impl RetentionMetrics {
                 "retention_run_duration_seconds",
                 "Time one retention run takes over every table.",
             )
+            .const_label("runner", runner)
             .buckets(exponential_buckets(0.005, 2.0, 16)?),
         )?;
         let oldest_age = GaugeVec::new(
             Opts::new(
                 "retention_oldest_row_age_seconds",
                 "Age of the oldest row a table keeps, after the last retention run.",
-            ),
+            )
+            .const_label("runner", runner),
             &["table"],
         )?;
         let window = GaugeVec::new(
             Opts::new(
                 "retention_window_seconds",
                 "How long a table keeps its rows.",
-            ),
+            )
+            .const_label("runner", runner),
             &["table"],
         )?;
         let caught_up = GaugeVec::new(
             Opts::new(
                 "retention_last_caught_up_timestamp_seconds",
                 "When a retention run last left the table with nothing removable older than its window.",
-            ),
+            )
+            .const_label("runner", runner),
             &["table"],
         )?;
-        let skipped = prometheus::IntCounter::new(
-            "retention_runs_skipped_total",
-            "Retention runs that found another runner at work on the database.",
+        let skipped = prometheus::IntCounter::with_opts(
+            Opts::new(
+                "retention_runs_skipped_total",
+                "Retention runs that found another runner at work on the database.",
+            )
+            .const_label("runner", runner),
         )?;
         let yielded = CounterVec::new(
             Opts::new(
                 "retention_yielded_seconds_total",
                 "Seconds retention waited before its steps for the relay or the consumer to catch up on a backlog (reason=backlog), to be quick again (reason=slow), or to remove rows no faster than its pace allows, a multiple of the rate the table gains rows (reason=pace).",
-            ),
+            )
+            .const_label("runner", runner),
             &["reason"],
         )?;
         registry.register(Box::new(removed.clone()))?;

@@ -1,8 +1,9 @@
 //! An example to copy: a payments service that appends its own aggregate's events through the
 //! outbox library inside its own transactions ([`Payments`]), and a consumer group of its own,
 //! `shipping` ([`Shipping`]), run by the consumer runtime inside the example's program
-//! ([`program`]), which makes its own pool and Prometheus registry, serves its own metrics and
-//! sets up only the libraries' tables and its own.
+//! ([`program`]), beside the relay, which makes its own pool and Prometheus registry, serves the
+//! libraries' metrics on its own router and sets up only the libraries' tables and its own.
+//! docs/embedding.md walks through it step by step.
 //!
 //! ```no_run
 //! # async fn main_of_the_program() -> anyhow::Result<()> {
@@ -17,8 +18,8 @@
 //!
 //! - [`payments`]: the service's writes, each with its event, through the outbox.
 //! - [`shipping`]: the `shipping` group's handler.
-//! - [`program`]: the program: its pool, tables, registry and metrics endpoint, and the group run
-//!   on the consumer runtime.
+//! - [`program`]: the program: its pool, tables, registry and router, the group run on the
+//!   consumer runtime, and the relay.
 //!
 //! `tests/end_to_end.rs` runs the service and the group with the relay on the real broker and
 //! PostgreSQL; `tests/tables.rs` checks that the program sets up no table of the demonstration.

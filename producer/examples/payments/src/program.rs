@@ -1,19 +1,24 @@
 //! The example's program: its own pool (with the sessions the consumer runtime needs), its own
-//! tables, its own Prometheus registry served on its own `/metrics` route, and the `shipping`
-//! group run by the consumer runtime on them.
+//! tables, its own Prometheus registry, its own HTTP router with the libraries' `/metrics`,
+//! `/healthz` and `/readyz` merged in, the `shipping` group run by the consumer runtime and,
+//! when configured, the relay, all in one process.
 
 use std::net::SocketAddr;
 
 use anyhow::Context;
-use axum::extract::State;
-use axum::http::{header, StatusCode};
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::get;
-use axum::Router;
+use axum::{Json, Router};
 use consumer::{ConsumerSettings, Groups, Runtime};
 use pipeline_core::db::DbArgs;
-use prometheus::{Encoder, Registry, TextEncoder};
+use pipeline_core::http_server::{self, ServerLimits};
+use pipeline_core::ops_http;
+use prometheus::Registry;
+use relay::{Relay, RelaySettings};
 use sqlx::PgPool;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::shipping::Shipping;
@@ -25,8 +30,11 @@ pub struct Config {
     pub db: DbArgs,
     /// The consumer runtime's settings (the topics at least).
     pub consumer: ConsumerSettings,
-    /// Where `/metrics` is served (port 0 picks one).
-    pub metrics_listen: SocketAddr,
+    /// When set, the program also runs a relay on its database: one relay of all the processes
+    /// running it is active, the others stand by. `None`: the `relay` binary runs beside it.
+    pub relay: Option<RelaySettings>,
+    /// Where the program's HTTP router is served (port 0 picks one).
+    pub listen: SocketAddr,
 }
 
 impl Default for Config {
@@ -37,7 +45,8 @@ impl Default for Config {
                 groups: vec!["shipping".to_owned()],
                 ..ConsumerSettings::default()
             },
-            metrics_listen: SocketAddr::from(([127, 0, 0, 1], 9200)),
+            relay: None,
+            listen: SocketAddr::from(([127, 0, 0, 1], 9200)),
         }
     }
 }
@@ -66,39 +75,73 @@ pub async fn migrate(pool: &PgPool) -> anyhow::Result<()> {
 
 /// The running program.
 pub struct Program {
-    /// Where `/metrics` is served.
-    pub metrics_addr: SocketAddr,
+    /// Where the program's router (`/payments/{id}`, `/metrics`, `/healthz`, `/readyz`) is
+    /// served.
+    pub addr: SocketAddr,
     runtime: Runtime,
+    relay: Option<JoinHandle<anyhow::Result<()>>>,
 }
 
 impl Program {
-    /// Waits until the group has stopped (after `shutdown`, or on a fatal error).
+    /// Waits until the group and the relay have stopped (after `shutdown`, or on a fatal error
+    /// of either); the first error is returned.
     pub async fn wait(self) -> anyhow::Result<()> {
-        self.runtime.wait().await
+        let runtime = self.runtime.wait().await;
+        let relay = match self.relay {
+            Some(relay) => relay.await.context("the relay's task")?,
+            None => Ok(()),
+        };
+        runtime.and(relay)
     }
 }
 
 /// Starts the program: the pool, the tables (when `config.db.migrate`), the registry, the group
-/// on the consumer runtime, then `/metrics`; everything stops on `shutdown`.
+/// on the consumer runtime, the relay (when `config.relay` is set), then the HTTP router;
+/// everything stops on `shutdown`.
 pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Result<Program> {
     let pool = consumer::connect(&config.db, &config.consumer).await?;
     if config.db.migrate {
         migrate(&pool).await?;
     }
     let registry = Registry::new();
+    let ready = ops_http::all_ready(vec![
+        ops_http::database_ready(pool.clone()),
+        ops_http::kafka_ready(&config.consumer.kafka)?,
+    ]);
+    let relay = match config.relay {
+        Some(settings) => {
+            // The relay's own pool: its sessions carry the relay's statement timeouts.
+            let relay_pool = relay::connect(&config.db, &settings).await?;
+            let relay = Relay::new(settings, relay_pool, &registry)?;
+            Some(tokio::spawn(relay.run(shutdown.clone())))
+        }
+        None => None,
+    };
     let runtime = Runtime::start(
         config.consumer,
-        pool,
+        pool.clone(),
         &registry,
         &groups(),
         shutdown.clone(),
     )
     .await?;
-    let metrics_addr = serve_metrics(config.metrics_listen, registry, shutdown).await?;
-    tracing::info!(%metrics_addr, "payments example metrics listening on {metrics_addr}");
+    // The program's own routes, with the libraries' operations endpoint merged in.
+    let app = Router::new()
+        .route("/payments/{id}", get(payment))
+        .with_state(pool)
+        .merge(ops_http::router(registry, ready));
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("binding {}", config.listen))?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move {
+        http_server::serve(listener, app, &ServerLimits::default(), shutdown).await;
+    });
+    tracing::info!(%addr, "payments example listening on {addr}");
     Ok(Program {
-        metrics_addr,
+        addr,
         runtime,
+        relay,
     })
 }
 
@@ -107,35 +150,22 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     start(config, shutdown).await?.wait().await
 }
 
-/// Serves `registry` on `GET /metrics` at `addr` until `shutdown`; returns the bound address.
-async fn serve_metrics(
-    addr: SocketAddr,
-    registry: Registry,
-    shutdown: CancellationToken,
-) -> anyhow::Result<SocketAddr> {
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("binding {addr}"))?;
-    let bound = listener.local_addr()?;
-    let app = Router::new()
-        .route("/metrics", get(metrics))
-        .with_state(registry);
-    tokio::spawn(async move {
-        let limits = pipeline_core::http_server::ServerLimits::default();
-        pipeline_core::http_server::serve(listener, app, &limits, shutdown).await;
-    });
-    Ok(bound)
-}
-
-async fn metrics(State(registry): State<Registry>) -> impl IntoResponse {
-    let mut body = Vec::new();
-    match TextEncoder::new().encode(&registry.gather(), &mut body) {
-        Ok(()) => (
-            StatusCode::OK,
-            [(header::CONTENT_TYPE, prometheus::TEXT_FORMAT)],
-            body,
-        )
-            .into_response(),
-        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+/// `GET /payments/{id}`: the payment's amount and status, 404 for an unknown one.
+async fn payment(State(pool): State<PgPool>, Path(id): Path<String>) -> impl IntoResponse {
+    let found: Result<Option<(i64, String)>, sqlx::Error> =
+        sqlx::query_as("SELECT amount_cents, status FROM payment WHERE payment_id = $1")
+            .bind(&id)
+            .fetch_optional(&pool)
+            .await;
+    match found {
+        Ok(Some((amount_cents, status))) => Json(serde_json::json!({
+            "payment_id": id, "amount_cents": amount_cents, "status": status,
+        }))
+        .into_response(),
+        Ok(None) => (StatusCode::NOT_FOUND, "no such payment").into_response(),
+        Err(e) => {
+            tracing::warn!(error = %e, "reading a payment failed");
+            (StatusCode::SERVICE_UNAVAILABLE, "database unavailable").into_response()
+        }
     }
 }

@@ -27,35 +27,19 @@ async fn payments_reach_the_shipping_group_once_and_in_order(pool: PgPool) {
     let url = database_url(&pool);
     let shutdown = CancellationToken::new();
 
-    // The example's program: its tables, its registry and metrics, the shipping group.
-    let program = program::start(
-        common::config(&url, &topic, &format!("{run_id}-")),
-        shutdown.clone(),
-    )
-    .await
-    .expect("the program starts");
-    let consumer = tokio::spawn(program.wait());
-
-    let relay_settings = relay::RelaySettings {
+    // The example's program: its tables, its registry and router, the shipping group, and the
+    // relay, in one process.
+    let mut config = common::config(&url, &topic, &format!("{run_id}-"));
+    config.relay = Some(relay::RelaySettings {
         kafka: kafka_args(&brokers()),
         lock_key: rand_key(),
         ..relay::RelaySettings::default()
-    };
-    let relay_db = pipeline_core::db::DbArgs {
-        database_url: url.clone(),
-        migrate: false,
-        ..pipeline_core::db::DbArgs::default()
-    };
-    let relay_pool = relay::connect(&relay_db, &relay_settings)
-        .await
-        .expect("relay pool");
-    let relay = tokio::spawn({
-        let shutdown = shutdown.clone();
-        async move {
-            let registry = prometheus::Registry::new();
-            relay::run(relay_settings, relay_pool, &registry, shutdown).await
-        }
     });
+    let program = program::start(config, shutdown.clone())
+        .await
+        .expect("the program starts");
+    let addr = program.addr;
+    let running = tokio::spawn(program.wait());
 
     // The service at work: every payment captured, every third one refunded afterwards.
     let payments = Payments::new(pool.clone(), topic.clone());
@@ -89,8 +73,7 @@ async fn payments_reach_the_shipping_group_once_and_in_order(pool: PgPool) {
         if logged as usize >= events {
             break;
         }
-        assert!(!relay.is_finished(), "the relay stopped");
-        assert!(!consumer.is_finished(), "the consumer stopped");
+        assert!(!running.is_finished(), "the program stopped");
         assert!(
             Instant::now() < deadline,
             "{logged} of {events} events applied after 90 s"
@@ -139,9 +122,34 @@ async fn payments_reach_the_shipping_group_once_and_in_order(pool: PgPool) {
     assert_eq!(rows.len(), events, "every event applied once");
     assert_eq!(applied, expected, "in order per payment");
 
+    // The program's own route and the libraries' metrics, on its one router.
+    let http = reqwest::Client::new();
+    let refunded: serde_json::Value = http
+        .get(format!("http://{addr}/payments/pay-0"))
+        .send()
+        .await
+        .expect("GET /payments/pay-0")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(refunded["status"], "refunded");
+    let metrics = http
+        .get(format!("http://{addr}/metrics"))
+        .send()
+        .await
+        .expect("GET /metrics")
+        .text()
+        .await
+        .expect("text");
+    for name in ["outbox_published_total", "consumer_messages_total"] {
+        assert!(metrics.contains(name), "{name} missing from /metrics");
+    }
+
     shutdown.cancel();
-    relay.await.expect("relay task").expect("relay");
-    consumer.await.expect("consumer task").expect("consumer");
+    running
+        .await
+        .expect("the program's task")
+        .expect("the program stops cleanly");
 }
 
 fn rand_key() -> i64 {

@@ -111,9 +111,7 @@ async fn the_program_sets_up_the_libraries_tables_and_its_own_and_nothing_of_the
     .await
     .expect("the program starts");
     // The runtime's metrics are on the program's own registry, served by its own route.
-    let metrics = scrape(&program.metrics_addr.to_string())
-        .await
-        .expect("metrics");
+    let metrics = scrape(&program.addr.to_string()).await.expect("metrics");
     assert!(
         metrics.contains(&format!(
             "consumer_messages_total{{group=\"{run_id}-shipping\""

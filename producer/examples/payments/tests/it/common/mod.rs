@@ -5,15 +5,15 @@ use pipeline_core::db::DbArgs;
 use pipeline_testkit::kafka::{brokers, kafka_args};
 
 /// The program on `url`'s database (its tables set up at start-up), consuming `topic` as the
-/// group `prefix` + `shipping`, with `/metrics` on a free port, no lag collector and dead letters
-/// recorded in the database only.
+/// group `prefix` + `shipping`, its router on a free port, no lag collector, dead letters
+/// recorded in the database only, and no relay of its own.
 pub(crate) fn config(url: &str, topic: &str, prefix: &str) -> Config {
     let mut config = Config {
         db: DbArgs {
             database_url: url.to_owned(),
             ..DbArgs::default()
         },
-        metrics_listen: "127.0.0.1:0".parse().expect("an address"),
+        listen: "127.0.0.1:0".parse().expect("an address"),
         ..Config::default()
     };
     config.consumer.kafka = kafka_args(&brokers());
