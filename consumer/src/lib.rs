@@ -143,7 +143,7 @@ pub use crate::settings::{connect, session_options, ConsumerSettings, InvalidSet
 /// Apply them only where the program is meant to set up the database.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate::Migrator {
     ignore_missing: true,
-    ..sqlx::migrate!("../migrations/consumer")
+    ..sqlx::migrate!("./migrations")
 };
 
 /// Runs the groups `settings` names (each looked up in `groups`; every registered group when it

@@ -2,5 +2,5 @@
 //! at compile time, and cargo would not otherwise notice a new file in their directory.
 
 fn main() {
-    println!("cargo:rerun-if-changed=../../migrations/outbox");
+    println!("cargo:rerun-if-changed=migrations");
 }

@@ -87,7 +87,7 @@ pub use delay::{cancel_delayed, Delayed, PublishAt};
 /// own), so each set leaves the others' versions alone.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate::Migrator {
     ignore_missing: true,
-    ..sqlx::migrate!("../../migrations/outbox")
+    ..sqlx::migrate!("./migrations")
 };
 
 /// The LISTEN/NOTIFY channel the relay wakes on (see [`notify_relay`]).
