@@ -249,9 +249,9 @@ ensure_broker   # starts a broker unless one listens already or KAFKA_BROKERS na
 stage "[4/8] tests: every test binary (TEST_JOBS=${TEST_JOBS:-2} at a time) and the doctests"
 # The libraries a service adds carry no demonstration and no command line: the outbox brings no
 # HTTP server or client; the relay and the consumer runtime no clap or csv anywhere in their
-# dependencies and no sha2 of their own (sqlx uses it for authentication), and their HTTP server
-# is only their own operations endpoint. cargo tree of their normal dependencies, with default
-# features.
+# dependencies and no sha2 of their own (sqlx uses it for authentication), and no HTTP server or
+# log set-up (pipeline-core's http and telemetry features). cargo tree of their normal
+# dependencies, with default features.
 library_lacks() {
     local package=$1 depth=$2 pattern=$3 found
     found=$(cargo tree -p "$package" -e normal --prefix none ${depth:+--depth "$depth"} |
@@ -267,6 +267,9 @@ library_dependencies() {
     library_lacks outbox "" 'axum|hyper|reqwest|tower-http|actix-web|warp|ureq' || status=1
     for package in pipeline-core relay consumer; do
         library_lacks "$package" "" 'clap|csv|reqwest|demo-events|demo-orders|demo-groups' || status=1
+        # HTTP serving and log set-up are pipeline-core's http and telemetry features, which
+        # only binaries (and the operator's console) turn on.
+        library_lacks "$package" "" 'axum|hyper|tower-http|tracing-subscriber' || status=1
         library_lacks "$package" 1 'sha2' || status=1
     done
     return $status

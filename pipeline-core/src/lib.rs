@@ -4,16 +4,22 @@
 //! the overlap of shared transactions, the retention runner that keeps tables flat, and crash
 //! points for fault-injection runs.
 //!
-//! The command-line forms of the settings (`clap`) come with the `cli` feature, for binaries.
+//! Features, all off by default so that a library depending on this crate brings no HTTP server,
+//! log set-up or command line: `cli` (the settings' `clap` forms), `http` ([`http_server`] and
+//! [`ops_http`]: axum, hyper, tower) and `telemetry` ([`telemetry`]: tracing-subscriber and
+//! signal handling), which binaries turn on.
 
 pub mod crash_point;
 pub mod db;
 pub mod envelope;
+#[cfg(feature = "http")]
 pub mod http_server;
 pub mod kafka;
+#[cfg(feature = "http")]
 pub mod ops_http;
 pub mod overlap;
 pub mod producer;
 pub mod record;
 pub mod retention;
+#[cfg(feature = "telemetry")]
 pub mod telemetry;
