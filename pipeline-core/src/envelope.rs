@@ -34,35 +34,59 @@ pub const MAX_EVENT_TYPE_BYTES: usize = 255;
 /// The envelope of one event, as consumers see it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Envelope {
+    /// The event's id: unique, the consumers' dedupe key.
     pub event_id: Uuid,
+    /// What happened, e.g. `order.placed`.
     pub event_type: String,
+    /// The aggregate the event belongs to: the record's key and the scope of `sequence`.
     pub aggregate_id: String,
+    /// The event's place among its aggregate's events, from 1 without gaps.
     pub sequence: i64,
+    /// When the event was committed to the outbox.
     pub occurred_at: DateTime<Utc>,
+    /// The W3C trace context of the request that caused the event, when it had one.
     pub traceparent: Option<String>,
 }
 
 /// Why a record cannot be read as one of our events. Each is permanent: the record itself is bad.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum EnvelopeError {
+    /// The record has no key.
     #[error("record has no key (the aggregate id)")]
     MissingKey,
+    /// The key is not UTF-8.
     #[error("record key is not UTF-8")]
     KeyNotUtf8,
+    /// The key holds a NUL byte (PostgreSQL's text cannot).
     #[error("record key holds a NUL byte")]
     KeyHasNul,
+    /// The key is longer than [`MAX_KEY_BYTES`] (its length).
     #[error("record key is {0} bytes long, more than an aggregate id may be ({MAX_KEY_BYTES})")]
     KeyTooLong(usize),
+    /// A header's name is not UTF-8.
     #[error(
         "a header name is not UTF-8 (the Kafka protocol requires it); its bytes cannot be read"
     )]
     HeaderNameNotUtf8,
+    /// A header the envelope needs is absent (its name).
     #[error("missing header `{0}`")]
     MissingHeader(&'static str),
+    /// A header's value cannot be read.
     #[error("header `{name}` is invalid: {reason}")]
-    InvalidHeader { name: &'static str, reason: String },
+    InvalidHeader {
+        /// The header's name.
+        name: &'static str,
+        /// Why its value cannot be read.
+        reason: String,
+    },
+    /// The key and the `aggregate-id` header name different aggregates.
     #[error("key `{key}` does not match header aggregate-id `{header}`")]
-    KeyMismatch { key: String, header: String },
+    KeyMismatch {
+        /// The record's key.
+        key: String,
+        /// The `aggregate-id` header.
+        header: String,
+    },
 }
 
 impl Envelope {

@@ -160,7 +160,9 @@ impl KafkaArgs {
 /// needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TopicDurability {
+    /// The topic.
     pub topic: String,
+    /// Its partitions.
     pub partitions: usize,
     /// The fewest replicas any of its partitions has.
     pub replication_factor: usize,
@@ -211,7 +213,9 @@ impl TopicDurability {
 /// Offsets of one partition as seen by one consumer group.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PartitionLag {
+    /// The topic.
     pub topic: String,
+    /// The partition.
     pub partition: i32,
     /// The group's committed offset; `None` when the group has never committed here.
     pub committed: Option<i64>,

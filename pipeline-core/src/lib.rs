@@ -9,6 +9,8 @@
 //! [`ops_http`]: axum, hyper, tower) and `telemetry` ([`telemetry`]: tracing-subscriber and
 //! signal handling), which binaries turn on.
 
+#![warn(missing_docs)]
+
 pub mod crash_point;
 pub mod db;
 pub mod envelope;

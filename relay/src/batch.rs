@@ -19,9 +19,13 @@ use crate::publish::{publish_batch, published_ahead_of_failures, RelayProducer};
 /// Counts of one batch.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct BatchOutcome {
+    /// Events claimed.
     pub claimed: usize,
+    /// Events Kafka acknowledged.
     pub published: usize,
+    /// Events whose attempt failed (retried later, or given up for good).
     pub failed: usize,
+    /// Events not sent because an earlier event of their aggregate failed.
     pub held: usize,
 }
 

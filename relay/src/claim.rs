@@ -49,15 +49,25 @@ impl ClaimSessions {
 /// One outbox row on its way to Kafka.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct OutboxEvent {
+    /// The outbox row's id (its commit order within a writer).
     pub id: i64,
+    /// The event's id (the consumers' dedupe key).
     pub event_id: Uuid,
+    /// What happened.
     pub event_type: String,
+    /// The aggregate: the record's key.
     pub aggregate_id: String,
+    /// The event's place among its aggregate's events.
     pub sequence: i64,
+    /// Where it is published.
     pub topic: String,
+    /// The JSON payload, as text.
     pub payload: String,
+    /// Extra headers the writer set (a JSON object).
     pub headers: Value,
+    /// Attempts so far that failed.
     pub attempts: i32,
+    /// When the event was committed to the outbox.
     pub created_at: DateTime<Utc>,
 }
 

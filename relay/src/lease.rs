@@ -66,7 +66,9 @@ impl LeaseSettings {
 /// The epoch a write is made under: the statement is refused unless the lease row still has it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Fence {
+    /// The lease's key (`--lock-key`).
     pub key: i64,
+    /// The epoch the relay holds it under.
     pub epoch: i64,
 }
 
@@ -135,6 +137,7 @@ pub enum TakeoverReason {
 }
 
 impl TakeoverReason {
+    /// The reason's label in `relay_takeovers_total`.
     pub fn label(self) -> &'static str {
         match self {
             TakeoverReason::Vacant => "vacant",
@@ -143,6 +146,7 @@ impl TakeoverReason {
         }
     }
 
+    /// Every reason, to register each label's series up front.
     pub const ALL: [TakeoverReason; 3] = [
         TakeoverReason::Vacant,
         TakeoverReason::HolderGone,
@@ -180,6 +184,7 @@ impl LeaseEnd {
 /// What a successful acquisition learned.
 #[derive(Debug, Clone, Copy)]
 pub struct Acquired {
+    /// How the lease came free.
     pub reason: TakeoverReason,
     /// Seconds since the previous holder last renewed, by the database clock: an upper bound on
     /// the time without an active relay. `None` for a lease nobody held.
@@ -215,6 +220,7 @@ impl Elector {
         }
     }
 
+    /// The lease's settings.
     pub fn settings(&self) -> &LeaseSettings {
         &self.settings
     }
@@ -453,8 +459,10 @@ enum Attempt {
 /// Why a lease statement did not answer.
 #[derive(Debug, thiserror::Error)]
 pub enum LeaseError {
+    /// The statement failed.
     #[error("relay lease statement failed: {0}")]
     Database(#[from] sqlx::Error),
+    /// The statement did not answer within this long.
     #[error("relay lease statement got no answer within {0:?}")]
     Timeout(Duration),
 }

@@ -45,6 +45,8 @@
 //! - [`vacuum`]: keeping the queue table small.
 //! - [`metrics`]: the relay's Prometheus metrics.
 
+#![warn(missing_docs)]
+
 pub mod active;
 pub mod backlog;
 pub mod backoff;

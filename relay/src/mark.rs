@@ -14,6 +14,7 @@ pub enum MarkError {
     /// nothing was written, and the events stay queued for the lease's holder.
     #[error("relay lease epoch {0} is lost: this relay's writes are refused")]
     LeaseLost(i64),
+    /// The statement failed.
     #[error(transparent)]
     Database(#[from] sqlx::Error),
 }
@@ -21,15 +22,20 @@ pub enum MarkError {
 /// An event Kafka acknowledged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Published {
+    /// The outbox row's id.
     pub id: i64,
+    /// The partition Kafka wrote it to.
     pub partition: i32,
+    /// Its offset there.
     pub offset: i64,
 }
 
 /// An event whose attempt failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FailedAttempt {
+    /// The outbox row's id.
     pub id: i64,
+    /// What failed.
     pub error: String,
     /// Retry after this long.
     pub retry_in: Duration,

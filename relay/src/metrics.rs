@@ -11,35 +11,62 @@ use crate::lease::{Acquired, LeaseEnd, TakeoverReason};
 /// Metrics of the relay and of the outbox it drains.
 #[derive(Clone)]
 pub struct RelayMetrics {
+    /// `outbox_published_total`: outbox events handled by the relay, by outcome.
     pub published: IntCounterVec,
+    /// `relay_publish_errors_total`: failed publish attempts, by reason.
     pub publish_errors: IntCounterVec,
+    /// `relay_batch_size`: events claimed per relay batch.
     pub batch_size: Histogram,
+    /// `relay_batch_duration_seconds`: time to claim, publish and mark one batch.
     pub batch_duration: Histogram,
+    /// `relay_batch_stage_seconds`: time of each stage of a relay batch: claim (read from the outbox), produce (handed to the producer until every delivery report), mark (outcome written).
     pub stage_duration: HistogramVec,
+    /// `outbox_publish_delay_seconds`: delivery acknowledgement time minus event creation time.
     pub publish_delay: Histogram,
+    /// `relay_last_success_timestamp_seconds`: unix time of the last relay loop that completed without error.
     pub last_success: Gauge,
+    /// `relay_active`: 1 while this relay holds the lease and publishes.
     pub active: IntGauge,
+    /// `outbox_unpublished_events`: outbox events not yet published.
     pub unpublished: IntGauge,
+    /// `outbox_failed_events`: outbox events the relay gave up on (state failed: a permanent error such as message too large, after --max-attempts), waiting for an operator's requeue.
     pub failed: IntGauge,
+    /// `outbox_held_events`: outbox events waiting behind a failed event of their aggregate: they go out, in order, once it is requeued and published.
     pub held: IntGauge,
+    /// `outbox_oldest_unpublished_age_seconds`: age of the oldest unpublished outbox event by the database clock, 0 when none.
     pub oldest_unpublished_age: Gauge,
+    /// `relay_kafka_producer_queue_messages`: messages in the Kafka producer's queue (librdkafka msg_cnt).
     pub producer_queue: IntGauge,
+    /// `relay_kafka_producer_queue_max_messages`: capacity of the Kafka producer's queue (librdkafka msg_max).
     pub producer_queue_max: IntGauge,
+    /// `relay_kafka_broker_rtt_seconds`: average broker round-trip time over librdkafka's last statistics window.
     pub broker_rtt: GaugeVec,
+    /// `relay_producer_renewals_total`: kafka producers replaced after librdkafka reported a fatal error, by error code.
     pub producer_renewals: IntCounterVec,
+    /// `relay_lease_takeovers_total`: times this relay took the relay lease, by how: vacant (nobody held it), holder_gone (the holder's session ended) or expired (the holder stopped renewing: frozen or cut off).
     pub takeovers: IntCounterVec,
+    /// `relay_takeover_gap_seconds`: at each takeover by this relay, time since the previous holder last renewed the lease (database clock): at least as long as the time without an active relay.
     pub takeover_gap: Histogram,
+    /// `relay_lease_epoch`: epoch of the lease this relay last took; every takeover raises it.
     pub lease_epoch: IntGauge,
+    /// `relay_lease_lost_total`: times this relay lost the lease while active, by reason: expired (not renewed in time) or fenced (another relay had taken it over).
     pub lease_lost: IntCounterVec,
+    /// `relay_lease_vacant_seconds`: how long the relay lease has had no live holder (expired or handed back, not yet taken), by the database clock; 0 while a relay holds it.
     pub lease_vacant: Gauge,
+    /// `relay_fenced_total`: times this relay found itself fenced: a lease renewal or a batch's outcome refused because another relay had taken the lease over.
     pub fenced: IntCounter,
+    /// `outbox_delayed_released_total`: delayed events this relay released into the outbox once due.
     pub delayed_released: IntCounter,
+    /// `outbox_schedule_occurrences_total`: occurrences of recurring schedules this relay materialised, by outcome: fired (appended as a delayed event) or skipped (passed over by the schedule's missed-occurrence policy).
     pub schedule_occurrences: IntCounterVec,
+    /// `outbox_delayed_due`: delayed events that are due and not yet released into the outbox (0 while a relay is active and keeping up).
     pub delayed_due: IntGauge,
+    /// `outbox_delayed_overdue_seconds`: how long ago the oldest due delayed event still waiting fell due, by the database clock; 0 when none waits.
     pub delayed_overdue: Gauge,
 }
 
 impl RelayMetrics {
+    /// Registers the relay's metrics on `registry`.
     pub fn register(registry: &Registry) -> prometheus::Result<Self> {
         let m = RelayMetrics {
             published: IntCounterVec::new(

@@ -132,6 +132,7 @@ pub struct ProducerHandle {
 }
 
 impl ProducerHandle {
+    /// Creates the relay's producer on `kafka` with `settings`, its statistics on `metrics`.
     pub fn create(
         kafka: &KafkaArgs,
         settings: &ProducerSettings,
@@ -175,8 +176,11 @@ impl ProducerHandle {
 /// One event that could not be delivered.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeliveryFailure {
+    /// The outbox row's id.
     pub id: i64,
+    /// Attempts that failed before this one.
     pub attempts_before: i32,
+    /// What Kafka or the producer said.
     pub error: String,
     /// The error will not heal by retrying (message too large, invalid record, not authorised…).
     pub permanent: bool,
@@ -187,7 +191,9 @@ pub struct DeliveryFailure {
 /// What happened to a batch.
 #[derive(Debug, Default)]
 pub struct BatchDelivery {
+    /// Events Kafka acknowledged.
     pub published: Vec<Published>,
+    /// Events that could not be delivered.
     pub failed: Vec<DeliveryFailure>,
     /// Events not sent because an earlier event of their aggregate failed in this batch.
     pub held: usize,

@@ -24,6 +24,7 @@ pub const DEFAULT_LOCK_KEY: i64 = 0x6f75_7462_6f78;
 #[derive(Debug, Clone)]
 #[cfg_attr(feature = "cli", derive(clap::Args))]
 pub struct RelaySettings {
+    /// The Kafka cluster and the client's options.
     #[cfg_attr(feature = "cli", command(flatten))]
     pub kafka: KafkaArgs,
     /// Most events claimed and published per batch.
