@@ -430,7 +430,6 @@ async fn act(
     if action.filter.is_empty() && !action.all {
         return Err(BadInput::NoFilter(verb).into());
     }
-    action.change.actor()?;
     let group = targets.one_group(KnownBy::Database).await?;
     let resolved = resolve_letters(
         targets,

@@ -168,10 +168,13 @@ async fn checked(
 /// Runs `action`, printing its result.
 pub async fn run(targets: &Targets, action: &GroupAction, json: bool) -> anyhow::Result<()> {
     let done = match action {
+        // The group first, so that an unknown one is the error shown, not a missing actor.
         GroupAction::Pause { group, change } => {
+            targets.check_known(group, KnownBy::Database).await?;
             pause(targets, group, &change.actor()?, &change.note).await?
         }
         GroupAction::Resume { group, change } => {
+            targets.check_known(group, KnownBy::Database).await?;
             resume(targets, group, &change.actor()?, &change.note).await?
         }
     };

@@ -54,7 +54,6 @@ pub struct Reprocessed {
 
 /// Moves the group `--group` names back to `args.from`.
 pub async fn reprocess(targets: &Targets, args: &ReprocessArgs) -> anyhow::Result<Reprocessed> {
-    args.change.actor()?;
     let group = targets.one_group(KnownBy::Database).await?;
     reprocess_group(targets, &group, args).await
 }
@@ -66,7 +65,6 @@ pub async fn reprocess_group(
     group: &str,
     args: &ReprocessArgs,
 ) -> anyhow::Result<Reprocessed> {
-    let actor = args.change.actor()?;
     let group = group.to_owned();
     let name = targets.qualified(&group);
     let pool = targets.group(&group).await?;
@@ -89,6 +87,8 @@ pub async fn reprocess_group(
         ))
         .into());
     }
+    // Who acts, once the group is known to be one that can be moved back.
+    let actor = args.change.actor()?;
     let kafka = targets.args.kafka.clone();
     let from = args.from;
     let kafka_group = name.clone();

@@ -34,7 +34,6 @@ pub async fn requeue(pool: &PgPool, args: &RequeueArgs) -> anyhow::Result<Vec<Re
         )
         .into());
     }
-    let actor = args.change.actor()?;
     for event_id in &args.events {
         let state: Option<String> =
             sqlx::query_scalar("SELECT state FROM outbox_status WHERE event_id = $1")
@@ -59,6 +58,8 @@ pub async fn requeue(pool: &PgPool, args: &RequeueArgs) -> anyhow::Result<Vec<Re
             }
         }
     }
+    // Who acts, once what to requeue is known to make sense.
+    let actor = args.change.actor()?;
     let events: Option<&[Uuid]> = (!args.events.is_empty()).then_some(args.events.as_slice());
     let mut tx = pool.begin().await?;
     let requeued: Vec<Requeued> = sqlx::query_as(

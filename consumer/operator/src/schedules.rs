@@ -66,7 +66,6 @@ pub async fn run(targets: &Targets, action: &ScheduleAction, json: bool) -> anyh
         }
         ScheduleAction::Pause { name, change } | ScheduleAction::Resume { name, change } => {
             let enable = matches!(action, ScheduleAction::Resume { .. });
-            let actor = change.actor()?;
             let mut tx = pool.begin().await?;
             let row = schedule::set_enabled(&mut tx, name, enable)
                 .await
@@ -78,7 +77,7 @@ pub async fn run(targets: &Targets, action: &ScheduleAction, json: bool) -> anyh
             };
             record(
                 &mut tx,
-                &actor,
+                &change.actor()?,
                 what,
                 &change.note,
                 &row,
@@ -90,14 +89,13 @@ pub async fn run(targets: &Targets, action: &ScheduleAction, json: bool) -> anyh
             report(json, if enable { "resumed" } else { "paused" }, &row)?;
         }
         ScheduleAction::Remove { name, change } => {
-            let actor = change.actor()?;
             let mut tx = pool.begin().await?;
             let row = schedule::remove_schedule(&mut tx, name)
                 .await
                 .map_err(bad_input)?;
             record(
                 &mut tx,
-                &actor,
+                &change.actor()?,
                 "schedule.remove",
                 &change.note,
                 &row,
@@ -109,7 +107,6 @@ pub async fn run(targets: &Targets, action: &ScheduleAction, json: bool) -> anyh
             report(json, "removed", &row)?;
         }
         ScheduleAction::RunNow { name, change } => {
-            let actor = change.actor()?;
             let mut tx = pool.begin().await?;
             let (at, event_id) = schedule::run_now(&mut tx, &Outbox::default(), name)
                 .await
@@ -119,7 +116,7 @@ pub async fn run(targets: &Targets, action: &ScheduleAction, json: bool) -> anyh
                 .map_err(bad_input)?;
             record(
                 &mut tx,
-                &actor,
+                &change.actor()?,
                 "schedule.run_now",
                 &change.note,
                 &row,
@@ -180,7 +177,6 @@ fn with_next(schedule: ScheduleRow) -> Listed {
 
 /// Adds the schedule `args` describe.
 pub async fn add(pool: &PgPool, args: &AddScheduleArgs) -> anyhow::Result<ScheduleRow> {
-    let actor = args.change.actor()?;
     let payload: serde_json::Value = serde_json::from_str(&args.payload)
         .map_err(|e| BadInput::Refused(format!("--payload is not JSON: {e}")))?;
     let new = NewSchedule {
@@ -202,7 +198,7 @@ pub async fn add(pool: &PgPool, args: &AddScheduleArgs) -> anyhow::Result<Schedu
         .map_err(bad_input)?;
     record(
         &mut tx,
-        &actor,
+        &args.change.actor()?,
         "schedule.add",
         &args.change.note,
         &row,

@@ -644,3 +644,89 @@ async fn the_commands_tables_escape_what_services_wrote() -> anyhow::Result<()> 
     assert!(stdout.contains("RED"), "{stdout}");
     Ok(())
 }
+
+/// Runs `pipeline ARGS` against `env`'s database with no actor anywhere (no `--actor`,
+/// `$PIPELINE_ACTOR` or `$USER`); returns its exit code and standard error.
+fn pipeline_without_actor(env: &TestEnv, args: &[&str]) -> anyhow::Result<(Option<i32>, String)> {
+    let out = std::process::Command::new(pipeline_testkit::bin_dir().join("pipeline"))
+        .args(args)
+        .env("DATABASE_URL", &env.database_url)
+        .env("KAFKA_BROKERS", &env.brokers)
+        .env_remove("USER")
+        .env_remove("PIPELINE_ACTOR")
+        .output()?;
+    Ok((
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_command_names_what_is_wrong_with_a_change_before_asking_who_acts() -> anyhow::Result<()>
+{
+    let env = TestEnv::new("no_actor", 1).await?;
+    // Bad input first: its own error, not the missing actor.
+    for (args, says) in [
+        (
+            &[
+                "schedules",
+                "add",
+                "nightly",
+                "--cron",
+                "0 61 * * *",
+                "--event-type",
+                "t",
+                "--event-topic",
+                "t",
+                "--note",
+                "n",
+            ][..],
+            "invalid cron expression",
+        ),
+        (
+            &["schedules", "pause", "nosuch", "--note", "n"][..],
+            "no schedule named",
+        ),
+        (&["group", "pause", "nosuch", "--note", "n"][..], "nosuch"),
+        (
+            &[
+                "outbox",
+                "requeue",
+                "--event",
+                "00000000-0000-0000-0000-000000000001",
+                "--note",
+                "n",
+            ][..],
+            "no outbox event",
+        ),
+    ] {
+        let (code, stderr) = pipeline_without_actor(&env, args)?;
+        assert_eq!(code, Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+        assert!(!stderr.contains("say who acts"), "{args:?}: {stderr}");
+    }
+    // A change that is right in itself is refused for want of an actor, and writes nothing.
+    let (code, stderr) = pipeline_without_actor(
+        &env,
+        &[
+            "schedules",
+            "add",
+            "nightly",
+            "--cron",
+            "0 3 * * *",
+            "--event-type",
+            "t",
+            "--event-topic",
+            "t",
+            "--note",
+            "n",
+        ],
+    )?;
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("say who acts"), "{stderr}");
+    let schedules: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_schedule")
+        .fetch_one(&env.pool)
+        .await?;
+    assert_eq!(schedules, 0);
+    Ok(())
+}
