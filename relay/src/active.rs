@@ -6,7 +6,6 @@ use std::collections::HashSet;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use chrono::Utc;
 use futures::stream::{FuturesUnordered, StreamExt};
 use pipeline_core::retention::Backlog;
@@ -15,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::batch::{Batch, BatchOutcome};
 use crate::claim::ClaimSessions;
+use crate::error::RelayError;
 use crate::lease::Lease;
 use crate::mark::MarkError;
 use crate::metrics::RelayMetrics;
@@ -34,7 +34,7 @@ pub async fn run_active(
     lease: &Lease,
     backlog: &Backlog,
     shutdown: &CancellationToken,
-) -> anyhow::Result<()> {
+) -> Result<(), RelayError> {
     let retry = settings.retry_policy();
     let claims = ClaimSessions::new(pool);
     let mut wakeup = Wakeup::start(
@@ -45,7 +45,7 @@ pub async fn run_active(
         Duration::from_millis(settings.listen_poll_interval_ms),
     )
     .await
-    .context("LISTEN connection")?;
+    .map_err(RelayError::Listen)?;
     let depth = usize::try_from(settings.pipeline_depth).unwrap_or(1).max(1);
     let mut error_streak: u32 = 0;
     // Batches on their way to Kafka, and the aggregates they hold: the next claim leaves those

@@ -52,6 +52,7 @@ pub mod backlog;
 pub mod backoff;
 pub mod batch;
 pub mod claim;
+mod error;
 pub mod lease;
 pub mod mark;
 pub mod metrics;
@@ -64,6 +65,7 @@ pub mod settings;
 pub mod vacuum;
 pub mod wakeup;
 
+pub use error::RelayError;
 /// The tables the relay reads and writes: the outbox's. Apply them only where the program is
 /// meant to set up the database.
 pub use outbox::MIGRATOR;

@@ -3,7 +3,6 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use anyhow::Context;
 use futures::future::join_all;
 use pipeline_core::envelope::Envelope;
 use pipeline_core::kafka::KafkaArgs;
@@ -80,7 +79,7 @@ pub fn create_producer(
     kafka: &KafkaArgs,
     settings: &ProducerSettings,
     metrics: RelayMetrics,
-) -> anyhow::Result<RelayProducer> {
+) -> Result<RelayProducer, KafkaError> {
     let mut config = kafka.client_config();
     config
         .set("acks", "all")
@@ -113,7 +112,6 @@ pub fn create_producer(
         }
     }
     QuietProducer::create(&config, RelayClientContext { metrics })
-        .context("creating Kafka producer")
 }
 
 /// The relay's producer for the life of the process.
@@ -137,7 +135,7 @@ impl ProducerHandle {
         kafka: &KafkaArgs,
         settings: &ProducerSettings,
         metrics: RelayMetrics,
-    ) -> anyhow::Result<Self> {
+    ) -> Result<Self, KafkaError> {
         let producer = create_producer(kafka, settings, metrics.clone())?;
         Ok(ProducerHandle {
             kafka: kafka.clone(),
@@ -159,7 +157,7 @@ impl ProducerHandle {
 
     /// Replaces the producer when it has a fatal error; returns that error. Call it with no
     /// batch in flight, so that no aggregate has events with both instances at once.
-    pub fn renew_if_fatal(&mut self) -> anyhow::Result<Option<(RDKafkaErrorCode, String)>> {
+    pub fn renew_if_fatal(&mut self) -> Result<Option<(RDKafkaErrorCode, String)>, KafkaError> {
         let Some((code, reason)) = self.fatal_error() else {
             return Ok(None);
         };

@@ -5,7 +5,6 @@
 
 use std::time::Duration;
 
-use anyhow::Context;
 use pipeline_core::retention::{Backlog, RetentionMetrics, Runner};
 use prometheus::Registry;
 use sqlx::PgPool;
@@ -13,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::active::run_active;
 use crate::backlog::watch_backlog;
+use crate::error::RelayError;
 use crate::lease::Elector;
 use crate::metrics::RelayMetrics;
 use crate::publish::ProducerHandle;
@@ -39,12 +39,14 @@ impl Relay {
     /// The producer is made here and kept across activations, so a standby that takes over is
     /// warm. The lease's presence session is a connection of its own, made with `pool`'s
     /// connect options.
-    pub fn new(settings: RelaySettings, pool: PgPool, registry: &Registry) -> anyhow::Result<Self> {
+    pub fn new(
+        settings: RelaySettings,
+        pool: PgPool,
+        registry: &Registry,
+    ) -> Result<Self, RelayError> {
         settings.validate()?;
-        let metrics =
-            RelayMetrics::register(registry).context("registering the relay's metrics")?;
-        let retention = RetentionMetrics::register(registry, "relay")
-            .context("registering the retention metrics")?;
+        let metrics = RelayMetrics::register(registry)?;
+        let retention = RetentionMetrics::register(registry, "relay")?;
         let producer = ProducerHandle::create(
             &settings.kafka,
             &settings.producer_settings(),
@@ -66,7 +68,7 @@ impl Relay {
 
     /// Runs until `shutdown`, or until the relay cannot go on (its Kafka producer failed for
     /// good and cannot be replaced, or it cannot listen for new events): then the error.
-    pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), RelayError> {
         let Relay {
             settings,
             pool,
@@ -117,7 +119,7 @@ pub async fn run(
     pool: PgPool,
     registry: &Registry,
     shutdown: CancellationToken,
-) -> anyhow::Result<()> {
+) -> Result<(), RelayError> {
     Relay::new(settings, pool, registry)?.run(shutdown).await
 }
 
@@ -130,7 +132,7 @@ async fn take_turns(
     metrics: &RelayMetrics,
     retention: &RetentionMetrics,
     shutdown: &CancellationToken,
-) -> anyhow::Result<()> {
+) -> Result<(), RelayError> {
     let mut elector = Elector::new(settings.lease_settings(), (*pool.connect_options()).clone());
     // Raised by a claim that comes back full; retention waits while it is.
     let backlog = Backlog::new();
@@ -223,4 +225,42 @@ fn retain_while_active(
             .with_metrics(metrics);
         runner.run_every(pool, settings.interval, stop).await;
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A pool that is never connected: making a relay reads no database.
+    fn pool() -> PgPool {
+        PgPool::connect_lazy("postgres://nobody@127.0.0.1:1/nothing").expect("a lazy pool")
+    }
+
+    #[tokio::test]
+    async fn a_host_can_tell_why_a_relay_cannot_start() {
+        let invalid = RelaySettings {
+            batch_size: 0,
+            ..RelaySettings::default()
+        };
+        assert!(matches!(
+            Relay::new(invalid, pool(), &Registry::new()),
+            Err(RelayError::InvalidSettings(_))
+        ));
+        let registry = Registry::new();
+        let _first = Relay::new(RelaySettings::default(), pool(), &registry).expect("one relay");
+        assert!(matches!(
+            Relay::new(RelaySettings::default(), pool(), &registry),
+            Err(RelayError::Metrics(_))
+        ));
+        let mut refused = RelaySettings::default();
+        refused
+            .kafka
+            .kafka_options
+            .push(("no.such.option".to_owned(), "1".to_owned()));
+        let error = Relay::new(refused, pool(), &Registry::new())
+            .err()
+            .expect("librdkafka refuses the option");
+        assert!(matches!(error, RelayError::Producer(_)), "{error}");
+        assert!(error.to_string().contains("no.such.option"), "{error}");
+    }
 }

@@ -124,7 +124,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     .context("serving the ops endpoint")?;
     let result = relay.run(shutdown.clone()).await;
     shutdown.cancel();
-    result
+    Ok(result?)
 }
 
 /// Creates the topics that do not exist yet and says what acks=all is worth on each.

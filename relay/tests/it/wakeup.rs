@@ -67,7 +67,7 @@ async fn until_published(pool: &PgPool, count: i64, within: Duration) -> Duratio
 fn start(
     pool: &PgPool,
     settings: RelaySettings,
-) -> (CancellationToken, JoinHandle<anyhow::Result<()>>) {
+) -> (CancellationToken, JoinHandle<Result<(), relay::RelayError>>) {
     let relay = Relay::new(settings, pool.clone(), &Registry::new()).expect("relay");
     let shutdown = CancellationToken::new();
     (shutdown.clone(), tokio::spawn(relay.run(shutdown)))
@@ -81,7 +81,7 @@ async fn start_waiting(
     String,
     i64,
     CancellationToken,
-    JoinHandle<anyhow::Result<()>>,
+    JoinHandle<Result<(), relay::RelayError>>,
 ) {
     let topic = topic().await;
     let lock_key = i64::from(rand::random::<i32>());

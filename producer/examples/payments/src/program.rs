@@ -79,7 +79,7 @@ pub struct Program {
     /// served.
     pub addr: SocketAddr,
     runtime: Runtime,
-    relay: Option<JoinHandle<anyhow::Result<()>>>,
+    relay: Option<JoinHandle<Result<(), relay::RelayError>>>,
 }
 
 impl Program {
@@ -91,7 +91,7 @@ impl Program {
             Some(relay) => relay.await.context("the relay's task")?,
             None => Ok(()),
         };
-        runtime.and(relay)
+        runtime.and(relay.map_err(anyhow::Error::from))
     }
 }
 
