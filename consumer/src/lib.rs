@@ -114,6 +114,7 @@
 #![warn(missing_docs)]
 
 pub mod backoff;
+mod error;
 pub mod handlers;
 pub mod kafka;
 pub mod metrics;
@@ -130,6 +131,7 @@ use prometheus::Registry;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
+pub use crate::error::ConsumerError;
 pub use crate::handlers::{
     Event, Groups, Handler, HandlerError, HandlerTransaction, UnknownGroup, Waiting,
 };
@@ -155,7 +157,7 @@ pub async fn run(
     registry: &Registry,
     groups: &Groups,
     shutdown: CancellationToken,
-) -> anyhow::Result<()> {
+) -> Result<(), ConsumerError> {
     Runtime::start(settings, pool, registry, groups, shutdown)
         .await?
         .wait()

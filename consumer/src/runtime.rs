@@ -17,6 +17,7 @@ use sqlx::postgres::PgConnectOptions;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
+use crate::error::ConsumerError;
 use crate::handlers::Groups;
 use crate::kafka::{probe, run_collector, run_member, LagCollector, MemberSignals, Reachability};
 use crate::metrics::ConsumerMetrics;
@@ -65,7 +66,7 @@ impl Runtime {
         registry: &Registry,
         groups: &Groups,
         shutdown: CancellationToken,
-    ) -> anyhow::Result<Runtime> {
+    ) -> Result<Runtime, ConsumerError> {
         settings.validate()?;
         if settings.groups.is_empty() {
             settings.groups = groups.names().into_iter().map(str::to_owned).collect();
@@ -73,20 +74,24 @@ impl Runtime {
         let args = &settings;
         check_groups(args, groups)?;
         args.check_rate_limits()?;
-        check_sessions(&pool).await?;
-        record_rate_limits(args, &pool).await?;
+        check_sessions(&pool)
+            .await
+            .map_err(ConsumerError::Database)?;
+        record_rate_limits(args, &pool)
+            .await
+            .map_err(ConsumerError::Database)?;
         let options = (*pool.connect_options()).clone();
-        let dead_letters = dead_letter_sink(args).await?;
-        let metrics = ConsumerMetrics::register(registry).context("registering metrics")?;
+        let dead_letters = dead_letter_sink(args).await.map_err(ConsumerError::Kafka)?;
+        let metrics = ConsumerMetrics::register(registry)?;
         for group in &args.groups {
-            groups.register_metrics(group, registry)?;
+            // A group's own metrics, registered by the program's code.
+            groups
+                .register_metrics(group, registry)
+                .map_err(ConsumerError::Stopped)?;
         }
-        let retention = RetentionMetrics::register(registry, "consumer")
-            .context("registering retention metrics")?;
-        let lag_collector = LagCollector::new().context("lag metrics")?;
-        registry
-            .register(Box::new(lag_collector.clone()))
-            .context("registering lag metrics")?;
+        let retention = RetentionMetrics::register(registry, "consumer")?;
+        let lag_collector = LagCollector::new()?;
+        registry.register(Box::new(lag_collector.clone()))?;
         let mut runtime = Runtime {
             stop: CancellationToken::new(),
             fatal: FatalSignal::default(),
@@ -103,23 +108,31 @@ impl Runtime {
             lag_collector,
             backlog: Backlog::new(),
         };
-        runtime.start_lag_collector(args, &parts)?;
+        runtime
+            .start_lag_collector(args, &parts)
+            .map_err(ConsumerError::Kafka)?;
         runtime.keep_partitions(args, &parts).await;
         runtime.start_retention(args, &parts, retention);
         let reachability = runtime.probe_database(&parts);
-        let pauses = runtime.watch_pauses(args, &parts).await?;
-        runtime.start_groups(args, groups, &parts, &reachability, &pauses)?;
+        let pauses = runtime
+            .watch_pauses(args, &parts)
+            .await
+            .map_err(ConsumerError::Database)?;
+        runtime
+            .start_groups(args, groups, &parts, &reachability, &pauses)
+            .map_err(ConsumerError::Kafka)?;
         Ok(runtime)
     }
 
     /// Waits until every group has stopped and everything beside them has finished; the first
     /// group's error, or the fatal error that stopped the process, is returned.
-    pub async fn wait(self) -> anyhow::Result<()> {
+    pub async fn wait(self) -> Result<(), ConsumerError> {
         let mut first_error = None;
         for (name, thread) in self.threads {
             let result = tokio::task::spawn_blocking(move || thread.join())
                 .await
-                .context("joining poll thread")?;
+                .context("joining poll thread")
+                .map_err(ConsumerError::Stopped)?;
             match result {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => {
@@ -140,10 +153,12 @@ impl Runtime {
             let _ = tokio::task::spawn_blocking(move || t.join()).await;
         }
         if let Some(reason) = self.fatal.reason() {
-            anyhow::bail!("stopped on a fatal error: {reason}");
+            return Err(ConsumerError::Stopped(anyhow::anyhow!(
+                "stopped on a fatal error: {reason}"
+            )));
         }
         match first_error {
-            Some(e) => Err(e),
+            Some(e) => Err(ConsumerError::Stopped(e)),
             None => Ok(()),
         }
     }
@@ -374,11 +389,10 @@ impl Runtime {
 
 /// Every group named must be registered, and at least one must be: an unknown one stops
 /// start-up with the list of those that are.
-fn check_groups(args: &ConsumerSettings, groups: &Groups) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        !args.groups.is_empty(),
-        "no consumer group to run: the program registers none"
-    );
+fn check_groups(args: &ConsumerSettings, groups: &Groups) -> Result<(), ConsumerError> {
+    if args.groups.is_empty() {
+        return Err(ConsumerError::NoGroup);
+    }
     for name in &args.groups {
         let _ = groups.handler(name, name.clone())?;
     }
@@ -431,4 +445,82 @@ async fn dead_letter_sink(args: &ConsumerSettings) -> anyhow::Result<Option<Arc<
         .await
         .context("creating dead-letter topics")?;
     Ok(Some(Arc::new(sink)))
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::future::BoxFuture;
+    use sqlx::PgConnection;
+
+    use super::*;
+    use crate::handlers::{Event, Handler, HandlerError, HandlerTransaction};
+
+    struct Nothing(String);
+
+    impl Handler for Nothing {
+        fn group(&self) -> &str {
+            &self.0
+        }
+
+        fn transaction(&self) -> Box<dyn HandlerTransaction + '_> {
+            Box::new(NothingApplied)
+        }
+    }
+
+    struct NothingApplied;
+
+    impl HandlerTransaction for NothingApplied {
+        fn apply<'a>(
+            &'a mut self,
+            _: &'a mut PgConnection,
+            _: &'a Event,
+        ) -> BoxFuture<'a, Result<(), HandlerError>> {
+            Box::pin(async { Ok(()) })
+        }
+    }
+
+    /// A pool that is never connected: these refusals come before any statement.
+    fn pool() -> PgPool {
+        PgPool::connect_lazy("postgres://nobody@127.0.0.1:1/nothing").expect("a lazy pool")
+    }
+
+    async fn start(settings: ConsumerSettings, groups: &Groups) -> Result<Runtime, ConsumerError> {
+        Runtime::start(
+            settings,
+            pool(),
+            &Registry::new(),
+            groups,
+            CancellationToken::new(),
+        )
+        .await
+    }
+
+    #[tokio::test]
+    async fn a_host_can_tell_why_the_runtime_cannot_start() {
+        let settings = ConsumerSettings {
+            topics: vec!["t".to_owned()],
+            ..ConsumerSettings::default()
+        };
+        assert!(matches!(
+            start(settings.clone(), &Groups::new()).await,
+            Err(ConsumerError::NoGroup)
+        ));
+        let groups = Groups::new().register("shipping", Nothing);
+        let unknown = ConsumerSettings {
+            groups: vec!["billing".to_owned()],
+            ..settings.clone()
+        };
+        match start(unknown, &groups).await {
+            Err(ConsumerError::UnknownGroup(e)) => assert_eq!(e.name, "billing"),
+            other => panic!("{:?}", other.err()),
+        }
+        let invalid = ConsumerSettings {
+            topics: Vec::new(),
+            ..settings
+        };
+        assert!(matches!(
+            start(invalid, &groups).await,
+            Err(ConsumerError::InvalidSettings(_))
+        ));
+    }
 }

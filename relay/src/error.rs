@@ -5,7 +5,8 @@ use rdkafka::error::KafkaError;
 
 use crate::settings::InvalidSettings;
 
-/// Why a relay could not start, or had to stop. Failures it can wait out (the database or the
+/// Why a relay could not start, or had to stop; the cause is its `source()` (anyhow's `{:#}`
+/// prints the whole chain). Failures it can wait out (the database or the
 /// brokers unreachable for a while, a batch refused, the lease lost) are not errors: it retries,
 /// stands by or takes over again by itself.
 #[derive(Debug, thiserror::Error)]
@@ -16,13 +17,13 @@ pub enum RelayError {
     InvalidSettings(#[from] InvalidSettings),
     /// Its metrics could not be registered: the registry already has metrics of these names
     /// (one relay per registry).
-    #[error("registering the relay's metrics: {0}")]
+    #[error("registering the relay's metrics")]
     Metrics(#[from] prometheus::Error),
     /// The Kafka producer could not be created, at start or to replace one that failed for
     /// good (librdkafka refused its configuration: `--kafka-option`, say).
-    #[error("creating the Kafka producer: {0}")]
+    #[error("creating the Kafka producer")]
     Producer(#[from] KafkaError),
     /// The connection that listens for new events could not be opened.
-    #[error("opening the connection that listens for new events: {0}")]
+    #[error("opening the connection that listens for new events")]
     Listen(#[source] sqlx::Error),
 }

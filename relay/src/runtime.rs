@@ -261,6 +261,11 @@ mod tests {
             .err()
             .expect("librdkafka refuses the option");
         assert!(matches!(error, RelayError::Producer(_)), "{error}");
-        assert!(error.to_string().contains("no.such.option"), "{error}");
+        let chain = format!("{:#}", anyhow::Error::from(error));
+        assert!(
+            chain.starts_with("creating the Kafka producer: "),
+            "{chain}"
+        );
+        assert!(chain.contains("no.such.option"), "{chain}");
     }
 }

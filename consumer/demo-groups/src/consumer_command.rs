@@ -93,5 +93,5 @@ async fn run(command: RunCommand) -> anyhow::Result<()> {
         shutdown,
     )
     .await?;
-    runtime.wait().await
+    Ok(runtime.wait().await?)
 }

@@ -86,7 +86,7 @@ impl Program {
     /// Waits until the group and the relay have stopped (after `shutdown`, or on a fatal error
     /// of either); the first error is returned.
     pub async fn wait(self) -> anyhow::Result<()> {
-        let runtime = self.runtime.wait().await;
+        let runtime = self.runtime.wait().await.map_err(anyhow::Error::from);
         let relay = match self.relay {
             Some(relay) => relay.await.context("the relay's task")?,
             None => Ok(()),
