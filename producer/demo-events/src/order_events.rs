@@ -3,6 +3,8 @@
 //! Every event carries a snapshot of the order after the change, so a consumer needs nothing but
 //! the event to act on it.
 
+use std::fmt;
+
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
@@ -90,4 +92,61 @@ pub struct OrderSnapshot {
 /// service's catalogue seed and the inventory's stock seed.
 pub fn demo_product_id(n: u32) -> String {
     format!("sku-{n:05}")
+}
+
+/// A change a client can ask for after an order is placed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Action {
+    Pay,
+    Cancel,
+    Ship,
+}
+
+impl Action {
+    /// The verb, as in the route `/orders/{id}/<verb>`.
+    pub fn verb(self) -> &'static str {
+        match self {
+            Action::Pay => "pay",
+            Action::Cancel => "cancel",
+            Action::Ship => "ship",
+        }
+    }
+
+    /// The status an order has after this action.
+    pub fn target(self) -> OrderStatus {
+        match self {
+            Action::Pay => OrderStatus::Paid,
+            Action::Cancel => OrderStatus::Cancelled,
+            Action::Ship => OrderStatus::Shipped,
+        }
+    }
+
+    /// The status this action moves an order in `from` to, if the lifecycle allows it:
+    /// placed → paid | cancelled, paid → shipped | cancelled, nothing out of shipped or cancelled.
+    pub fn apply(self, from: OrderStatus) -> Result<OrderStatus, IllegalTransition> {
+        use OrderStatus::{Cancelled, Paid, Placed, Shipped};
+        match (from, self) {
+            (Placed, Action::Pay | Action::Cancel) | (Paid, Action::Ship | Action::Cancel) => {
+                Ok(self.target())
+            }
+            (Placed | Paid | Shipped | Cancelled, _) => Err(IllegalTransition {
+                action: self,
+                status: from,
+            }),
+        }
+    }
+}
+
+impl fmt::Display for Action {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.verb())
+    }
+}
+
+/// An action the lifecycle does not allow from the order's current status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("cannot {action} an order that is {}", status.as_str())]
+pub struct IllegalTransition {
+    pub action: Action,
+    pub status: OrderStatus,
 }

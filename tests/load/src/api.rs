@@ -14,32 +14,7 @@ pub struct OrderRequest {
 }
 
 /// A change asked for after an order is placed: `POST /orders/{id}/<verb>`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Action {
-    Pay,
-    Cancel,
-    Ship,
-}
-
-impl Action {
-    /// The verb, as in the route `/orders/{id}/<verb>`.
-    pub fn verb(self) -> &'static str {
-        match self {
-            Action::Pay => "pay",
-            Action::Cancel => "cancel",
-            Action::Ship => "ship",
-        }
-    }
-
-    /// The status an order has after this action.
-    pub fn target(self) -> OrderStatus {
-        match self {
-            Action::Pay => OrderStatus::Paid,
-            Action::Cancel => OrderStatus::Cancelled,
-            Action::Ship => OrderStatus::Shipped,
-        }
-    }
-}
+pub use demo_events::order_events::Action;
 
 /// What the generator reads of an order in an answer: its id and status (the other fields are
 /// ignored).

@@ -1,7 +1,6 @@
-//! An order as the API returns it, the changes a client can ask for after placing it, and the
-//! lifecycle rules that allow or refuse them.
-
-use std::fmt;
+//! An order as the API returns it. The changes a client can ask for after placing it and the
+//! lifecycle rules that allow or refuse them ([`Action`]) are the order events' own
+//! (`demo_events::order_events`), shared with the load generator.
 
 use chrono::{DateTime, Utc};
 use demo_events::order_events::{OrderLine, OrderSnapshot, OrderStatus};
@@ -37,62 +36,7 @@ impl Order {
     }
 }
 
-/// A change a client can ask for after an order is placed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Action {
-    Pay,
-    Cancel,
-    Ship,
-}
-
-impl Action {
-    /// The verb, as in the route `/orders/{id}/<verb>`.
-    pub fn verb(self) -> &'static str {
-        match self {
-            Action::Pay => "pay",
-            Action::Cancel => "cancel",
-            Action::Ship => "ship",
-        }
-    }
-
-    /// The status an order has after this action.
-    pub fn target(self) -> OrderStatus {
-        match self {
-            Action::Pay => OrderStatus::Paid,
-            Action::Cancel => OrderStatus::Cancelled,
-            Action::Ship => OrderStatus::Shipped,
-        }
-    }
-
-    /// The status this action moves an order in `from` to, if the lifecycle allows it:
-    /// placed → paid | cancelled, paid → shipped | cancelled, nothing out of shipped or cancelled.
-    pub fn apply(self, from: OrderStatus) -> Result<OrderStatus, IllegalTransition> {
-        use OrderStatus::{Cancelled, Paid, Placed, Shipped};
-        match (from, self) {
-            (Placed, Action::Pay | Action::Cancel) | (Paid, Action::Ship | Action::Cancel) => {
-                Ok(self.target())
-            }
-            (Placed | Paid | Shipped | Cancelled, _) => Err(IllegalTransition {
-                action: self,
-                status: from,
-            }),
-        }
-    }
-}
-
-impl fmt::Display for Action {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.verb())
-    }
-}
-
-/// An action the lifecycle does not allow from the order's current status.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("cannot {action} an order that is {}", status.as_str())]
-pub struct IllegalTransition {
-    pub action: Action,
-    pub status: OrderStatus,
-}
+pub use demo_events::order_events::{Action, IllegalTransition};
 
 #[cfg(test)]
 mod tests {
