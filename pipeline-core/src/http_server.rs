@@ -395,6 +395,22 @@ mod tests {
         stop.cancel();
     }
 
+    /// The flags' defaults are [`ServerLimits::default`]: a server a program starts with the
+    /// default and one a binary starts without flags hold clients to the same bounds.
+    #[cfg(feature = "cli")]
+    #[test]
+    fn the_flags_defaults_are_the_default_limits() {
+        use clap::Parser;
+
+        #[derive(Parser)]
+        struct Command {
+            #[command(flatten)]
+            limits: ServerLimits,
+        }
+        let parsed = Command::try_parse_from(["server"]).expect("the defaults parse");
+        assert_eq!(parsed.limits, ServerLimits::default());
+    }
+
     #[tokio::test]
     async fn one_client_address_cannot_take_every_connection() {
         let limits = ServerLimits {
