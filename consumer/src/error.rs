@@ -24,6 +24,10 @@ pub enum ConsumerError {
     /// (one runtime per registry).
     #[error("registering the consumer runtime's metrics")]
     Metrics(#[from] prometheus::Error),
+    /// A group's own metrics (registered with [`crate::Groups`]) could not be registered; the
+    /// source names the group.
+    #[error("registering a group's own metrics")]
+    GroupMetrics(#[source] anyhow::Error),
     /// A start-up step could not use the groups' database (unreachable, or without the
     /// library's tables: `consumer::MIGRATOR`); the source says which step.
     #[error("the groups' database")]

@@ -84,10 +84,9 @@ impl Runtime {
         let dead_letters = dead_letter_sink(args).await.map_err(ConsumerError::Kafka)?;
         let metrics = ConsumerMetrics::register(registry)?;
         for group in &args.groups {
-            // A group's own metrics, registered by the program's code.
             groups
                 .register_metrics(group, registry)
-                .map_err(ConsumerError::Stopped)?;
+                .map_err(ConsumerError::GroupMetrics)?;
         }
         let retention = RetentionMetrics::register(registry, "consumer")?;
         let lag_collector = LagCollector::new()?;
