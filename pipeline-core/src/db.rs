@@ -96,6 +96,34 @@ pub const DEFAULT_DATABASE_WAIT: Duration = Duration::from_secs(300);
 /// Longest pause between two attempts to reach a database at start-up.
 const MOST_CONNECT_PAUSE: Duration = Duration::from_secs(5);
 
+/// A pooled session idle at least this long is checked (one round trip) before it is handed out.
+pub const CHECK_SESSIONS_IDLE_FOR: Duration = Duration::from_secs(1);
+
+/// The options of every pool the pipeline opens: at most `max_connections` sessions, waiting up
+/// to `acquire_timeout` for one.
+///
+/// A session is checked before it is handed out only when it sat idle for
+/// [`CHECK_SESSIONS_IDLE_FOR`] or longer. sqlx checks every session by default, a round trip
+/// (and a wake-up of the server's process) for every transaction, which under load is a quarter
+/// of a small transaction's round trips; a session handed back to the pool is checked then
+/// anyway (sqlx always does), so a session that broke while in use never returns. What the
+/// check on hand-out still catches, a server restarted or a connection cut while the session
+/// sat in the pool, takes longer than the idle time that triggers it.
+pub fn pool_options(max_connections: u32, acquire_timeout: Duration) -> PgPoolOptions {
+    PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(acquire_timeout)
+        .test_before_acquire(false)
+        .before_acquire(|conn, meta| {
+            Box::pin(async move {
+                if meta.idle_for >= CHECK_SESSIONS_IDLE_FOR {
+                    conn.ping().await?;
+                }
+                Ok(true)
+            })
+        })
+}
+
 impl Default for DbArgs {
     fn default() -> Self {
         DbArgs {
@@ -226,9 +254,7 @@ impl DbArgs {
     ) -> anyhow::Result<PgPool> {
         let pool = match self.wait_for_server(&options).await {
             Ok(()) => {
-                PgPoolOptions::new()
-                    .max_connections(self.database_max_connections)
-                    .acquire_timeout(Duration::from_secs(10))
+                pool_options(self.database_max_connections, Duration::from_secs(10))
                     .connect_with(options)
                     .await
             }

@@ -39,6 +39,43 @@ async fn default_sessions_keep_the_server_defaults() {
     pool.close().await;
 }
 
+/// The server process of the session `pool` hands out next.
+async fn backend_of(pool: &sqlx::PgPool) -> i32 {
+    sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(pool)
+        .await
+        .expect("pg_backend_pid")
+}
+
+#[tokio::test]
+async fn a_session_that_died_while_idle_in_the_pool_is_replaced_not_handed_out() {
+    let pool = DbArgs {
+        database_max_connections: 1,
+        ..args()
+    }
+    .connect(&[])
+    .await
+    .expect("connect");
+    let first = backend_of(&pool).await;
+    // Used again at once: the same session, not checked again.
+    assert_eq!(backend_of(&pool).await, first);
+    // The server ends it while it sits in the pool (a restart, a cut connection, an idle
+    // timeout), and it stays idle past the check's threshold.
+    let killer = args().connect(&[]).await.expect("connect");
+    let ended: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+        .bind(first)
+        .fetch_one(&killer)
+        .await
+        .expect("pg_terminate_backend");
+    assert!(ended);
+    tokio::time::sleep(pipeline_core::db::CHECK_SESSIONS_IDLE_FOR + Duration::from_millis(200))
+        .await;
+    let next = backend_of(&pool).await;
+    assert_ne!(next, first, "a new session took the dead one's place");
+    pool.close().await;
+    killer.close().await;
+}
+
 /// The plan of a key lookup (an UPDATE joined to an array of keys, as the order service and the
 /// consumers write them) made by a session of `planner` on a small table, as a prepared
 /// statement's cached generic plan.

@@ -1,9 +1,12 @@
 //! Claiming the next batch of outbox events to publish.
 
+use std::sync::Arc;
+
 use chrono::{DateTime, Utc};
 use serde_json::Value;
-use sqlx::postgres::PgPoolOptions;
-use sqlx::PgPool;
+use sqlx::pool::PoolConnection;
+use sqlx::{PgPool, Postgres};
+use tokio::sync::{MappedMutexGuard, Mutex, MutexGuard};
 use uuid::Uuid;
 
 /// The sessions claims run on: the relay's database with its statements planned once and
@@ -20,9 +23,14 @@ use uuid::Uuid;
 /// plan made while it held three: 7 ms for a batch of 5,000 (9 ms with 3,000 aggregates left
 /// out), 0.07 ms for 10; a plan of the same statement with nested loops looked each claimed id
 /// up again with all of them, 0.7 s for 5,000.
+///
+/// The session is kept between claims (a claim on a session taken from the pool and handed back
+/// would cost the pool's check of it, a round trip, each time); one whose claim failed goes back
+/// to the pool, which checks it and drops it when it is broken.
 #[derive(Debug, Clone)]
 pub struct ClaimSessions {
     pool: PgPool,
+    session: Arc<Mutex<Option<PoolConnection<Postgres>>>>,
 }
 
 impl ClaimSessions {
@@ -33,16 +41,25 @@ impl ClaimSessions {
             ("enable_nestloop", "off"),
             ("enable_seqscan", "off"),
         ]);
-        let pool = PgPoolOptions::new()
-            .max_connections(1)
-            .acquire_timeout(pool.options().get_acquire_timeout())
+        let pool = pipeline_core::db::pool_options(1, pool.options().get_acquire_timeout())
             .connect_lazy_with(options);
-        ClaimSessions { pool }
+        ClaimSessions {
+            pool,
+            session: Arc::default(),
+        }
     }
 
-    /// The sessions' pool (one session), for a look at what runs on it.
-    pub fn pool(&self) -> &PgPool {
-        &self.pool
+    /// The claims' session (opened if there is none), held while the guard lives: for a look at
+    /// what runs on it.
+    pub async fn session(
+        &self,
+    ) -> Result<MappedMutexGuard<'_, PoolConnection<Postgres>>, sqlx::Error> {
+        let mut held = self.session.lock().await;
+        if held.is_none() {
+            *held = Some(self.pool.acquire().await?);
+        }
+        MutexGuard::try_map(held, Option::as_mut)
+            .map_err(|_| sqlx::Error::Protocol("the claims' session went away".into()))
     }
 }
 
@@ -115,12 +132,21 @@ pub async fn claim_batch_excluding(
     limit: i64,
     busy: &[&str],
 ) -> Result<Vec<OutboxEvent>, sqlx::Error> {
+    let mut held = sessions.session.lock().await;
+    let session = match &mut *held {
+        Some(session) => session,
+        None => held.insert(sessions.pool.acquire().await?),
+    };
     // Prepared and planned once per session (see [`ClaimSessions`]).
-    sqlx::query_as::<_, OutboxEvent>(CLAIM_SQL)
+    let claimed = sqlx::query_as::<_, OutboxEvent>(CLAIM_SQL)
         .bind(limit)
         .bind(busy)
-        .fetch_all(&sessions.pool)
-        .await
+        .fetch_all(&mut **session)
+        .await;
+    if claimed.is_err() {
+        *held = None;
+    }
+    claimed
 }
 
 /// The claim query; `$1` is the batch size, `$2` the aggregates to leave out. The queue is read

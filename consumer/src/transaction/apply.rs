@@ -9,7 +9,7 @@
 use std::collections::HashSet;
 
 use chrono::{DateTime, Utc};
-use sqlx::PgPool;
+use sqlx::{Connection, PgConnection, PgPool};
 use tracing::Instrument;
 use uuid::Uuid;
 
@@ -98,6 +98,18 @@ pub async fn process_batches(
     ctx: &TransactionContext<'_>,
     batches: &[PartitionBatch<'_>],
 ) -> Result<Vec<BatchReport>, ProcessError> {
+    let mut conn = ctx.pool.acquire().await?;
+    process_batches_on(&mut conn, ctx, batches).await
+}
+
+/// [`process_batches`] on a session the caller holds (`ctx.pool` is not used): a caller that
+/// runs transaction after transaction keeps one session and saves the pool's check of each
+/// session handed back to it, a round trip a transaction.
+pub(crate) async fn process_batches_on(
+    conn: &mut PgConnection,
+    ctx: &TransactionContext<'_>,
+    batches: &[PartitionBatch<'_>],
+) -> Result<Vec<BatchReport>, ProcessError> {
     let handler = ctx.handler;
     let group = handler.group();
 
@@ -128,7 +140,7 @@ pub async fn process_batches(
         .collect();
 
     let began = std::time::Instant::now();
-    let mut tx = ctx.pool.begin().await?;
+    let mut tx = conn.begin().await?;
     let messages: usize = batches.iter().map(|b| b.messages.len()).sum();
     if messages <= ctx.custom_plans_up_to {
         plan_with_values(&mut tx).await?;

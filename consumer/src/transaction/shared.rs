@@ -15,11 +15,12 @@ use std::time::Duration;
 
 use pipeline_core::overlap::Overlap;
 
-use sqlx::PgPool;
+use sqlx::pool::PoolConnection;
+use sqlx::{PgPool, Postgres};
 use tokio::sync::{mpsc, oneshot, Mutex};
 use tokio_util::sync::CancellationToken;
 
-use super::apply::{process_batches, PartitionBatch, TransactionContext};
+use super::apply::{process_batches_on, PartitionBatch, TransactionContext};
 use super::dead_letter::DeadLetterSink;
 use super::error::ProcessError;
 use super::message::{BatchReport, Fence, InboundMessage};
@@ -103,6 +104,8 @@ async fn run(
     settings: &SharedTransactionSettings,
     stop: &CancellationToken,
 ) {
+    // The session this runner's transactions run on, kept between them.
+    let mut session = None;
     loop {
         let (jobs, _running) = {
             let mut q = queue.lock().await;
@@ -129,11 +132,18 @@ async fn run(
             }
             (jobs, overlap.start())
         };
-        apply(settings, jobs).await;
+        apply(settings, &mut session, jobs).await;
     }
 }
 
-async fn apply(settings: &SharedTransactionSettings, jobs: Vec<Job>) {
+/// Applies `jobs` in one transaction on the runner's `session`, opened when there is none. A
+/// session whose transaction failed goes back to the pool, which checks it and drops it when it
+/// is broken.
+async fn apply(
+    settings: &SharedTransactionSettings,
+    session: &mut Option<PoolConnection<Postgres>>,
+    jobs: Vec<Job>,
+) {
     let ctx = TransactionContext {
         pool: &settings.pool,
         handler: settings.handler.as_ref(),
@@ -154,7 +164,16 @@ async fn apply(settings: &SharedTransactionSettings, jobs: Vec<Job>) {
         .transaction_partitions
         .with_label_values(&[group])
         .observe(jobs.len() as f64);
-    let result = process_batches(&ctx, &batches).await;
+    let result = match session {
+        Some(conn) => process_batches_on(conn, &ctx, &batches).await,
+        None => match settings.pool.acquire().await {
+            Ok(conn) => process_batches_on(session.insert(conn), &ctx, &batches).await,
+            Err(e) => Err(e.into()),
+        },
+    };
+    if result.is_err() {
+        *session = None;
+    }
     drop(batches);
     match result {
         Ok(reports) => {

@@ -25,7 +25,8 @@ use std::time::Duration;
 
 use pipeline_core::overlap::Overlap;
 use prometheus::{Histogram, HistogramOpts, IntCounter, IntGauge, Registry};
-use sqlx::{Postgres, Transaction};
+use sqlx::pool::PoolConnection;
+use sqlx::{Connection, PgConnection, Postgres, Transaction};
 use tokio::sync::{mpsc, oneshot, Mutex};
 use uuid::Uuid;
 
@@ -121,7 +122,7 @@ impl Job {
     }
 
     /// Makes the change inside `tx`, without its event.
-    async fn run(self, tx: &mut Transaction<'static, Postgres>) -> Done {
+    async fn run(self, tx: &mut Transaction<'_, Postgres>) -> Done {
         match self {
             Job::Place(p) => {
                 let result = place_in(tx, &p.order, p.idempotency_key.as_deref()).await;
@@ -269,6 +270,8 @@ async fn run(
     max_ops: usize,
     metrics: &SharedTransactionMetrics,
 ) {
+    // The session this runner's transactions run on, kept between them.
+    let mut session = None;
     loop {
         let (jobs, _running) = {
             let mut q = queue.lock().await;
@@ -287,7 +290,7 @@ async fn run(
             (jobs, overlap.start())
         };
         metrics.ops.observe(jobs.len() as f64);
-        if !write(writer, jobs).await {
+        if !write(writer, &mut session, jobs).await {
             metrics.failures.inc();
         }
     }
@@ -354,7 +357,7 @@ fn rounds<T, K: PartialEq>(changes: Vec<T>, key: impl Fn(&T) -> Option<K>) -> Ve
 impl Step {
     /// Makes the step's changes inside `tx`. The step comes back when a shared statement
     /// failed, so nothing is known of any of its changes.
-    async fn run(self, tx: &mut Transaction<'static, Postgres>) -> Result<Vec<Done>, Step> {
+    async fn run(self, tx: &mut Transaction<'_, Postgres>) -> Result<Vec<Done>, Step> {
         match self {
             Step::One(job) => Ok(vec![job.run(tx).await]),
             Step::Places(round) => {
@@ -406,25 +409,52 @@ impl Step {
     }
 }
 
-/// Writes `jobs` in one transaction and answers each. Returns false when several changes were
-/// handed back because the transaction failed.
-async fn write(writer: &Writer, mut jobs: Vec<Job>) -> bool {
+/// Writes `jobs` in one transaction on the runner's `session` (opened when there is none) and
+/// answers each. Returns false when several changes were handed back because the transaction
+/// failed. A session whose transaction did not commit goes back to the pool, which checks it and
+/// drops it when it is broken.
+async fn write(
+    writer: &Writer,
+    session: &mut Option<PoolConnection<Postgres>>,
+    jobs: Vec<Job>,
+) -> bool {
+    let conn = match session {
+        Some(conn) => conn,
+        None => match writer.pool.acquire().await {
+            Ok(conn) => session.insert(conn),
+            Err(e) => return not_written(jobs, e),
+        },
+    };
+    let (handed_back, committed) = write_on(writer, conn, jobs).await;
+    if !committed {
+        *session = None;
+    }
+    !handed_back
+}
+
+/// Answers `jobs` when no session could be had for them: one change gets the error, several are
+/// handed back (returns false).
+fn not_written(mut jobs: Vec<Job>, e: sqlx::Error) -> bool {
+    if jobs.len() == 1 {
+        if let Some(job) = jobs.pop() {
+            job.fail(OrderError::Database(e));
+        }
+        return true;
+    }
+    tracing::debug!(error = %e, "could not open a shared transaction");
+    jobs.into_iter().for_each(Job::hand_back);
+    false
+}
+
+/// [`write`] on `conn`: whether several changes were handed back, and whether the transaction
+/// committed.
+async fn write_on(writer: &Writer, conn: &mut PgConnection, mut jobs: Vec<Job>) -> (bool, bool) {
     let alone = jobs.len() == 1;
     // Stable: changes of one order keep their arrival order.
     jobs.sort_by_cached_key(Job::lock_key);
-    let mut tx = match writer.pool.begin().await {
+    let mut tx = match conn.begin().await {
         Ok(tx) => tx,
-        Err(e) if alone => {
-            if let Some(job) = jobs.pop() {
-                job.fail(OrderError::Database(e));
-            }
-            return true;
-        }
-        Err(e) => {
-            tracing::debug!(error = %e, "could not open a shared transaction");
-            jobs.into_iter().for_each(Job::hand_back);
-            return false;
-        }
+        Err(e) => return (!not_written(jobs, e), false),
     };
     let mut done = Vec::with_capacity(jobs.len());
     let mut pending = steps(jobs).into_iter();
@@ -439,20 +469,20 @@ async fn write(writer: &Writer, mut jobs: Vec<Job>) -> bool {
                 done.into_iter().for_each(Done::hand_back);
                 step.hand_back();
                 pending.for_each(Step::hand_back);
-                return false;
+                return (true, false);
             }
         };
         if changes.iter().any(Done::needs_rollback) {
             drop(tx);
             if alone {
                 changes.into_iter().for_each(Done::answer);
-                return true;
+                return (false, false);
             }
             tracing::debug!("shared order transaction rolled back; each change runs alone");
             done.into_iter().for_each(Done::hand_back);
             changes.into_iter().for_each(Done::hand_back);
             pending.for_each(Step::hand_back);
-            return false;
+            return (true, false);
         }
         done.extend(changes);
     }
@@ -465,16 +495,19 @@ async fn write(writer: &Writer, mut jobs: Vec<Job>) -> bool {
             if let Some(change) = done.pop() {
                 change.fail(e);
             }
-            return true;
+            return (false, false);
         }
         tracing::debug!(changes = done.len(), error = %e,
             "shared order transaction's events refused; each change runs alone");
         done.into_iter().for_each(Done::hand_back);
-        return false;
+        return (true, false);
     }
     drop(changed);
     match tx.commit().await {
-        Ok(()) => done.into_iter().for_each(Done::answer),
+        Ok(()) => {
+            done.into_iter().for_each(Done::answer);
+            return (false, true);
+        }
         // The commit's outcome is unknown to us (the connection failed during it): running the
         // changes again could write them twice, so each request gets the failure, as it would
         // alone.
@@ -489,5 +522,5 @@ async fn write(writer: &Writer, mut jobs: Vec<Job>) -> bool {
                 .for_each(|change| change.fail(OrderError::CommitFailed(message.clone())));
         }
     }
-    true
+    (false, false)
 }
