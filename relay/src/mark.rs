@@ -26,8 +26,22 @@ pub struct Published {
     pub id: i64,
     /// The partition Kafka wrote it to.
     pub partition: i32,
-    /// Its offset there.
-    pub offset: i64,
+    /// Its offset there; `None` when Kafka confirmed the write without one (the idempotent
+    /// producer's answer to a retry of a message the broker already held).
+    pub offset: Option<i64>,
+}
+
+impl Published {
+    /// The event `id` as a delivery report gave it: an offset below zero (librdkafka's
+    /// `RD_KAFKA_OFFSET_INVALID`, -1001, for a write confirmed without its offset) is no
+    /// position, and is recorded as unknown.
+    pub fn reported(id: i64, partition: i32, offset: i64) -> Published {
+        Published {
+            id,
+            partition,
+            offset: (offset >= 0).then_some(offset),
+        }
+    }
 }
 
 /// An event whose attempt failed.
@@ -57,7 +71,7 @@ pub async fn mark_published(
     }
     let ids: Vec<i64> = published.iter().map(|p| p.id).collect();
     let partitions: Vec<i32> = published.iter().map(|p| p.partition).collect();
-    let offsets: Vec<i64> = published.iter().map(|p| p.offset).collect();
+    let offsets: Vec<Option<i64>> = published.iter().map(|p| p.offset).collect();
     let (held, marked): (bool, i64) = sqlx::query_as(
         "WITH lease AS (SELECT epoch FROM relay_lease WHERE lease_key = $4 AND epoch = $5 FOR KEY SHARE),
               d AS (SELECT * FROM unnest($1::bigint[], $2::int[], $3::bigint[])

@@ -261,11 +261,11 @@ pub async fn publish_batch(producer: &RelayProducer, events: &[OutboxEvent]) -> 
     let fatal = producer.client().fatal_error().is_some();
     for (event, report) in reports {
         match report {
-            Ok(Ok(delivery)) => outcome.published.push(Published {
-                id: event.id,
-                partition: delivery.partition,
-                offset: delivery.offset,
-            }),
+            Ok(Ok(delivery)) => outcome.published.push(Published::reported(
+                event.id,
+                delivery.partition,
+                delivery.offset,
+            )),
             Ok(Err((error, _))) => {
                 let mut f = failure(event, &error);
                 if fatal {
@@ -407,7 +407,7 @@ mod tests {
         Published {
             id,
             partition: 0,
-            offset: id,
+            offset: Some(id),
         }
     }
 

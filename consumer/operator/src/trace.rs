@@ -210,6 +210,16 @@ pub async fn read(targets: &Targets, id: &str) -> anyhow::Result<Trace> {
     })
 }
 
+/// Where a step's Kafka record is, as `partition/offset`: `offset unknown` for a write Kafka
+/// confirmed without its offset, `-` where no record is concerned.
+pub fn position(partition: Option<i32>, offset: Option<i64>) -> String {
+    match (partition, offset) {
+        (Some(p), Some(o)) => format!("{p}/{o}"),
+        (Some(p), None) => format!("{p}/offset unknown"),
+        (None, _) => "-".to_owned(),
+    }
+}
+
 /// Prints the trace as a table.
 pub fn print(trace: &Trace) {
     match trace.event_id {
@@ -238,10 +248,7 @@ pub fn print(trace: &Trace) {
                         .clone()
                         .or_else(|| s.event_id.map(|e| e.to_string())),
                 ),
-                match (s.kafka_partition, s.kafka_offset) {
-                    (Some(p), Some(o)) => format!("{p}/{o}"),
-                    _ => "-".to_owned(),
-                },
+                position(s.kafka_partition, s.kafka_offset),
                 s.detail
                     .as_deref()
                     .map(|d| escape(d.as_bytes()).into_owned())
@@ -250,4 +257,16 @@ pub fn print(trace: &Trace) {
         );
     }
     println!("{t}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::position;
+
+    #[test]
+    fn a_record_s_position_says_when_its_offset_is_unknown() {
+        assert_eq!(position(Some(3), Some(42)), "3/42");
+        assert_eq!(position(Some(3), None), "3/offset unknown");
+        assert_eq!(position(None, None), "-");
+    }
 }

@@ -60,7 +60,7 @@ async fn an_event_committed_late_is_claimed_not_skipped(pool: PgPool) {
         &[Published {
             id: early,
             partition: 0,
-            offset: 0,
+            offset: Some(0),
         }],
     )
     .await
@@ -158,7 +158,7 @@ async fn marking_records_partition_and_offset_once(pool: PgPool) {
         &[Published {
             id: a,
             partition: 3,
-            offset: 42,
+            offset: Some(42),
         }],
     )
     .await
@@ -170,7 +170,7 @@ async fn marking_records_partition_and_offset_once(pool: PgPool) {
         &[Published {
             id: a,
             partition: 4,
-            offset: 43,
+            offset: Some(43),
         }],
     )
     .await
@@ -187,6 +187,36 @@ async fn marking_records_partition_and_offset_once(pool: PgPool) {
         .await
         .expect("claim")
         .is_empty());
+}
+
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn a_write_confirmed_without_its_offset_is_recorded_as_offset_unknown(pool: PgPool) {
+    let (_elector, lease) = common::hold_lease(&pool).await;
+    let a = append(&pool, "order-a", "order.placed").await;
+    // The idempotent producer's report of a retry the broker had already written, after a
+    // leader change: the partition, and librdkafka's "offset unknown".
+    let marked = mark_published(&pool, lease.fence(), &[Published::reported(a, 2, -1001)])
+        .await
+        .expect("mark");
+    assert_eq!(marked, 1);
+    let (state, p, o): (String, i32, Option<i64>) = sqlx::query_as(
+        "SELECT state, kafka_partition, kafka_offset FROM outbox_status WHERE id = $1",
+    )
+    .bind(a)
+    .fetch_one(&pool)
+    .await
+    .expect("row");
+    assert_eq!((state.as_str(), p, o), ("published", 2, None));
+    // No writer can store a sentinel as if it were a position.
+    let b = append(&pool, "order-b", "order.placed").await;
+    let refused = sqlx::query(
+        "INSERT INTO outbox_delivery (id, kafka_partition, kafka_offset, attempts)
+         VALUES ($1, 0, -1001, 1)",
+    )
+    .bind(b)
+    .execute(&pool)
+    .await;
+    assert!(refused.is_err(), "a negative offset is refused");
 }
 
 #[sqlx::test(migrator = "outbox::MIGRATOR")]

@@ -60,7 +60,7 @@ fn published(id: i64) -> Published {
     Published {
         id,
         partition: 0,
-        offset: 7,
+        offset: Some(7),
     }
 }
 

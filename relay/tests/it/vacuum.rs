@@ -53,7 +53,7 @@ async fn publish_all(pool: &PgPool, lease: &relay::lease::Lease) {
             .map(|(i, e)| Published {
                 id: e.id,
                 partition: 0,
-                offset: i as i64,
+                offset: Some(i as i64),
             })
             .collect();
         let marked = mark_published(pool, lease.fence(), &published)

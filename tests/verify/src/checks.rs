@@ -56,6 +56,11 @@ pub struct CheckResults {
     pub topic_records_without_event_id: u64,
     /// Events the outbox marks published that the topic does not hold.
     pub published_missing_from_topic: i64,
+    /// Delivery records whose partition and offset do not hold their event (a sentinel offset
+    /// among them).
+    pub deliveries_at_wrong_position: i64,
+    /// Delivery records that say Kafka confirmed the write without its offset.
+    pub deliveries_offset_unknown: i64,
     /// Partitions a group had not caught up on when the drain gave up (empty when drained).
     pub undrained_partitions: Vec<String>,
     /// Rows retention removed during the run, by table (`retention_state`).
@@ -84,14 +89,34 @@ pub async fn run(
     results.topic_records = scan.records;
     results.kafka_duplicates = scan.duplicates;
     results.topic_records_without_event_id = scan.without_event_id;
-    let published: Vec<Uuid> =
-        sqlx::query_scalar("SELECT event_id FROM outbox JOIN outbox_delivery USING (id)")
-            .fetch_all(pool)
-            .await?;
+    let published: Vec<(Uuid, i32, Option<i64>)> = sqlx::query_as(
+        "SELECT event_id, d.kafka_partition, d.kafka_offset FROM outbox JOIN outbox_delivery d USING (id)",
+    )
+    .fetch_all(pool)
+    .await?;
     results.published_missing_from_topic = published
         .iter()
-        .filter(|id| !scan.event_ids.contains(id))
+        .filter(|(id, ..)| !scan.event_ids.contains(id))
         .count() as i64;
+    let (known, unknown): (Vec<_>, Vec<_>) = published.iter().partition(|(.., o)| o.is_some());
+    results.deliveries_offset_unknown = unknown.len() as i64;
+    // Where the record says the event is, the topic holds it there (an event the topic does not
+    // hold at all is counted above).
+    let wrong: Vec<String> = known
+        .iter()
+        .filter(|(id, p, o)| {
+            scan.event_ids.contains(id)
+                && !o.is_some_and(|o| scan.positions.contains(&(*id, *p, o)))
+        })
+        .map(|(id, p, o)| format!("event {id} recorded at {p}/{}", o.unwrap_or_default()))
+        .collect();
+    results.deliveries_at_wrong_position = wrong.len() as i64;
+    if !wrong.is_empty() {
+        let _ = results.examples.insert(
+            "delivery at a wrong position".to_owned(),
+            wrong.into_iter().take(20).collect(),
+        );
+    }
     Ok(results)
 }
 

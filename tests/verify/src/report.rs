@@ -300,6 +300,14 @@ impl Report {
                 checks.published_missing_from_topic
             ));
         }
+        // The delivery records say where each event is, or that its offset is unknown; never a
+        // position that does not hold it.
+        if checks.deliveries_at_wrong_position > 0 {
+            self.errors.push(format!(
+                "{} delivery records name a partition and offset that do not hold their event",
+                checks.deliveries_at_wrong_position
+            ));
+        }
         // Not failures of delivery, but the history or the data disagree: the run is not clean.
         if checks.sequence_type_mismatches > 0 {
             self.errors.push(format!(
@@ -424,6 +432,15 @@ impl Report {
                 "published, not in topic",
                 self.checks.as_ref().map_or("-".to_owned(), |c| {
                     c.published_missing_from_topic.to_string()
+                }),
+            ),
+            (
+                "deliveries at a wrong position / offset unknown",
+                self.checks.as_ref().map_or("-".to_owned(), |c| {
+                    format!(
+                        "{} / {}",
+                        c.deliveries_at_wrong_position, c.deliveries_offset_unknown
+                    )
                 }),
             ),
             (

@@ -24,6 +24,8 @@ pub struct TopicScan {
     pub without_event_id: u64,
     /// Every event id seen.
     pub event_ids: HashSet<Uuid>,
+    /// Where each record with an event id lies: (event id, partition, offset).
+    pub positions: HashSet<(Uuid, i32, i64)>,
 }
 
 /// Reads every partition of `topic` from its low to its high watermark (blocking).
@@ -99,6 +101,9 @@ pub fn scan(kafka: &KafkaArgs, topic: &str, timeout: Duration) -> anyhow::Result
                 .and_then(|v| std::str::from_utf8(v).ok())
                 .and_then(|s| Uuid::parse_str(s).ok())
         });
+        if let Some(id) = event_id {
+            let _ = scan.positions.insert((id, partition, message.offset()));
+        }
         match event_id {
             Some(id) if !scan.event_ids.insert(id) => scan.duplicates += 1,
             Some(_) => {}

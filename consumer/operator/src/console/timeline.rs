@@ -102,10 +102,7 @@ fn render(trace: &Trace) -> String {
                 .clone()
                 .or_else(|| s.event_id.map(|e| e.to_string()))
                 .unwrap_or_else(|| "-".to_owned())),
-            match (s.kafka_partition, s.kafka_offset) {
-                (Some(p), Some(o)) => format!("{p}/{o}"),
-                _ => "-".to_owned(),
-            },
+            crate::trace::position(s.kafka_partition, s.kafka_offset),
             esc(&s.detail.as_deref().map(|d| escape(d.as_bytes()).into_owned()).unwrap_or_default()),
             t = esc(&s.transition),
             p = esc(&s.place),
