@@ -52,10 +52,13 @@ pub enum FaultKind {
     /// controller quorum), so the cluster takes no writes. The relay must keep its events
     /// unpublished and retried, and publish them once one node is back; the other follows.
     BrokersBelowMinIsr,
+    /// Replace every relay, consumer and the order service by a new release's binary, one at a
+    /// time, each stopped with SIGTERM and its manifest's grace period (see `upgrade`).
+    RollingUpgrade,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 13] = [
+    pub const ALL: [FaultKind; 14] = [
         FaultKind::RelayKill,
         FaultKind::RelayCrashAfterDelivery,
         FaultKind::ConsumerKill,
@@ -69,6 +72,7 @@ impl FaultKind {
         FaultKind::BrokerFreeze,
         FaultKind::BrokerRollingRestart,
         FaultKind::BrokersBelowMinIsr,
+        FaultKind::RollingUpgrade,
     ];
 
     pub fn name(self) -> &'static str {
@@ -86,6 +90,7 @@ impl FaultKind {
             FaultKind::BrokerFreeze => "broker_freeze",
             FaultKind::BrokerRollingRestart => "broker_rolling_restart",
             FaultKind::BrokersBelowMinIsr => "brokers_below_min_isr",
+            FaultKind::RollingUpgrade => "rolling_upgrade",
         }
     }
 

@@ -263,6 +263,7 @@ impl Injector<'_> {
             FaultKind::BrokerFreeze => self.fault_kafka_node(fault, true).await,
             FaultKind::BrokerRollingRestart => self.rolling_restart(fault).await,
             FaultKind::BrokersBelowMinIsr => self.below_min_isr(fault).await,
+            FaultKind::RollingUpgrade => self.rolling_upgrade().await,
             FaultKind::PostgresRestart => self.restart_postgres(fault.down).await,
             FaultKind::Rebalance => self.rebalance(fault.down).await,
             FaultKind::ConsumerFreeze => {
@@ -345,7 +346,7 @@ impl Injector<'_> {
     }
 
     /// The relay other than `active`.
-    fn standby_of(&self, active: &Member) -> anyhow::Result<Member> {
+    pub(crate) fn standby_of(&self, active: &Member) -> anyhow::Result<Member> {
         self.topology
             .relays
             .iter()
@@ -433,7 +434,7 @@ impl Injector<'_> {
         targets
     }
 
-    async fn active_relay(&self) -> anyhow::Result<Member> {
+    pub(crate) async fn active_relay(&self) -> anyhow::Result<Member> {
         wait_until("an active relay", Duration::from_secs(60), || async {
             Ok(self.topology.active_relay().await.cloned())
         })

@@ -13,8 +13,8 @@
 //! - [`environment`], [`topology`], [`kafka_cluster`], [`processes`], [`postgres`]: the world
 //!   and its processes;
 //! - [`driver`]: the load (the `load` command's order generator) and its history;
-//! - [`faults`] ([`broker_faults`], [`injection`]), [`recovery`], [`publishing`]: injecting
-//!   faults and measuring recovery;
+//! - [`faults`] ([`broker_faults`], [`upgrade`], [`injection`]), [`recovery`], [`publishing`]:
+//!   injecting faults and measuring recovery;
 //! - [`drain`], [`checks`] ([`queries`], [`topic_scan`], [`examples`]) and [`report`].
 
 pub mod broker_faults;
@@ -39,5 +39,6 @@ pub mod report;
 pub mod run;
 pub mod topic_scan;
 pub mod topology;
+pub mod upgrade;
 
 pub use run::run;

@@ -245,6 +245,11 @@ impl Supervisor {
         kill(pid, signal).with_context(|| format!("sending {signal} to {label}"))
     }
 
+    /// How the process is started.
+    pub fn spec(&self, label: &str) -> anyhow::Result<ProcessSpec> {
+        self.with_slot(label, |slot| slot.spec.clone())
+    }
+
     /// How often the process has been started.
     pub fn starts(&self, label: &str) -> anyhow::Result<u32> {
         self.with_slot(label, |slot| slot.starts)
