@@ -293,6 +293,7 @@ test_env=(
     DATABASE_URL="postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
     KAFKA_BROKERS="$(broker_list)"
     PIPELINE_BIN_DIR="$TARGET_DIR/release"
+    KAFKA_JARS="$(kafka_cache_dir)"
     PROMETHEUS_BIN="$(command -v prometheus)"
 )
 run_tests() {

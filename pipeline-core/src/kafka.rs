@@ -8,9 +8,10 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
-use rdkafka::client::DefaultClientContext;
+use rdkafka::client::{ClientContext, DefaultClientContext};
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
+use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 
@@ -75,6 +76,41 @@ impl std::fmt::Debug for KafkaArgs {
     }
 }
 
+/// The Kafka cluster refused this client's credentials or its TLS handshake failed; the
+/// message is librdkafka's, which names the broker and the reason.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "Kafka refused the connection: {0} (check KAFKA_OPTIONS: security.protocol, sasl.*, ssl.*)"
+)]
+pub struct AccessRefused(pub String);
+
+/// A client context that keeps the first authentication or TLS failure librdkafka reports, and
+/// logs every error as the default context does.
+#[derive(Default)]
+struct AccessWatch {
+    refused: std::sync::Arc<std::sync::Mutex<Option<String>>>,
+}
+
+impl ClientContext for AccessWatch {
+    fn error(&self, error: KafkaError, reason: &str) {
+        if matches!(
+            error.rdkafka_error_code(),
+            Some(
+                RDKafkaErrorCode::Authentication
+                    | RDKafkaErrorCode::SaslAuthenticationFailed
+                    | RDKafkaErrorCode::SSL
+            )
+        ) {
+            if let Ok(mut refused) = self.refused.lock() {
+                refused.get_or_insert_with(|| reason.to_owned());
+            }
+        }
+        tracing::error!("librdkafka: {error}: {reason}");
+    }
+}
+
+impl ConsumerContext for AccessWatch {}
+
 impl KafkaArgs {
     /// A client configuration with the brokers and the pass-through options set.
     pub fn client_config(&self) -> ClientConfig {
@@ -84,6 +120,41 @@ impl KafkaArgs {
             config.set(k, v);
         }
         config
+    }
+
+    /// Connects to the cluster once and fails when it refuses this client: a SASL login the
+    /// brokers reject (wrong user or password, a mechanism they do not enable) or a TLS handshake
+    /// that fails (a certificate the client does not trust, a name that does not match). A
+    /// cluster that does not answer within `within` (down, starting, unreachable) is no error:
+    /// the clients wait for it as they always do. The binaries call it at start-up, so that bad
+    /// credentials stop them with the brokers' reason instead of an endless retry.
+    pub async fn check_access(&self, within: Duration) -> Result<(), AccessRefused> {
+        let config = self.client_config();
+        tokio::task::spawn_blocking(move || {
+            let watch = AccessWatch::default();
+            let refused = watch.refused.clone();
+            let consumer: BaseConsumer<AccessWatch> = config
+                .create_with_context(watch)
+                .map_err(|e| AccessRefused(format!("invalid client settings: {e}")))?;
+            // Metadata requests go out only once the connection is up and authenticated; the
+            // login's failure reaches the context's error callback when the client is polled.
+            let deadline = std::time::Instant::now() + within;
+            while std::time::Instant::now() < deadline {
+                if consumer
+                    .fetch_metadata(None, Duration::from_millis(500))
+                    .is_ok()
+                {
+                    return Ok(());
+                }
+                let _ = consumer.poll(Duration::from_millis(100));
+                if let Some(reason) = refused.lock().map(|r| r.clone()).unwrap_or_default() {
+                    return Err(AccessRefused(reason));
+                }
+            }
+            Ok(())
+        })
+        .await
+        .unwrap_or(Ok(()))
     }
 
     /// Creates the topics that do not exist yet; existing ones are left as they are.

@@ -54,6 +54,10 @@ async fn command(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
+/// How long start-up waits for the Kafka cluster to accept or refuse the credentials (a cluster
+/// that does not answer by then is waited for as usual).
+const KAFKA_ACCESS_CHECK: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// `consumer run`: the groups on a pool of the runtime's sessions, their metrics served on the
 /// ops endpoint once they have started.
 async fn run(command: RunCommand) -> anyhow::Result<()> {
@@ -67,6 +71,8 @@ async fn run(command: RunCommand) -> anyhow::Result<()> {
     } = command;
     settings.validate()?;
     check_runs_alone(&settings.groups, &settings.topics)?;
+    // Credentials the brokers refuse stop the process with their reason.
+    settings.kafka.check_access(KAFKA_ACCESS_CHECK).await?;
     let dispatch = DispatchSettings {
         sends_per_second: notification_sends_per_second,
         ..DispatchSettings::default()

@@ -94,6 +94,10 @@ async fn command(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
+/// How long start-up waits for the Kafka cluster to accept or refuse the credentials (a cluster
+/// that does not answer by then is waited for as usual).
+const KAFKA_ACCESS_CHECK: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Connects, serves the ops endpoint and runs the relay until SIGINT or SIGTERM.
 async fn run(args: RunArgs) -> anyhow::Result<()> {
     let RunArgs {
@@ -103,6 +107,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         http,
     } = args;
     settings.validate()?;
+    // Credentials the brokers refuse stop the relay with their reason.
+    settings.kafka.check_access(KAFKA_ACCESS_CHECK).await?;
     let pool = relay::connect(&db, &settings).await?;
     if db.migrate {
         db::migrate(&pool, &[&relay::MIGRATOR]).await?;
@@ -133,6 +139,7 @@ async fn ensure_topics(
     topics: &[String],
     partitions: i32,
 ) -> anyhow::Result<()> {
+    kafka.check_access(KAFKA_ACCESS_CHECK).await?;
     kafka.ensure_topics(topics, partitions).await?;
     for topic in topics {
         let d = kafka.topic_durability(topic).await?;

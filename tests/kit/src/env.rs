@@ -28,25 +28,71 @@ pub struct TestEnv {
     pub brokers: String,
     pub log_dir: PathBuf,
     pub pool: PgPool,
+    /// `KAFKA_OPTIONS` of every binary and of the test's own clients.
+    pub kafka_options: Vec<(String, String)>,
     /// The database's name, dropped with the environment when the test passed.
     database: String,
+}
+
+/// How an environment's binaries reach PostgreSQL and Kafka, when not as the other tests do.
+pub struct Transport {
+    /// The brokers.
+    pub brokers: String,
+    /// Their client settings (`KAFKA_OPTIONS`).
+    pub kafka_options: Vec<(String, String)>,
+    /// The host name the binaries reach the test server by (its user and port are
+    /// `DATABASE_URL`'s).
+    pub database_host: String,
+    /// The query string of their database URL (`sslmode=verify-full&sslrootcert=…`).
+    pub database_query: String,
+}
+
+impl Transport {
+    /// The URL of database `db` on the test server through this transport.
+    fn database_url(&self, db: &str) -> anyhow::Result<String> {
+        let server: sqlx::postgres::PgConnectOptions = server_url().parse()?;
+        Ok(format!(
+            "postgres://{}@{}:{}/{db}?{}",
+            server.get_username(),
+            self.database_host,
+            server.get_port(),
+            self.database_query
+        ))
+    }
 }
 
 impl TestEnv {
     /// Creates the database (migrated), the topic with `partitions` partitions, and a log folder.
     pub async fn new(name: &str, partitions: i32) -> anyhow::Result<TestEnv> {
+        TestEnv::with_transport(name, partitions, None).await
+    }
+
+    /// [`TestEnv::new`], its binaries and clients reaching PostgreSQL and Kafka through
+    /// `transport` when given.
+    pub async fn with_transport(
+        name: &str,
+        partitions: i32,
+        transport: Option<Transport>,
+    ) -> anyhow::Result<TestEnv> {
         let id = Uuid::new_v4().simple().to_string();
         let short = &id[..10];
         let database = format!("pt_{name}_{short}");
-        let database_url = create_database(&server_url(), &database).await?;
+        let mut database_url = create_database(&server_url(), &database).await?;
+        let (mut brokers, mut kafka_options) = (brokers(), Vec::new());
+        if let Some(t) = transport {
+            database_url = t.database_url(&database)?;
+            (brokers, kafka_options) = (t.brokers, t.kafka_options);
+        }
         let pool = PgPool::connect(&database_url).await?;
         demo_events::MIGRATOR.run(&pool).await?;
-        let brokers = brokers();
         let topic = format!("orders-{name}-{short}");
-        kafka_args(&brokers)
-            .ensure_topics(std::slice::from_ref(&topic), partitions)
-            .await
-            .context("creating the test topic (is the broker running? set KAFKA_BROKERS)")?;
+        KafkaArgs {
+            kafka_brokers: brokers.clone(),
+            kafka_options: kafka_options.clone(),
+        }
+        .ensure_topics(std::slice::from_ref(&topic), partitions)
+        .await
+        .context("creating the test topic (is the broker running? set KAFKA_BROKERS)")?;
         let log_dir = bin_dir().join("test-logs").join(format!("{name}-{short}"));
         std::fs::create_dir_all(&log_dir)?;
         Ok(TestEnv {
@@ -57,24 +103,37 @@ impl TestEnv {
             brokers,
             log_dir,
             pool,
+            kafka_options,
             database,
         })
     }
 
     pub fn kafka(&self) -> KafkaArgs {
-        kafka_args(&self.brokers)
+        KafkaArgs {
+            kafka_options: self.kafka_options.clone(),
+            ..kafka_args(&self.brokers)
+        }
     }
 
     /// Environment every binary gets.
     fn common_env(&self) -> Vec<(String, String)> {
-        vec![
+        let mut env = vec![
             ("DATABASE_URL".into(), self.database_url.clone()),
             ("KAFKA_BROKERS".into(), self.brokers.clone()),
             ("RUST_LOG".into(), "info".into()),
             // Tests run in parallel against one server (max_connections 100 by default): small
             // pools keep them from exhausting it.
             ("DATABASE_MAX_CONNECTIONS".into(), "6".into()),
-        ]
+        ];
+        if !self.kafka_options.is_empty() {
+            let options: Vec<String> = self
+                .kafka_options
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect();
+            env.push(("KAFKA_OPTIONS".into(), options.join(",")));
+        }
+        env
     }
 
     /// Starts a binary with `args`; its output goes to `<log_dir>/<label>.log`.

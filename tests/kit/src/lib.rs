@@ -9,6 +9,7 @@
 //! - [`db`]: test databases (the server, their URLs, making and dropping them);
 //! - [`history`]: outbox rows of a given age, written as the library and the relay would;
 //! - [`kafka`]: the broker, consumer groups' committed lag, and reading a topic;
+//! - [`secure`]: certificates, a SASL/SCRAM-over-TLS Kafka node and PostgreSQL over TLS;
 //! - [`wait_until`] (`wait`): waiting for a condition with a deadline;
 //! - [`scrape_sum`] (`metrics`): reading a binary's `/metrics`; [`one_active_relay`].
 //!
@@ -24,10 +25,11 @@ mod env;
 pub mod history;
 pub mod kafka;
 mod metrics;
+pub mod secure;
 mod service;
 mod wait;
 
-pub use env::TestEnv;
+pub use env::{TestEnv, Transport};
 pub use metrics::{metric_sum, one_active_relay, scrape, scrape_sum};
 pub use service::{bin_dir, Service};
 pub use wait::wait_until;

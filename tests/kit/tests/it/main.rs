@@ -16,5 +16,6 @@ mod hostile_records;
 mod prometheus;
 mod rate_limits;
 mod schedules;
+mod secure_transport;
 mod topics;
 mod tracing;
