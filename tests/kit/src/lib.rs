@@ -9,7 +9,8 @@
 //! - [`db`]: test databases (the server, their URLs, making and dropping them);
 //! - [`history`]: outbox rows of a given age, written as the library and the relay would;
 //! - [`kafka`]: the broker, consumer groups' committed lag, and reading a topic;
-//! - [`secure`]: certificates, a SASL/SCRAM-over-TLS Kafka node and PostgreSQL over TLS;
+//! - [`secure`]: certificates, a three-node SASL/SCRAM-over-TLS Kafka cluster and PostgreSQL
+//!   over TLS;
 //! - [`wait_until`] (`wait`): waiting for a condition with a deadline;
 //! - [`scrape_sum`] (`metrics`): reading a binary's `/metrics`; [`one_active_relay`].
 //!

@@ -1,10 +1,10 @@
 //! Transport security for a test: a certificate authority and a server certificate made with
-//! `openssl`, an Apache Kafka node of the test's own with a SASL/SCRAM listener over TLS, and the
-//! test server's PostgreSQL serving TLS with that certificate.
+//! `openssl`, an Apache Kafka cluster of the test's own (three nodes) with a SASL/SCRAM listener
+//! over TLS, and the test server's PostgreSQL serving TLS with that certificate.
 //!
-//! The node runs from the jars `scripts/test.sh` fetched (`KAFKA_JARS`, by default the scripts'
+//! The nodes run from the jars `scripts/test.sh` fetched (`KAFKA_JARS`, by default the scripts'
 //! cache folder for the release deploy/kafka/pom.xml names) with `java` from `PATH`, in KRaft
-//! mode, its users' SCRAM credentials written when its storage is formatted.
+//! mode, the users' SCRAM credentials written when their storage is formatted.
 
 use std::fs::File;
 use std::net::TcpListener;
@@ -20,7 +20,7 @@ use sqlx::{Connection, PgConnection};
 use crate::db::server_url;
 use crate::wait::wait_until;
 
-/// The user the node's brokers log in to each other as.
+/// The user the brokers log in to each other as.
 const BROKER_USER: (&str, &str) = ("broker", "broker-secret");
 
 /// A certificate authority and a server certificate it signed for `localhost` and 127.0.0.1.
@@ -109,39 +109,59 @@ impl Certificates {
     }
 }
 
-/// A one-node Apache Kafka cluster whose only client listener is SASL_SSL with SCRAM-SHA-512;
-/// stopped when dropped.
-pub struct SecureBroker {
-    /// Its bootstrap address.
+/// The nodes of a [`SecureCluster`]: three, as the verification run's and production's.
+pub const NODES: usize = 3;
+
+/// An Apache Kafka cluster of [`NODES`] KRaft nodes (each a broker and a controller) whose only
+/// client listener is SASL_SSL with SCRAM-SHA-512, with the durability settings of
+/// deploy/kafka/cluster.properties.in (replication factor 3, `min.insync.replicas` 2, no unclean
+/// leader election); the brokers talk to each other through the same listener. Stopped when
+/// dropped.
+pub struct SecureCluster {
+    /// Its bootstrap addresses.
     pub brokers: String,
     ca: PathBuf,
-    child: Child,
+    nodes: Vec<Child>,
 }
 
-impl SecureBroker {
-    /// Formats a node in `dir` with SCRAM credentials for `users`, starts it and waits until
-    /// the first of them can log in.
+impl SecureCluster {
+    /// Formats the nodes in `dir` with SCRAM credentials for `users`, starts them and waits until
+    /// the first user can log in.
     pub async fn start(
         dir: &Path,
         certs: &Certificates,
         users: &[(&str, &str)],
-    ) -> anyhow::Result<SecureBroker> {
+    ) -> anyhow::Result<SecureCluster> {
         let jars = kafka_jars()?;
         let classpath = format!("{}/*", jars.display());
-        let (port, controller_port) = (free_port()?, free_port()?);
-        // The node's keystore: its key and certificate in one PEM file.
+        let ports: Vec<(u16, u16)> = (0..NODES)
+            .map(|_| Ok((free_port()?, free_port()?)))
+            .collect::<anyhow::Result<_>>()?;
+        let voters: Vec<String> = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (_, controller))| format!("{}@127.0.0.1:{controller}", i + 1))
+            .collect();
+        // Each node's keystore: the key and certificate in one PEM file.
         let keystore = dir.join("broker-keystore.pem");
         let key = std::fs::read_to_string(&certs.key)?;
         let cert = std::fs::read_to_string(&certs.cert)?;
         std::fs::write(&keystore, format!("{key}{cert}"))?;
-        let data = dir.join("kafka-data");
-        let config = dir.join("broker.properties");
-        std::fs::write(
-            &config,
-            format!(
-                "process.roles=broker,controller
-node.id=1
-controller.quorum.voters=1@127.0.0.1:{controller_port}
+        let id = Command::new("java")
+            .args(["-cp", &classpath, "kafka.tools.StorageTool", "random-uuid"])
+            .output()
+            .context("running java (the scripts install Java 17)")?;
+        let cluster_id = String::from_utf8_lossy(&id.stdout).trim().to_owned();
+        let mut nodes = Vec::with_capacity(NODES);
+        for (i, (port, controller_port)) in ports.iter().enumerate() {
+            let node = i + 1;
+            let config = dir.join(format!("kafka-{node}.properties"));
+            std::fs::write(
+                &config,
+                format!(
+                    "process.roles=broker,controller
+node.id={node}
+controller.quorum.voters={voters}
 controller.listener.names=CONTROLLER
 listeners=SASL_SSL://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}
 advertised.listeners=SASL_SSL://127.0.0.1:{port}
@@ -155,81 +175,92 @@ ssl.keystore.location={}
 ssl.truststore.type=PEM
 ssl.truststore.location={}
 log.dirs={}
-offsets.topic.replication.factor=1
+default.replication.factor=3
+min.insync.replicas=2
+unclean.leader.election.enable=false
+offsets.topic.replication.factor=3
 offsets.topic.num.partitions=3
-transaction.state.log.replication.factor=1
-transaction.state.log.min.isr=1
-share.coordinator.state.topic.replication.factor=1
-share.coordinator.state.topic.min.isr=1
+transaction.state.log.replication.factor=3
+transaction.state.log.min.isr=2
+share.coordinator.state.topic.replication.factor=3
+share.coordinator.state.topic.min.isr=2
 group.initial.rebalance.delay.ms=0
+num.network.threads=2
+num.io.threads=2
 ",
-                BROKER_USER.0,
-                BROKER_USER.1,
-                keystore.display(),
-                certs.ca.display(),
-                data.display()
-            ),
-        )?;
-        let log = File::create(dir.join("kafka.log"))?;
-        let id = Command::new("java")
-            .args(["-cp", &classpath, "kafka.tools.StorageTool", "random-uuid"])
-            .output()
-            .context("running java (the scripts install Java 17)")?;
-        let cluster_id = String::from_utf8_lossy(&id.stdout).trim().to_owned();
-        let mut format = Command::new("java");
-        let _ = format
-            .args(["-cp", &classpath, "kafka.tools.StorageTool", "format"])
-            .args(["--cluster-id", &cluster_id, "--config"])
-            .arg(&config);
-        for (user, password) in std::iter::once(&BROKER_USER).chain(users) {
-            let _ = format.args([
-                "--add-scram",
-                &format!("SCRAM-SHA-512=[name={user},password={password}]"),
-            ]);
-        }
-        let formatted = format
-            .stdout(log.try_clone()?)
-            .stderr(log.try_clone()?)
-            .status()
-            .context("formatting the secure node's storage")?;
-        if !formatted.success() {
-            bail!(
-                "formatting the secure node failed (see {})",
-                dir.join("kafka.log").display()
+                    BROKER_USER.0,
+                    BROKER_USER.1,
+                    keystore.display(),
+                    certs.ca.display(),
+                    dir.join(format!("kafka-{node}-data")).display(),
+                    voters = voters.join(","),
+                ),
+            )?;
+            let log_path = dir.join(format!("kafka-{node}.log"));
+            let log = File::create(&log_path)?;
+            let mut format = Command::new("java");
+            let _ = format
+                .args(["-cp", &classpath, "kafka.tools.StorageTool", "format"])
+                .args(["--cluster-id", &cluster_id, "--config"])
+                .arg(&config);
+            for (user, password) in std::iter::once(&BROKER_USER).chain(users) {
+                let _ = format.args([
+                    "--add-scram",
+                    &format!("SCRAM-SHA-512=[name={user},password={password}]"),
+                ]);
+            }
+            let formatted = format
+                .stdout(log.try_clone()?)
+                .stderr(log.try_clone()?)
+                .status()
+                .context("formatting a secure node's storage")?;
+            if !formatted.success() {
+                bail!(
+                    "formatting secure node {node} failed (see {})",
+                    log_path.display()
+                );
+            }
+            nodes.push(
+                Command::new("java")
+                    .args(["-Xmx256m", "-cp", &classpath, "kafka.Kafka"])
+                    .arg(&config)
+                    .stdin(Stdio::null())
+                    .stdout(log.try_clone()?)
+                    .stderr(log)
+                    .spawn()
+                    .context("starting a secure Kafka node")?,
             );
         }
-        let child = Command::new("java")
-            .args(["-Xmx384m", "-cp", &classpath, "kafka.Kafka"])
-            .arg(&config)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .context("starting the secure Kafka node")?;
-        let broker = SecureBroker {
-            brokers: format!("127.0.0.1:{port}"),
+        let brokers: Vec<String> = ports
+            .iter()
+            .map(|(p, _)| format!("127.0.0.1:{p}"))
+            .collect();
+        let cluster = SecureCluster {
+            brokers: brokers.join(","),
             ca: certs.ca.clone(),
-            child,
+            nodes,
         };
         let (user, password) = users.first().copied().unwrap_or(BROKER_USER);
-        let config = broker.client(user, password).client_config();
+        let config = cluster.client(user, password).client_config();
         wait_until(
-            "the secure node to let a client in",
-            Duration::from_secs(90),
+            "every secure node to let a client in",
+            Duration::from_secs(120),
             || {
                 let config = config.clone();
                 async move {
                     let admitted = tokio::task::spawn_blocking(move || {
                         let client: BaseConsumer = config.create()?;
-                        anyhow::Ok(client.fetch_metadata(None, Duration::from_secs(2)).is_ok())
+                        let metadata = client.fetch_metadata(None, Duration::from_secs(2))?;
+                        anyhow::Ok(metadata.brokers().len() == NODES)
                     })
-                    .await??;
+                    .await?
+                    .unwrap_or(false);
                     Ok(admitted.then_some(()))
                 }
             },
         )
         .await?;
-        Ok(broker)
+        Ok(cluster)
     }
 
     /// `KAFKA_OPTIONS` for `user` with `password`: SASL_SSL, SCRAM-SHA-512, the test authority.
@@ -255,10 +286,12 @@ group.initial.rebalance.delay.ms=0
     }
 }
 
-impl Drop for SecureBroker {
+impl Drop for SecureCluster {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        for node in &mut self.nodes {
+            let _ = node.kill();
+            let _ = node.wait();
+        }
     }
 }
 

@@ -1,11 +1,12 @@
-//! The pipeline over secured transports, as production runs it: Kafka through a SASL/SCRAM
-//! listener over TLS (`KAFKA_OPTIONS`), PostgreSQL over TLS with the server's certificate and
+//! The pipeline over secured transports, as production runs it: a three-node Kafka cluster
+//! (replication factor 3, `min.insync.replicas` 2) through a SASL/SCRAM listener over TLS
+//! (`KAFKA_OPTIONS`), PostgreSQL over TLS with the server's certificate and
 //! name checked (`sslmode=verify-full`); both with certificates this test makes. A wrong password
 //! stops the relay and the consumer at start with the brokers' reason.
 
 use std::time::{Duration, Instant};
 
-use pipeline_testkit::secure::{Certificates, PostgresTls, SecureBroker};
+use pipeline_testkit::secure::{Certificates, PostgresTls, SecureCluster};
 use pipeline_testkit::{effects, TestEnv, Transport};
 use uuid::Uuid;
 
@@ -20,7 +21,7 @@ async fn the_pipeline_runs_over_sasl_scram_and_tls_and_refuses_a_wrong_password_
         .join("test-logs")
         .join(format!("secure-{}", &id[..10]));
     let certs = Certificates::make(&dir)?;
-    let broker = SecureBroker::start(&dir, &certs, &[USER]).await?;
+    let broker = SecureCluster::start(&dir, &certs, &[USER]).await?;
     let tls = PostgresTls::serve(&certs).await?;
     let transport = Transport {
         brokers: broker.brokers.clone(),
@@ -31,6 +32,16 @@ async fn the_pipeline_runs_over_sasl_scram_and_tls_and_refuses_a_wrong_password_
     };
     let env = TestEnv::with_transport("secure", 3, Some(transport)).await?;
     assert!(env.database_url.contains("sslmode=verify-full"));
+    let durability = env.kafka().topic_durability(&env.topic).await?;
+    assert_eq!(
+        (
+            durability.replication_factor,
+            durability.min_insync_replicas,
+            durability.unclean_leader_election
+        ),
+        (3, Some(2), Some(false)),
+        "the production settings on the secure cluster"
+    );
 
     env.seed_catalog(20)?;
     env.seed_stock(20, Some(1_000_000))?;
