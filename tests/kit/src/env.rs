@@ -220,25 +220,31 @@ impl TestEnv {
         label: &str,
         extra: &[&str],
     ) -> anyhow::Result<(Service, String)> {
-        let mut args = vec![
-            "run",
-            "--group",
-            "inventory",
-            "--group",
-            "notification",
-            "--topic",
-            &self.topic,
-            "--group-prefix",
-            &self.group_prefix,
-            "--metrics-listen",
-            "127.0.0.1:0",
-        ];
+        let mut args = self.consumer_run_args(&["inventory", "notification"]);
         args.extend_from_slice(extra);
         let svc = self.spawn("consumer", label, &args)?;
         let addr = svc
             .wait_for_log_value("consumer metrics listening on ", Duration::from_secs(30))
             .await?;
         Ok((svc, addr))
+    }
+
+    /// `consumer run` arguments for `groups` on the environment's topic and group prefix, the
+    /// ops endpoint on a free port.
+    pub fn consumer_run_args<'a>(&'a self, groups: &[&'a str]) -> Vec<&'a str> {
+        let mut args = vec!["run"];
+        for group in groups {
+            args.extend(["--group", group]);
+        }
+        args.extend([
+            "--topic",
+            &self.topic,
+            "--group-prefix",
+            &self.group_prefix,
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ]);
+        args
     }
 
     /// Starts a consumer process running only the `export` group on `topic`, writing files to

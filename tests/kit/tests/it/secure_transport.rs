@@ -88,17 +88,7 @@ async fn the_pipeline_runs_over_sasl_scram_and_tls_and_refuses_a_wrong_password_
     let consumer = env.spawn_with_env(
         "consumer",
         "consumer-wrong-password",
-        &[
-            "run",
-            "--group",
-            "inventory",
-            "--topic",
-            &env.topic,
-            "--group-prefix",
-            &env.group_prefix,
-            "--metrics-listen",
-            "127.0.0.1:0",
-        ],
+        &env.consumer_run_args(&["inventory"]),
         &[("KAFKA_OPTIONS", &wrong)],
     )?;
     for mut refused in [relay, consumer] {

@@ -16,17 +16,7 @@ async fn the_requests_traceparent_reaches_the_consumers_event_span() -> anyhow::
     let consumer = env.spawn_with_env(
         "consumer",
         "consumer",
-        &[
-            "run",
-            "--group",
-            "inventory",
-            "--topic",
-            &env.topic,
-            "--group-prefix",
-            &env.group_prefix,
-            "--metrics-listen",
-            "127.0.0.1:0",
-        ],
+        &env.consumer_run_args(&["inventory"]),
         &[
             ("LOG_JSON", "true"),
             ("RUST_LOG", "info,consumer::transaction::sequence=debug"),
