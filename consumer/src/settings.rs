@@ -467,33 +467,6 @@ pub async fn connect(db: &DbArgs, settings: &ConsumerSettings) -> anyhow::Result
 
 #[cfg(test)]
 mod tests {
-    /// The flags' defaults are [`ConsumerSettings::default`]'s: a program that embeds the library with
-    /// the defaults and the binary started without flags run alike. (The Kafka settings are
-    /// left out: the test command names its broker in `KAFKA_BROKERS`, which the flags read.)
-    #[cfg(feature = "cli")]
-    #[test]
-    fn the_flags_defaults_are_the_default_settings() {
-        use clap::Parser;
-
-        #[derive(Parser)]
-        struct Command {
-            #[command(flatten)]
-            settings: super::ConsumerSettings,
-        }
-        // The groups and topics have no default: they are named, and set aside.
-        let parsed = Command::try_parse_from(["consumer", "--group", "g", "--topic", "t"])
-            .expect("the defaults parse")
-            .settings;
-        let default = super::ConsumerSettings::default();
-        let parsed = super::ConsumerSettings {
-            kafka: pipeline_core::kafka::KafkaArgs::default(),
-            groups: default.groups.clone(),
-            topics: default.topics.clone(),
-            ..parsed
-        };
-        assert_eq!(format!("{parsed:?}"), format!("{default:?}"));
-    }
-
     use super::*;
 
     #[test]

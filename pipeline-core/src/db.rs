@@ -325,29 +325,6 @@ fn program_name() -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    /// The flags' defaults are [`super::DbArgs::default`]'s (the URL left out: the test command
-    /// names its server in `DATABASE_URL`, which the flag reads).
-    #[cfg(feature = "cli")]
-    #[test]
-    fn the_flags_defaults_are_the_default_settings() {
-        use clap::Parser;
-
-        #[derive(Parser)]
-        struct Command {
-            #[command(flatten)]
-            db: super::DbArgs,
-        }
-        let parsed = Command::try_parse_from(["program"])
-            .expect("the defaults parse")
-            .db;
-        let default = super::DbArgs::default();
-        let parsed = super::DbArgs {
-            database_url: default.database_url.clone(),
-            ..parsed
-        };
-        assert_eq!(format!("{parsed:?}"), format!("{default:?}"));
-    }
-
     use super::redact_url;
 
     #[test]

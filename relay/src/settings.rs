@@ -334,32 +334,6 @@ pub async fn connect(db: &DbArgs, settings: &RelaySettings) -> anyhow::Result<Pg
 
 #[cfg(test)]
 mod tests {
-    /// The flags' defaults are [`RelaySettings::default`]'s: a program that embeds the library with
-    /// the defaults and the binary started without flags run alike. (The Kafka settings are
-    /// left out: the test command names its broker in `KAFKA_BROKERS`, which the flags read.)
-    #[cfg(feature = "cli")]
-    #[test]
-    fn the_flags_defaults_are_the_default_settings() {
-        use clap::Parser;
-
-        #[derive(Parser)]
-        struct Command {
-            #[command(flatten)]
-            settings: super::RelaySettings,
-        }
-        let parsed = Command::try_parse_from(["relay"])
-            .expect("the defaults parse")
-            .settings;
-        let parsed = super::RelaySettings {
-            kafka: pipeline_core::kafka::KafkaArgs::default(),
-            ..parsed
-        };
-        assert_eq!(
-            format!("{parsed:?}"),
-            format!("{:?}", super::RelaySettings::default())
-        );
-    }
-
     use pipeline_core::retention::Window;
 
     use super::*;
