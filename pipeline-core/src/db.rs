@@ -1,10 +1,11 @@
 //! PostgreSQL connection and migrations.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{Connection, PgConnection, PgPool};
+use sqlx::{Connection, PgConnection, PgPool, Postgres};
 
 use sqlx::migrate::Migrator;
 
@@ -95,6 +96,48 @@ pub const DEFAULT_DATABASE_WAIT: Duration = Duration::from_secs(300);
 
 /// Longest pause between two attempts to reach a database at start-up.
 const MOST_CONNECT_PAUSE: Duration = Duration::from_secs(5);
+
+/// A session a caller keeps from one transaction to the next (the shared-transaction runners, the
+/// relay's claims), so that the pool does not check it on every hand-out and hand-back: checked
+/// like a pooled one before it is used after [`CHECK_SESSIONS_IDLE_FOR`] or longer idle (a server
+/// restarted meanwhile, a connection cut), and handed back to the pool after a failure, which
+/// checks it and drops it when it is broken.
+#[derive(Debug, Default)]
+pub struct HeldSession {
+    session: Option<PoolConnection<Postgres>>,
+    last_used: Option<Instant>,
+}
+
+impl HeldSession {
+    /// The session, checked when it sat idle, or a new one from `pool`.
+    pub async fn get(&mut self, pool: &PgPool) -> Result<&mut PgConnection, sqlx::Error> {
+        let idle = self
+            .last_used
+            .is_none_or(|at| at.elapsed() >= CHECK_SESSIONS_IDLE_FOR);
+        if idle {
+            if let Some(session) = self.session.as_mut() {
+                if session.ping().await.is_err() {
+                    self.session = None;
+                }
+            }
+        }
+        if self.session.is_none() {
+            self.session = Some(pool.acquire().await?);
+        }
+        self.last_used = Some(Instant::now());
+        self.session.as_deref_mut().ok_or(sqlx::Error::PoolClosed)
+    }
+
+    /// The session, when one is held (for a look at it).
+    pub fn session(&mut self) -> Option<&mut PgConnection> {
+        self.session.as_deref_mut()
+    }
+
+    /// Hands the session back to the pool after a failure: the next use opens another.
+    pub fn failed(&mut self) {
+        self.session = None;
+    }
+}
 
 /// A pooled session idle at least this long is checked (one round trip) before it is handed out.
 pub const CHECK_SESSIONS_IDLE_FOR: Duration = Duration::from_secs(1);

@@ -93,14 +93,16 @@ struct AccessWatch {
 
 impl ClientContext for AccessWatch {
     fn error(&self, error: KafkaError, reason: &str) {
-        if matches!(
-            error.rdkafka_error_code(),
-            Some(
-                RDKafkaErrorCode::Authentication
-                    | RDKafkaErrorCode::SaslAuthenticationFailed
-                    | RDKafkaErrorCode::SSL
-            )
-        ) {
+        // A TLS failure counts only when the certificate is what failed: a broker closing a
+        // handshake half-way (say, while it restarts) is an SSL error too, and passes.
+        let refused = match error.rdkafka_error_code() {
+            Some(RDKafkaErrorCode::Authentication | RDKafkaErrorCode::SaslAuthenticationFailed) => {
+                true
+            }
+            Some(RDKafkaErrorCode::SSL) => reason.contains("certificate"),
+            _ => false,
+        };
+        if refused {
             if let Ok(mut refused) = self.refused.lock() {
                 refused.get_or_insert_with(|| reason.to_owned());
             }

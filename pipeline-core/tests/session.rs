@@ -76,6 +76,41 @@ async fn a_session_that_died_while_idle_in_the_pool_is_replaced_not_handed_out()
     killer.close().await;
 }
 
+async fn backend_pid(conn: &mut sqlx::PgConnection) -> Result<i32, sqlx::Error> {
+    sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(conn)
+        .await
+}
+
+#[tokio::test]
+async fn a_held_session_that_died_while_idle_is_replaced_before_use() {
+    let pool = DbArgs {
+        database_max_connections: 2,
+        ..args()
+    }
+    .connect(&[])
+    .await
+    .expect("connect");
+    let mut held = pipeline_core::db::HeldSession::default();
+    let first = backend_pid(held.get(&pool).await.expect("session"))
+        .await
+        .expect("pid");
+    let ended: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+        .bind(first)
+        .fetch_one(&pool)
+        .await
+        .expect("pg_terminate_backend");
+    assert!(ended);
+    tokio::time::sleep(pipeline_core::db::CHECK_SESSIONS_IDLE_FOR + Duration::from_millis(200))
+        .await;
+    let next = backend_pid(held.get(&pool).await.expect("session"))
+        .await
+        .expect("the held session is checked and replaced, not used dead");
+    assert_ne!(next, first);
+    drop(held);
+    pool.close().await;
+}
+
 /// The plan of a key lookup (an UPDATE joined to an array of keys, as the order service and the
 /// consumers write them) made by a session of `planner` on a small table, as a prepared
 /// statement's cached generic plan.

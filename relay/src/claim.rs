@@ -3,9 +3,9 @@
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
+use pipeline_core::db::HeldSession;
 use serde_json::Value;
-use sqlx::pool::PoolConnection;
-use sqlx::{PgPool, Postgres};
+use sqlx::{PgConnection, PgPool};
 use tokio::sync::{MappedMutexGuard, Mutex, MutexGuard};
 use uuid::Uuid;
 
@@ -24,13 +24,12 @@ use uuid::Uuid;
 /// out), 0.07 ms for 10; a plan of the same statement with nested loops looked each claimed id
 /// up again with all of them, 0.7 s for 5,000.
 ///
-/// The session is kept between claims (a claim on a session taken from the pool and handed back
-/// would cost the pool's check of it, a round trip, each time); one whose claim failed goes back
-/// to the pool, which checks it and drops it when it is broken.
+/// The session is kept between claims (see [`HeldSession`]): a claim on a session taken from the
+/// pool and handed back would cost the pool's checks of it, a round trip each, every time.
 #[derive(Debug, Clone)]
 pub struct ClaimSessions {
     pool: PgPool,
-    session: Arc<Mutex<Option<PoolConnection<Postgres>>>>,
+    session: Arc<Mutex<HeldSession>>,
 }
 
 impl ClaimSessions {
@@ -51,14 +50,10 @@ impl ClaimSessions {
 
     /// The claims' session (opened if there is none), held while the guard lives: for a look at
     /// what runs on it.
-    pub async fn session(
-        &self,
-    ) -> Result<MappedMutexGuard<'_, PoolConnection<Postgres>>, sqlx::Error> {
+    pub async fn session(&self) -> Result<MappedMutexGuard<'_, PgConnection>, sqlx::Error> {
         let mut held = self.session.lock().await;
-        if held.is_none() {
-            *held = Some(self.pool.acquire().await?);
-        }
-        MutexGuard::try_map(held, Option::as_mut)
+        let _ = held.get(&self.pool).await?;
+        MutexGuard::try_map(held, HeldSession::session)
             .map_err(|_| sqlx::Error::Protocol("the claims' session went away".into()))
     }
 }
@@ -133,18 +128,15 @@ pub async fn claim_batch_excluding(
     busy: &[&str],
 ) -> Result<Vec<OutboxEvent>, sqlx::Error> {
     let mut held = sessions.session.lock().await;
-    let session = match &mut *held {
-        Some(session) => session,
-        None => held.insert(sessions.pool.acquire().await?),
-    };
+    let session = held.get(&sessions.pool).await?;
     // Prepared and planned once per session (see [`ClaimSessions`]).
     let claimed = sqlx::query_as::<_, OutboxEvent>(CLAIM_SQL)
         .bind(limit)
         .bind(busy)
-        .fetch_all(&mut **session)
+        .fetch_all(session)
         .await;
     if claimed.is_err() {
-        *held = None;
+        held.failed();
     }
     claimed
 }

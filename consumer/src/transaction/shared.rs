@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use pipeline_core::overlap::Overlap;
 
-use sqlx::pool::PoolConnection;
-use sqlx::{PgPool, Postgres};
+use pipeline_core::db::HeldSession;
+use sqlx::PgPool;
 use tokio::sync::{mpsc, oneshot, Mutex};
 use tokio_util::sync::CancellationToken;
 
@@ -105,7 +105,7 @@ async fn run(
     stop: &CancellationToken,
 ) {
     // The session this runner's transactions run on, kept between them.
-    let mut session = None;
+    let mut session = HeldSession::default();
     loop {
         let (jobs, _running) = {
             let mut q = queue.lock().await;
@@ -136,14 +136,8 @@ async fn run(
     }
 }
 
-/// Applies `jobs` in one transaction on the runner's `session`, opened when there is none. A
-/// session whose transaction failed goes back to the pool, which checks it and drops it when it
-/// is broken.
-async fn apply(
-    settings: &SharedTransactionSettings,
-    session: &mut Option<PoolConnection<Postgres>>,
-    jobs: Vec<Job>,
-) {
+/// Applies `jobs` in one transaction on the runner's `session` (see [`HeldSession`]).
+async fn apply(settings: &SharedTransactionSettings, session: &mut HeldSession, jobs: Vec<Job>) {
     let ctx = TransactionContext {
         pool: &settings.pool,
         handler: settings.handler.as_ref(),
@@ -164,15 +158,12 @@ async fn apply(
         .transaction_partitions
         .with_label_values(&[group])
         .observe(jobs.len() as f64);
-    let result = match session {
-        Some(conn) => process_batches_on(conn, &ctx, &batches).await,
-        None => match settings.pool.acquire().await {
-            Ok(conn) => process_batches_on(session.insert(conn), &ctx, &batches).await,
-            Err(e) => Err(e.into()),
-        },
+    let result = match session.get(&settings.pool).await {
+        Ok(conn) => process_batches_on(conn, &ctx, &batches).await,
+        Err(e) => Err(e.into()),
     };
     if result.is_err() {
-        *session = None;
+        session.failed();
     }
     drop(batches);
     match result {

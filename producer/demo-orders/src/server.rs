@@ -229,10 +229,21 @@ pub async fn run(args: ServeArgs, shutdown: CancellationToken) -> anyhow::Result
     tracing::info!("order service listening on {addr}");
     let grace = Duration::from_secs(args.shutdown_grace_seconds);
     serve(listener, app, &args.http, shutdown, grace).await;
-    pool.close().await;
+    // The shared-transaction runners hand their sessions back when the last handle of the
+    // service goes, which a connection still open past the grace period may hold: the pool's
+    // close waits for them only so long.
+    if tokio::time::timeout(POOL_CLOSE_WAIT, pool.close())
+        .await
+        .is_err()
+    {
+        tracing::warn!("sessions still in use {POOL_CLOSE_WAIT:?} after the server stopped");
+    }
     tracing::info!("order service stopped");
     Ok(())
 }
+
+/// How long the order service waits, once its server stopped, for its sessions to come back.
+const POOL_CLOSE_WAIT: Duration = Duration::from_secs(5);
 
 #[cfg(test)]
 mod tests {

@@ -388,7 +388,7 @@ async fn claims_are_prepared_and_planned_once_with_a_plan_that_holds_for_any_que
         "SELECT current_setting('plan_cache_mode'), current_setting('enable_nestloop'),
                 current_setting('enable_seqscan')",
     )
-    .fetch_one(&mut **claims.session().await.expect("session"))
+    .fetch_one(&mut *claims.session().await.expect("session"))
     .await
     .expect("settings");
     assert_eq!(
@@ -399,7 +399,7 @@ async fn claims_are_prepared_and_planned_once_with_a_plan_that_holds_for_any_que
         "SELECT generic_plans, custom_plans FROM pg_prepared_statements
          WHERE statement LIKE 'WITH q AS MATERIALIZED%'",
     )
-    .fetch_all(&mut **claims.session().await.expect("session"))
+    .fetch_all(&mut *claims.session().await.expect("session"))
     .await
     .expect("pg_prepared_statements");
     assert_eq!(
@@ -421,11 +421,11 @@ async fn claims_are_prepared_and_planned_once_with_a_plan_that_holds_for_any_que
         "PREPARE claim(bigint, text[]) AS {}",
         relay::claim::CLAIM_SQL
     ))
-    .execute(&mut **conn)
+    .execute(&mut *conn)
     .await
     .expect("prepare");
     let plan: Vec<String> = sqlx::query_scalar("EXPLAIN EXECUTE claim(5000, '{a,b,c}')")
-        .fetch_all(&mut **conn)
+        .fetch_all(&mut *conn)
         .await
         .expect("EXPLAIN");
     let plan = plan.join("\n");

@@ -15,6 +15,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use pipeline_core::kafka::KafkaArgs;
 use rdkafka::consumer::{BaseConsumer, Consumer};
+use sqlx::postgres::{PgConnectOptions, PgSslMode};
 use sqlx::{Connection, PgConnection};
 
 use crate::db::server_url;
@@ -373,6 +374,22 @@ impl PostgresTls {
         ] {
             sqlx::raw_sql(&statement).execute(&mut conn).await?;
         }
+        // The reload is asynchronous: wait until the server answers over TLS with the new
+        // certificate, checked against the authority and the name.
+        let probe: PgConnectOptions = server.parse()?;
+        let probe = probe
+            .host("localhost")
+            .ssl_mode(PgSslMode::VerifyFull)
+            .ssl_root_cert(&certs.ca);
+        wait_until(
+            "PostgreSQL serving the test certificate",
+            Duration::from_secs(30),
+            || {
+                let probe = probe.clone();
+                async move { Ok(PgConnection::connect_with(&probe).await.ok().map(drop)) }
+            },
+        )
+        .await?;
         Ok(PostgresTls { server })
     }
 }

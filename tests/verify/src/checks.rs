@@ -9,7 +9,7 @@
 //!   one + 1 (the first must be 1);
 //! - Kafka duplicates: records of the topic whose event id came before (reported, not failed).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -98,17 +98,26 @@ pub async fn run(
         .iter()
         .filter(|(id, ..)| !scan.event_ids.contains(id))
         .count() as i64;
-    let (known, unknown): (Vec<_>, Vec<_>) = published.iter().partition(|(.., o)| o.is_some());
-    results.deliveries_offset_unknown = unknown.len() as i64;
-    // Where the record says the event is, the topic holds it there (an event the topic does not
-    // hold at all is counted above).
-    let wrong: Vec<String> = known
+    results.deliveries_offset_unknown =
+        published.iter().filter(|(.., o)| o.is_none()).count() as i64;
+    // Where the record says the event is, the topic holds it there: at that partition and offset,
+    // or in that partition when the offset is unknown (an event the topic does not hold at all is
+    // counted above).
+    let partitions: HashSet<(Uuid, i32)> =
+        scan.positions.iter().map(|(id, p, _)| (*id, *p)).collect();
+    let wrong: Vec<String> = published
         .iter()
         .filter(|(id, p, o)| {
             scan.event_ids.contains(id)
-                && !o.is_some_and(|o| scan.positions.contains(&(*id, *p, o)))
+                && match o {
+                    Some(o) => !scan.positions.contains(&(*id, *p, *o)),
+                    None => !partitions.contains(&(*id, *p)),
+                }
         })
-        .map(|(id, p, o)| format!("event {id} recorded at {p}/{}", o.unwrap_or_default()))
+        .map(|(id, p, o)| match o {
+            Some(o) => format!("event {id} recorded at {p}/{o}"),
+            None => format!("event {id} recorded in partition {p}"),
+        })
         .collect();
     results.deliveries_at_wrong_position = wrong.len() as i64;
     if !wrong.is_empty() {

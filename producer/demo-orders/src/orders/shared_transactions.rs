@@ -23,9 +23,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use pipeline_core::db::HeldSession;
 use pipeline_core::overlap::Overlap;
 use prometheus::{Histogram, HistogramOpts, IntCounter, IntGauge, Registry};
-use sqlx::pool::PoolConnection;
 use sqlx::{Connection, PgConnection, Postgres, Transaction};
 use tokio::sync::{mpsc, oneshot, Mutex};
 use uuid::Uuid;
@@ -271,7 +271,7 @@ async fn run(
     metrics: &SharedTransactionMetrics,
 ) {
     // The session this runner's transactions run on, kept between them.
-    let mut session = None;
+    let mut session = HeldSession::default();
     loop {
         let (jobs, _running) = {
             let mut q = queue.lock().await;
@@ -409,25 +409,17 @@ impl Step {
     }
 }
 
-/// Writes `jobs` in one transaction on the runner's `session` (opened when there is none) and
-/// answers each. Returns false when several changes were handed back because the transaction
-/// failed. A session whose transaction did not commit goes back to the pool, which checks it and
-/// drops it when it is broken.
-async fn write(
-    writer: &Writer,
-    session: &mut Option<PoolConnection<Postgres>>,
-    jobs: Vec<Job>,
-) -> bool {
-    let conn = match session {
-        Some(conn) => conn,
-        None => match writer.pool.acquire().await {
-            Ok(conn) => session.insert(conn),
-            Err(e) => return not_written(jobs, e),
-        },
+/// Writes `jobs` in one transaction on the runner's `session` (see [`HeldSession`]) and answers
+/// each. Returns false when several changes were handed back because the transaction failed; a
+/// session whose transaction did not commit goes back to the pool.
+async fn write(writer: &Writer, session: &mut HeldSession, jobs: Vec<Job>) -> bool {
+    let conn = match session.get(&writer.pool).await {
+        Ok(conn) => conn,
+        Err(e) => return not_written(jobs, e),
     };
     let (handed_back, committed) = write_on(writer, conn, jobs).await;
     if !committed {
-        *session = None;
+        session.failed();
     }
     !handed_back
 }

@@ -22,7 +22,7 @@ async fn the_pipeline_runs_over_sasl_scram_and_tls_and_refuses_a_wrong_password_
         .join(format!("secure-{}", &id[..10]));
     let certs = Certificates::make(&dir)?;
     let broker = SecureCluster::start(&dir, &certs, &[USER]).await?;
-    let tls = PostgresTls::serve(&certs).await?;
+    let _tls = PostgresTls::serve(&certs).await?;
     let transport = Transport {
         brokers: broker.brokers.clone(),
         kafka_options: broker.options(USER.0, USER.1),
@@ -108,7 +108,7 @@ async fn the_pipeline_runs_over_sasl_scram_and_tls_and_refuses_a_wrong_password_
             "{log}"
         );
     }
-    drop(env);
-    drop(tls);
+    // Dropped in reverse order: the binaries, then the environment (its database), then the
+    // server's own TLS settings, then the cluster.
     Ok(())
 }
