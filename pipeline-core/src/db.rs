@@ -133,7 +133,7 @@ impl HeldSession {
         self.session.as_deref_mut()
     }
 
-    /// Hands the session back to the pool after a failure: the next use opens another.
+    /// Returns the session to the pool after a failure: the next use opens another.
     pub fn failed(&mut self) {
         self.session = None;
     }

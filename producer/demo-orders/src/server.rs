@@ -229,9 +229,9 @@ pub async fn run(args: ServeArgs, shutdown: CancellationToken) -> anyhow::Result
     tracing::info!("order service listening on {addr}");
     let grace = Duration::from_secs(args.shutdown_grace_seconds);
     serve(listener, app, &args.http, shutdown, grace).await;
-    // The shared-transaction runners hand their sessions back when the last handle of the
-    // service goes, which a connection still open past the grace period may hold: the pool's
-    // close waits for them only so long.
+    // The shared-transaction runners return their sessions to the pool when the last handle of
+    // the service goes, which a connection still open past the grace period may hold: the
+    // pool's close waits for them only so long.
     if tokio::time::timeout(POOL_CLOSE_WAIT, pool.close())
         .await
         .is_err()
