@@ -39,6 +39,19 @@ async fn default_sessions_keep_the_server_defaults() {
     pool.close().await;
 }
 
+/// Ends server process `pid` (as a restart, a cut connection or an idle timeout would), through
+/// a session of `pool`, and waits past the idle time after which sessions are checked.
+async fn end_and_wait_past_the_check(pool: &sqlx::PgPool, pid: i32) {
+    let ended: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+        .bind(pid)
+        .fetch_one(pool)
+        .await
+        .expect("pg_terminate_backend");
+    assert!(ended);
+    tokio::time::sleep(pipeline_core::db::CHECK_SESSIONS_IDLE_FOR + Duration::from_millis(200))
+        .await;
+}
+
 /// The server process of the session `pool` hands out next.
 async fn backend_of(pool: &sqlx::PgPool) -> i32 {
     sqlx::query_scalar("SELECT pg_backend_pid()")
@@ -59,17 +72,9 @@ async fn a_session_that_died_while_idle_in_the_pool_is_replaced_not_handed_out()
     let first = backend_of(&pool).await;
     // Used again at once: the same session, not checked again.
     assert_eq!(backend_of(&pool).await, first);
-    // The server ends it while it sits in the pool (a restart, a cut connection, an idle
-    // timeout), and it stays idle past the check's threshold.
+    // The server ends it while it sits in the pool, and it stays idle past the check's threshold.
     let killer = args().connect(&[]).await.expect("connect");
-    let ended: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
-        .bind(first)
-        .fetch_one(&killer)
-        .await
-        .expect("pg_terminate_backend");
-    assert!(ended);
-    tokio::time::sleep(pipeline_core::db::CHECK_SESSIONS_IDLE_FOR + Duration::from_millis(200))
-        .await;
+    end_and_wait_past_the_check(&killer, first).await;
     let next = backend_of(&pool).await;
     assert_ne!(next, first, "a new session took the dead one's place");
     pool.close().await;
@@ -95,14 +100,7 @@ async fn a_held_session_that_died_while_idle_is_replaced_before_use() {
     let first = backend_pid(held.get(&pool).await.expect("session"))
         .await
         .expect("pid");
-    let ended: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
-        .bind(first)
-        .fetch_one(&pool)
-        .await
-        .expect("pg_terminate_backend");
-    assert!(ended);
-    tokio::time::sleep(pipeline_core::db::CHECK_SESSIONS_IDLE_FOR + Duration::from_millis(200))
-        .await;
+    end_and_wait_past_the_check(&pool, first).await;
     let next = backend_pid(held.get(&pool).await.expect("session"))
         .await
         .expect("the held session is checked and replaced, not used dead");
