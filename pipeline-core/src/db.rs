@@ -116,7 +116,10 @@ impl HeldSession {
             .is_none_or(|at| at.elapsed() >= CHECK_SESSIONS_IDLE_FOR);
         if idle {
             if let Some(session) = self.session.as_mut() {
-                if session.ping().await.is_err() {
+                // A path cut without a reset (a partition) would hold the check until TCP gives
+                // up: it waits SESSION_CHECK_TIMEOUT, then takes another session.
+                let checked = tokio::time::timeout(SESSION_CHECK_TIMEOUT, session.ping()).await;
+                if !matches!(checked, Ok(Ok(()))) {
                     self.session = None;
                 }
             }
@@ -138,6 +141,9 @@ impl HeldSession {
         self.session = None;
     }
 }
+
+/// Longest a held session's check may take before the session is given up.
+const SESSION_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// A pooled session idle at least this long is checked (one round trip) before it is handed out.
 pub const CHECK_SESSIONS_IDLE_FOR: Duration = Duration::from_secs(1);
