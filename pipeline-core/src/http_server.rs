@@ -10,7 +10,9 @@
 //! answered 503 at once (tower's concurrency limit and load shedding), and connections beyond
 //! [`ServerLimits::max_connections`] (or [`ServerLimits::max_connections_per_client`] from one
 //! address) get a 503 and are closed before any of their bytes is read. A connection that sends
-//! nothing within the header-read timeout of opening is closed too.
+//! nothing within the header-read timeout of opening is closed too. An HTTP/1 answer of 408 or
+//! 413 (its request's body left unread) says `connection: close`, so a client does not send its
+//! next request on a connection the server is about to close.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -20,7 +22,9 @@ use std::time::Duration;
 
 use axum::error_handling::HandleErrorLayer;
 use axum::extract::ConnectInfo;
-use axum::http::StatusCode;
+use axum::extract::Request;
+use axum::http::{header, HeaderValue, StatusCode, Version};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::{BoxError, Extension, Router};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -217,6 +221,7 @@ impl Drop for ClientConnection {
 fn bounded(app: Router, limits: &ServerLimits) -> Router {
     app.layer(
         ServiceBuilder::new()
+            .layer(middleware::from_fn(close_after_unread_body))
             .layer(HandleErrorLayer::new(overloaded))
             .load_shed()
             // Global: one count across every route (a plain limit layer counts per route).
@@ -240,6 +245,25 @@ async fn overloaded(_: BoxError) -> Result<Response, Infallible> {
         .into_response())
 }
 
+/// Adds `connection: close` to an HTTP/1 answer whose request body may be left unread (408, 413):
+/// hyper closes such a connection after the answer, and a client told so opens a new one for its
+/// next request instead of losing it on this one.
+async fn close_after_unread_body(request: Request, next: Next) -> Response {
+    let http1 = matches!(request.version(), Version::HTTP_10 | Version::HTTP_11);
+    let mut response = next.run(request).await;
+    if http1
+        && matches!(
+            response.status(),
+            StatusCode::REQUEST_TIMEOUT | StatusCode::PAYLOAD_TOO_LARGE
+        )
+    {
+        let _ = response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    response
+}
+
 /// Tells a connection beyond the cap why it is closed, without reading it.
 async fn refuse(mut stream: TcpStream) {
     let _ = tokio::time::timeout(Duration::from_secs(1), async {
@@ -253,6 +277,7 @@ async fn refuse(mut stream: TcpStream) {
 mod tests {
     use std::net::SocketAddr;
 
+    use axum::extract::DefaultBodyLimit;
     use axum::routing::{get, post};
     use tokio::io::AsyncReadExt;
     use tokio::sync::Notify;
@@ -298,6 +323,10 @@ mod tests {
             .route("/", get(|| async { "ok" }))
             .route("/echo", post(|body: String| async move { body }))
             .route(
+                "/small",
+                post(|body: String| async move { body }).layer(DefaultBodyLimit::max(16)),
+            )
+            .route(
                 "/client",
                 get(|ConnectInfo(peer): ConnectInfo<SocketAddr>| async move { peer.to_string() }),
             )
@@ -328,6 +357,7 @@ mod tests {
         .await
         .expect("answered");
         assert!(slow.starts_with("HTTP/1.1 408"), "{slow}");
+        assert!(slow.contains("connection: close\r\n"), "{slow}");
         let ok = exchange(address, GET, within).await.expect("answered");
         assert!(ok.starts_with("HTTP/1.1 200") && ok.ends_with("ok"), "{ok}");
         let client = exchange(
@@ -338,6 +368,38 @@ mod tests {
         .await
         .expect("answered");
         assert!(client.contains("127.0.0.1:"), "{client}");
+        stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn a_connection_whose_body_is_refused_unread_is_closed_and_the_client_told() {
+        let (address, stop) = start(app(), limits()).await;
+        let within = Duration::from_secs(3);
+        // Two requests on one connection, the first's body too large: the second is not read.
+        let refused = exchange(
+            address,
+            b"POST /small HTTP/1.1\r\nhost: x\r\ncontent-length: 64\r\n\r\n\
+              0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\
+              GET / HTTP/1.1\r\nhost: x\r\n\r\n",
+            within,
+        )
+        .await
+        .expect("closed");
+        assert!(refused.starts_with("HTTP/1.1 413"), "{refused}");
+        assert!(refused.contains("connection: close\r\n"), "{refused}");
+        assert_eq!(refused.matches("HTTP/1.1 ").count(), 1, "{refused}");
+        // A body within the limit keeps the connection open for the next request.
+        let kept = exchange(
+            address,
+            b"POST /small HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\nhi\
+              GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+            within,
+        )
+        .await
+        .expect("closed");
+        assert_eq!(kept.matches("HTTP/1.1 200").count(), 2, "{kept}");
+        let first = kept.split("hiHTTP/1.1").next().unwrap_or_default();
+        assert!(!first.contains("connection: close"), "{kept}");
         stop.cancel();
     }
 

@@ -466,7 +466,9 @@ async fn the_order_service_and_the_ops_endpoints_hold_under_floods_and_slow_clie
     tally("order flood", &by_status, started.elapsed(), &[0, 201, 503]);
     // Each admitted connection (48) carries a request; at most 32 are in flight at once.
     assert!(placed.len() >= 16, "{by_status:?}");
-    let legit_status = legit_during?.status();
+    let legit_status = legit_during
+        .context("the order from elsewhere during the flood")?
+        .status();
     assert!(
         legit_status == StatusCode::CREATED || legit_status == StatusCode::SERVICE_UNAVAILABLE,
         "{legit_status}"
@@ -498,21 +500,25 @@ async fn the_order_service_and_the_ops_endpoints_hold_under_floods_and_slow_clie
         .header("content-type", "application/json")
         .body(format!("{{\"customer_id\": \"{huge}\"}}"))
         .send()
-        .await?;
+        .await
+        .context("an oversized body")?;
     assert_eq!(reply.status(), StatusCode::PAYLOAD_TOO_LARGE);
     let reply = legit
         .post(format!("{base}/orders"))
         .header("content-type", "application/json")
         .body("{\"customer_id\": ")
         .send()
-        .await?;
+        .await
+        .context("a malformed body after the oversized one")?;
     assert_eq!(
         reply.status(),
         StatusCode::BAD_REQUEST,
         "{:?}",
         reply.text().await
     );
-    let reply = place(legit.clone(), "legit-after".to_owned()).await?;
+    let reply = place(legit.clone(), "legit-after".to_owned())
+        .await
+        .context("an order after the bad bodies")?;
     assert_eq!(reply.status(), StatusCode::CREATED);
 
     // 4. A relay's ops endpoint, under its own flags: idle sockets are closed after the
