@@ -101,10 +101,11 @@
 //! - *batch*: messages of one partition, in offset order, that the partition's task hands over
 //!   together (up to `max_batch`); its offset is committed only after the transaction that
 //!   applied it.
-//! - *transaction*: one database transaction applying one or more batches of a group (the batch
-//!   transaction); the handler's part of it is a [`HandlerTransaction`].
-//! - *shared transaction*: a transaction applying the batches of several partitions of a group
-//!   ([`transaction::SharedTransactions`], `shared_transactions`).
+//! - *transaction*: one database transaction applying one or more batches of a group, or of
+//!   several (the batch transaction); a handler's part of it is a [`HandlerTransaction`].
+//! - *shared transaction*: a transaction applying the batches of several partitions, of one
+//!   group or of several groups of the process ([`transaction::SharedTransactions`],
+//!   `shared_transactions`, `shared_transaction_gather`).
 //! - *finished offset*: the offset after a batch whose transaction committed, for the member to
 //!   commit to Kafka; an aggregate's *progress* is its last applied sequence (`order_progress`).
 //! - *paused group*: a group an operator paused (`group_pause`, see [`pause`]); a partition's

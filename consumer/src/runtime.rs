@@ -230,7 +230,7 @@ impl Runtime {
         args: &ConsumerSettings,
         parts: &Parts,
     ) -> anyhow::Result<()> {
-        if args.lag_interval_ms == 0 {
+        if args.lag_interval.is_zero() {
             return Ok(());
         }
         let mut expected: Vec<String> = args
@@ -244,7 +244,7 @@ impl Runtime {
         let (kafka, topics, interval, collector, stop) = (
             args.kafka.clone(),
             args.topics.clone(),
-            Duration::from_millis(args.lag_interval_ms),
+            args.lag_interval,
             parts.lag_collector.clone(),
             self.stop.clone(),
         );
@@ -313,27 +313,30 @@ impl Runtime {
         pauses: &HashMap<String, PauseSignal>,
     ) -> anyhow::Result<()> {
         let settings = args.member_settings();
+        // One set of runners for every group: the groups' batches of the same events share
+        // transactions.
+        let shared_transactions = (args.shared_transactions > 0 && args.max_batch > 1).then(|| {
+            Arc::new(SharedTransactions::start(
+                SharedTransactionSettings {
+                    pool: parts.pool.clone(),
+                    groups: args.groups.len(),
+                    dead_letters: parts.dead_letters.clone(),
+                    metrics: parts.metrics.clone(),
+                    transactions: args.shared_transactions * args.groups.len(),
+                    gather: args.shared_transaction_gather,
+                    patience: args.shared_transaction_patience,
+                    max_messages: args.max_batch,
+                    custom_plans_up_to: args.custom_plans_up_to,
+                },
+                self.stop.clone(),
+            ))
+        });
         for group in &args.groups {
             let name = format!("{}{group}", args.group_prefix);
             let handler = groups.handler(group, name.clone())?;
             parts.metrics.init_group(&name);
             let (finished_tx, finished_rx) = mpsc::channel();
-            let shared_transactions =
-                (args.shared_transactions > 0 && args.max_batch > 1).then(|| {
-                    Arc::new(SharedTransactions::start(
-                        SharedTransactionSettings {
-                            pool: parts.pool.clone(),
-                            handler: handler.clone(),
-                            dead_letters: parts.dead_letters.clone(),
-                            metrics: parts.metrics.clone(),
-                            transactions: args.shared_transactions,
-                            patience: Duration::from_millis(args.shared_transaction_patience_ms),
-                            max_messages: args.max_batch,
-                            custom_plans_up_to: args.custom_plans_up_to,
-                        },
-                        self.stop.clone(),
-                    ))
-                });
+            let shared_transactions = shared_transactions.clone();
             let rate_limit = args
                 .rate_limit(group)
                 .and_then(|limit| GroupRateLimiter::new(limit, &parts.metrics, &name))
@@ -351,9 +354,9 @@ impl Runtime {
                 fatal: self.fatal.clone(),
                 max_batch,
                 custom_plans_up_to: args.custom_plans_up_to,
-                retry_base: Duration::from_millis(args.retry_base_ms),
-                retry_max: Duration::from_millis(args.retry_max_ms),
-                retry_budget: Duration::from_millis(args.retry_budget_ms),
+                retry_base: args.retry_base,
+                retry_max: args.retry_max,
+                retry_budget: args.retry_budget,
                 shared_transactions,
                 rate_limit,
                 backlog: parts.backlog.clone(),

@@ -62,26 +62,41 @@ pub struct ConsumerSettings {
         arg(long, env = "CONSUMER_MAX_BATCH", default_value_t = 500)
     )]
     pub max_batch: usize,
-    /// Most shared transactions a group runs at once, each taking the batches of every
-    /// partition waiting for one (up to --max-batch messages). 0: no shared transactions, each
-    /// partition batch has a transaction of its own.
+    /// Most shared transactions the process runs at once for each of its groups, each taking
+    /// the batches of every partition, of any of the groups, waiting for one (up to --max-batch
+    /// messages). 0: no shared transactions, each partition batch has a transaction of its own.
     #[cfg_attr(
         feature = "cli",
         arg(long, env = "CONSUMER_SHARED_TRANSACTIONS", default_value_t = 2)
     )]
     pub shared_transactions: usize,
-    /// How long, in milliseconds, partition batches wait for the group's shared transaction
+    /// How long partition batches wait for the group's shared transaction
     /// being written to finish before another starts beside it; batches arriving meanwhile share
     /// the next one. 0: a free runner starts a shared transaction at once.
     #[cfg_attr(
         feature = "cli",
         arg(
             long,
-            env = "CONSUMER_SHARED_TRANSACTION_PATIENCE_MS",
-            default_value_t = 1
+            env = "CONSUMER_SHARED_TRANSACTION_PATIENCE",
+            default_value = "1ms",
+            value_parser = humantime::parse_duration
         )
     )]
-    pub shared_transaction_patience_ms: u64,
+    pub shared_transaction_patience: Duration,
+    /// How long a shared transaction that took the batches of one group only waits for
+    /// another group's (the groups consume the same events, so one is usually on its way):
+    /// one commit for both instead of one each, at the cost of this wait for the first. Waits
+    /// only while the other groups' batches are missing; 0 never waits.
+    #[cfg_attr(
+        feature = "cli",
+        arg(
+            long,
+            env = "CONSUMER_SHARED_TRANSACTION_GATHER",
+            default_value = "1ms",
+            value_parser = humantime::parse_duration
+        )
+    )]
+    pub shared_transaction_gather: Duration,
     /// Transactions of at most this many messages plan their statements with their parameter
     /// values (`plan_cache_mode=force_custom_plan`); larger ones use PostgreSQL's cached generic
     /// plans. 0: always generic.
@@ -120,47 +135,77 @@ pub struct ConsumerSettings {
     /// The group session timeout: how long a member may go unheard before the group gives its
     /// partitions to others. The classic protocol sends it (`session.timeout.ms`); with
     /// `--group-protocol consumer` the broker's `group.consumer.session.timeout.ms` applies and
-    /// this value should match it (it is the default of `--leave-after-database-unreachable-ms`).
+    /// this value should match it (it is the default of `--leave-after-database-unreachable`).
     #[cfg_attr(
         feature = "cli",
-        arg(long, env = "CONSUMER_SESSION_TIMEOUT_MS", default_value_t = 10_000)
+        arg(
+            long,
+            env = "CONSUMER_SESSION_TIMEOUT",
+            default_value = "10s",
+            value_parser = humantime::parse_duration
+        )
     )]
-    pub session_timeout_ms: u64,
+    pub session_timeout: Duration,
     /// max.poll.interval.ms. Polling runs on its own thread, so slow batches do not count.
     #[cfg_attr(
         feature = "cli",
-        arg(long, env = "CONSUMER_MAX_POLL_INTERVAL_MS", default_value_t = 60_000)
+        arg(
+            long,
+            env = "CONSUMER_MAX_POLL_INTERVAL",
+            default_value = "60s",
+            value_parser = humantime::parse_duration
+        )
     )]
-    pub max_poll_interval_ms: u64,
+    pub max_poll_interval: Duration,
     /// `fetch.wait.max.ms`: how long the broker holds a fetch that finds nothing. A fetch
     /// returns as soon as records arrive, so this adds no latency; it sets how often an idle
     /// group asks (ten times a second), and how long a partition resumed, moved back or newly
     /// assigned may wait for the fetch already out.
     #[cfg_attr(
         feature = "cli",
-        arg(long, env = "CONSUMER_FETCH_WAIT_MAX_MS", default_value_t = 100)
+        arg(
+            long,
+            env = "CONSUMER_FETCH_WAIT_MAX",
+            default_value = "100ms",
+            value_parser = humantime::parse_duration
+        )
     )]
-    pub fetch_wait_max_ms: u64,
-    /// Offsets of finished batches are committed together at most this often, in milliseconds
-    /// (0: after every poll). Always after the batches' database commits; a revoke or shutdown
+    pub fetch_wait_max: Duration,
+    /// Offsets of finished batches are committed together at most this often (0: after every
+    /// poll). Always after the batches' database commits; a revoke or shutdown
     /// commits at once.
     #[cfg_attr(
         feature = "cli",
-        arg(long, env = "CONSUMER_COMMIT_INTERVAL_MS", default_value_t = 20)
+        arg(
+            long,
+            env = "CONSUMER_COMMIT_INTERVAL",
+            default_value = "20ms",
+            value_parser = humantime::parse_duration
+        )
     )]
-    pub commit_interval_ms: u64,
-    /// How long a revoke waits for in-flight batches, in milliseconds.
+    pub commit_interval: Duration,
+    /// How long a revoke waits for in-flight batches.
     #[cfg_attr(
         feature = "cli",
-        arg(long, env = "CONSUMER_REVOKE_TIMEOUT_MS", default_value_t = 10_000)
+        arg(
+            long,
+            env = "CONSUMER_REVOKE_TIMEOUT",
+            default_value = "10s",
+            value_parser = humantime::parse_duration
+        )
     )]
-    pub revoke_timeout_ms: u64,
-    /// Interval of the lag collector, in milliseconds; 0 turns it off.
+    pub revoke_timeout: Duration,
+    /// Interval of the lag collector; 0 turns it off.
     #[cfg_attr(
         feature = "cli",
-        arg(long, env = "LAG_INTERVAL_MS", default_value_t = 5_000)
+        arg(
+            long,
+            env = "LAG_INTERVAL",
+            default_value = "5s",
+            value_parser = humantime::parse_duration
+        )
     )]
-    pub lag_interval_ms: u64,
+    pub lag_interval: Duration,
     /// Further consumer group ids whose lag to export besides the groups run here (expected
     /// groups keep reporting lag while none of their members runs).
     #[cfg_attr(
@@ -182,56 +227,78 @@ pub struct ConsumerSettings {
     )]
     pub dead_letter_partitions: i32,
     /// How long a batch may keep failing while the database answers before its messages are
-    /// retried one by one and the one that still fails is dead-lettered, in milliseconds.
+    /// retried one by one and the one that still fails is dead-lettered.
     #[cfg_attr(
         feature = "cli",
-        arg(long, env = "CONSUMER_RETRY_BUDGET_MS", default_value_t = 30_000)
+        arg(
+            long,
+            env = "CONSUMER_RETRY_BUDGET",
+            default_value = "30s",
+            value_parser = humantime::parse_duration
+        )
     )]
-    pub retry_budget_ms: u64,
-    /// PostgreSQL statement_timeout of the consumer's connections, in milliseconds: bounds one
+    pub retry_budget: Duration,
+    /// PostgreSQL statement_timeout of the consumer's connections: bounds one
     /// statement of a batch, so a revoke never waits on a stuck statement.
     #[cfg_attr(
         feature = "cli",
-        arg(long, env = "CONSUMER_STATEMENT_TIMEOUT_MS", default_value_t = 5_000)
+        arg(
+            long,
+            env = "CONSUMER_STATEMENT_TIMEOUT",
+            default_value = "5s",
+            value_parser = humantime::parse_duration
+        )
     )]
-    pub statement_timeout_ms: u64,
-    /// PostgreSQL idle_in_transaction_session_timeout of the consumer's connections, in
-    /// milliseconds: a batch transaction whose process froze or lost its path to the database
+    pub statement_timeout: Duration,
+    /// PostgreSQL idle_in_transaction_session_timeout of the consumer's connections: a batch
+    /// transaction whose process froze or lost its path to the database
     /// is ended by the server after this, releasing its locks (the partition's ownership row
     /// among them) for the partition's next owner.
     #[cfg_attr(
         feature = "cli",
         arg(
             long,
-            env = "CONSUMER_IDLE_IN_TRANSACTION_TIMEOUT_MS",
-            default_value_t = 5_000
+            env = "CONSUMER_IDLE_IN_TRANSACTION_TIMEOUT",
+            default_value = "5s",
+            value_parser = humantime::parse_duration
         )
     )]
-    pub idle_in_transaction_timeout_ms: u64,
+    pub idle_in_transaction_timeout: Duration,
     /// How long the database may be out of reach before this member leaves its groups so that
-    /// members that reach it take its partitions, in milliseconds; it joins again once the
+    /// members that reach it take its partitions; it joins again once the
     /// database answers. 0: the session timeout.
     #[cfg_attr(
         feature = "cli",
         arg(
             long,
-            env = "CONSUMER_LEAVE_AFTER_DATABASE_UNREACHABLE_MS",
-            default_value_t = 0
+            env = "CONSUMER_LEAVE_AFTER_DATABASE_UNREACHABLE",
+            default_value = "0s",
+            value_parser = humantime::parse_duration
         )
     )]
-    pub leave_after_database_unreachable_ms: u64,
-    /// First retry delay of a batch after a transient failure, in milliseconds.
+    pub leave_after_database_unreachable: Duration,
+    /// First retry delay of a batch after a transient failure.
     #[cfg_attr(
         feature = "cli",
-        arg(long, env = "CONSUMER_RETRY_BASE_MS", default_value_t = 100)
+        arg(
+            long,
+            env = "CONSUMER_RETRY_BASE",
+            default_value = "100ms",
+            value_parser = humantime::parse_duration
+        )
     )]
-    pub retry_base_ms: u64,
-    /// Longest retry delay, in milliseconds.
+    pub retry_base: Duration,
+    /// Longest retry delay.
     #[cfg_attr(
         feature = "cli",
-        arg(long, env = "CONSUMER_RETRY_MAX_MS", default_value_t = 10_000)
+        arg(
+            long,
+            env = "CONSUMER_RETRY_MAX",
+            default_value = "10s",
+            value_parser = humantime::parse_duration
+        )
     )]
-    pub retry_max_ms: u64,
+    pub retry_max: Duration,
     /// A group's cap on the events it applies, as GROUP=N/s or GROUP=N/min; repeatable, at
     /// most one per group. It holds in each process that runs the group (M processes apply up
     /// to M × N); a limited group's batches hold at most a tenth of a second's events. Events
@@ -261,26 +328,27 @@ impl Default for ConsumerSettings {
             topics: Vec::new(),
             max_batch: 500,
             shared_transactions: 2,
-            shared_transaction_patience_ms: 1,
+            shared_transaction_patience: Duration::from_millis(1),
+            shared_transaction_gather: Duration::from_millis(1),
             custom_plans_up_to: CUSTOM_PLANS_UP_TO,
             max_queued: 5000,
             group_protocol: GroupProtocol::Classic,
             assignment_strategy: "cooperative-sticky".to_owned(),
-            session_timeout_ms: 10_000,
-            max_poll_interval_ms: 60_000,
-            fetch_wait_max_ms: 100,
-            commit_interval_ms: 20,
-            revoke_timeout_ms: 10_000,
-            lag_interval_ms: 5_000,
+            session_timeout: Duration::from_secs(10),
+            max_poll_interval: Duration::from_secs(60),
+            fetch_wait_max: Duration::from_millis(100),
+            commit_interval: Duration::from_millis(20),
+            revoke_timeout: Duration::from_secs(10),
+            lag_interval: Duration::from_secs(5),
             lag_groups: Vec::new(),
             dead_letter_topic: "{topic}.dlq".to_owned(),
             dead_letter_partitions: 3,
-            retry_budget_ms: 30_000,
-            statement_timeout_ms: 5_000,
-            idle_in_transaction_timeout_ms: 5_000,
-            leave_after_database_unreachable_ms: 0,
-            retry_base_ms: 100,
-            retry_max_ms: 10_000,
+            retry_budget: Duration::from_secs(30),
+            statement_timeout: Duration::from_secs(5),
+            idle_in_transaction_timeout: Duration::from_secs(5),
+            leave_after_database_unreachable: Duration::ZERO,
+            retry_base: Duration::from_millis(100),
+            retry_max: Duration::from_secs(10),
             rate_limits: Vec::new(),
             retention: RetentionSettings::default(),
         }
@@ -293,25 +361,24 @@ impl Default for ConsumerSettings {
 pub struct InvalidSettings(pub String);
 
 impl ConsumerSettings {
-    /// The Kafka consumer settings every group runs with, the durations converted from
-    /// milliseconds (`--leave-after-database-unreachable-ms` 0: the session timeout).
+    /// The Kafka consumer settings every group runs with (`--leave-after-database-unreachable`
+    /// 0: the session timeout).
     pub fn member_settings(&self) -> MemberSettings {
         MemberSettings {
             topics: self.topics.clone(),
             group_protocol: self.group_protocol,
             assignment_strategy: self.assignment_strategy.clone(),
-            session_timeout: Duration::from_millis(self.session_timeout_ms),
-            max_poll_interval: Duration::from_millis(self.max_poll_interval_ms),
-            fetch_wait_max: Duration::from_millis(self.fetch_wait_max_ms),
-            commit_interval: Duration::from_millis(self.commit_interval_ms),
-            revoke_timeout: Duration::from_millis(self.revoke_timeout_ms),
+            session_timeout: self.session_timeout,
+            max_poll_interval: self.max_poll_interval,
+            fetch_wait_max: self.fetch_wait_max,
+            commit_interval: self.commit_interval,
+            revoke_timeout: self.revoke_timeout,
             max_queued: self.max_queued,
-            leave_after_database_unreachable: Duration::from_millis(
-                match self.leave_after_database_unreachable_ms {
-                    0 => self.session_timeout_ms,
-                    ms => ms,
-                },
-            ),
+            leave_after_database_unreachable: if self.leave_after_database_unreachable.is_zero() {
+                self.session_timeout
+            } else {
+                self.leave_after_database_unreachable
+            },
         }
     }
 
@@ -334,47 +401,45 @@ impl ConsumerSettings {
         ensure(self.max_queued >= self.max_batch, || {
             "max_queued (--max-queued) must be at least max_batch (--max-batch)".to_owned()
         })?;
-        ensure(self.max_poll_interval_ms >= self.session_timeout_ms, || {
+        ensure(self.max_poll_interval >= self.session_timeout, || {
             format!(
-                "max_poll_interval_ms (--max-poll-interval-ms, {}) must be at least \
-                 session_timeout_ms (--session-timeout-ms, {})",
-                self.max_poll_interval_ms, self.session_timeout_ms
+                "max_poll_interval (--max-poll-interval, {:?}) must be at least session_timeout \
+                 (--session-timeout, {:?})",
+                self.max_poll_interval, self.session_timeout
             )
         })?;
-        ensure(self.revoke_timeout_ms < self.max_poll_interval_ms, || {
+        ensure(self.revoke_timeout < self.max_poll_interval, || {
             format!(
-                "revoke_timeout_ms (--revoke-timeout-ms, {}) must be below max_poll_interval_ms \
-                 (--max-poll-interval-ms, {}): a revoke blocks polling",
-                self.revoke_timeout_ms, self.max_poll_interval_ms
+                "revoke_timeout (--revoke-timeout, {:?}) must be below max_poll_interval \
+                 (--max-poll-interval, {:?}): a revoke blocks polling",
+                self.revoke_timeout, self.max_poll_interval
             )
         })?;
         ensure(
-            self.retry_base_ms > 0 && self.retry_base_ms <= self.retry_max_ms,
+            !self.retry_base.is_zero() && self.retry_base <= self.retry_max,
             || {
-                "retry_base_ms (--retry-base-ms) must be positive and at most retry_max_ms \
-                 (--retry-max-ms)"
+                "retry_base (--retry-base) must be positive and at most retry_max (--retry-max)"
                     .to_owned()
             },
         )?;
         ensure(
-            self.statement_timeout_ms > 0 && self.statement_timeout_ms < self.revoke_timeout_ms,
+            !self.statement_timeout.is_zero() && self.statement_timeout < self.revoke_timeout,
             || {
                 format!(
-                    "statement_timeout_ms (--statement-timeout-ms, {}) must be positive and below \
-                     revoke_timeout_ms (--revoke-timeout-ms, {}): a revoke waits for the \
-                     statement in flight",
-                    self.statement_timeout_ms, self.revoke_timeout_ms
+                    "statement_timeout (--statement-timeout, {:?}) must be positive and below \
+                     revoke_timeout (--revoke-timeout, {:?}): a revoke waits for the statement \
+                     in flight",
+                    self.statement_timeout, self.revoke_timeout
                 )
             },
         )?;
-        ensure(self.retry_budget_ms >= self.retry_base_ms, || {
-            "retry_budget_ms (--retry-budget-ms) must allow at least one retry (at least \
-             retry_base_ms, --retry-base-ms)"
+        ensure(self.retry_budget >= self.retry_base, || {
+            "retry_budget (--retry-budget) must allow at least one retry (at least retry_base, \
+             --retry-base)"
                 .to_owned()
         })?;
-        ensure(self.session_timeout_ms >= 3_000, || {
-            "session_timeout_ms (--session-timeout-ms) below 3000 leaves no room for the 1 s \
-             heartbeat"
+        ensure(self.session_timeout >= Duration::from_secs(3), || {
+            "session_timeout (--session-timeout) below 3s leaves no room for the 1 s heartbeat"
                 .to_owned()
         })?;
         ensure(
@@ -391,9 +456,9 @@ impl ConsumerSettings {
             "retention.batch_size (--retention-batch-size) must be positive".to_owned()
         })?;
         ensure(
-            !self.retention.enabled() || self.statement_timeout_ms < 60_000,
+            !self.retention.enabled() || self.statement_timeout < Duration::from_secs(60),
             || {
-                "statement_timeout_ms (--statement-timeout-ms) must be below 60000 while retention \
+                "statement_timeout (--statement-timeout) must be below 1m while retention \
                  runs: retention removes an order's progress only a minute after announcing it, \
                  longer than any batch statement may run"
                     .to_owned()
@@ -437,14 +502,14 @@ impl ConsumerSettings {
 }
 
 /// `options` with the session settings the runtime's pool needs: `statement_timeout`
-/// (`statement_timeout_ms`), so a revoke never waits on a stuck statement;
-/// `idle_in_transaction_session_timeout` (`idle_in_transaction_timeout_ms`), so the server ends
+/// (`statement_timeout`), so a revoke never waits on a stuck statement;
+/// `idle_in_transaction_session_timeout` (`idle_in_transaction_timeout`), so the server ends
 /// the transaction of a process that froze and releases its partition's ownership row; and the
 /// key-lookup planner ([`pipeline_core::db::Planner::KeyLookups`]), so a batch's statements stay
 /// index lookups however small the tables were when they were planned.
 pub fn session_options(options: PgConnectOptions, settings: &ConsumerSettings) -> PgConnectOptions {
-    let statement_timeout = settings.statement_timeout_ms.to_string();
-    let idle_in_transaction = settings.idle_in_transaction_timeout_ms.to_string();
+    let statement_timeout = settings.statement_timeout.as_millis().to_string();
+    let idle_in_transaction = settings.idle_in_transaction_timeout.as_millis().to_string();
     options
         .options([
             ("statement_timeout", statement_timeout.as_str()),
@@ -496,12 +561,15 @@ mod tests {
         };
         refused(|s| s.max_batch = 0, "max_batch");
         refused(|s| s.max_queued = s.max_batch - 1, "max_queued");
+        refused(|s| s.revoke_timeout = s.max_poll_interval, "revoke_timeout");
         refused(
-            |s| s.revoke_timeout_ms = s.max_poll_interval_ms,
-            "revoke_timeout_ms",
+            |s| s.statement_timeout = Duration::ZERO,
+            "statement_timeout",
         );
-        refused(|s| s.statement_timeout_ms = 0, "statement_timeout_ms");
-        refused(|s| s.session_timeout_ms = 2_000, "session_timeout_ms");
+        refused(
+            |s| s.session_timeout = Duration::from_secs(2),
+            "session_timeout",
+        );
         refused(
             |s| s.dead_letter_topic = "dlq".to_owned(),
             "dead_letter_topic",

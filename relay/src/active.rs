@@ -4,7 +4,7 @@
 
 use std::collections::HashSet;
 use std::future::Future;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use chrono::Utc;
 use futures::stream::{FuturesUnordered, StreamExt};
@@ -41,8 +41,8 @@ pub async fn run_active(
         pool,
         settings.lock_key,
         settings.listen,
-        Duration::from_millis(settings.poll_interval_ms),
-        Duration::from_millis(settings.listen_poll_interval_ms),
+        settings.poll_interval,
+        settings.listen_poll_interval,
     )
     .await
     .map_err(RelayError::Listen)?;

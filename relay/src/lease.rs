@@ -296,8 +296,10 @@ impl Elector {
         let row = match attempt {
             Attempt::Live { expires_in } => {
                 // Measured from before the look was sent: never later than the database's expiry
-                // plus the time the answer took to come back.
-                self.seen_expiring = Duration::try_from_secs_f64(expires_in)
+                // plus the time the answer took to come back. The look reads the clock twice, so
+                // a lease expiring between the reads is live with a negative time left: try
+                // again at once then, not after `retry_every`.
+                self.seen_expiring = Duration::try_from_secs_f64(expires_in.max(0.0))
                     .ok()
                     .map(|d| sent + d);
                 None

@@ -84,10 +84,10 @@ impl Relay {
             BACKLOG_EVERY,
             beside.clone(),
         ));
-        let vacuum = (settings.queue_vacuum_interval_ms > 0).then(|| {
+        let vacuum = (!settings.queue_vacuum_interval.is_zero()).then(|| {
             tokio::spawn(vacuum_queue(
                 pool.clone(),
-                Duration::from_millis(settings.queue_vacuum_interval_ms),
+                settings.queue_vacuum_interval,
                 metrics.batch_size.clone(),
                 beside.clone(),
             ))
@@ -155,7 +155,7 @@ async fn take_turns(
             pool.clone(),
             lease.clone(),
             settings.release_batch_size,
-            Duration::from_millis(settings.release_interval_ms),
+            settings.release_interval,
             metrics.clone(),
             stop_renewing.clone(),
         ));

@@ -43,43 +43,43 @@ pub struct RelaySettings {
     )]
     pub pipeline_depth: u32,
     /// Pause between claims when the outbox has nothing due and the relay does not listen
-    /// (`--listen false`, or its LISTEN session is down), in milliseconds; also the pause before
-    /// its second look when it starts listening.
+    /// (`--listen false`, or its LISTEN session is down); also the pause before its second look
+    /// when it starts listening.
     #[cfg_attr(
         feature = "cli",
-        arg(long, env = "RELAY_POLL_INTERVAL_MS", default_value_t = 5)
+        arg(long, env = "RELAY_POLL_INTERVAL", default_value = "5ms",
+            value_parser = humantime::parse_duration)
     )]
-    pub poll_interval_ms: u64,
-    /// While the relay listens, how often it claims anyway, in milliseconds: the bound on how
-    /// late an event is published when no insert announced it (a retry falling due, a requeue,
-    /// a wake-up lost while the relay stopped listening).
+    pub poll_interval: Duration,
+    /// While the relay listens, how often it claims anyway: the bound on how late an event is
+    /// published when no insert announced it (a retry falling due, a requeue, a wake-up lost
+    /// while the relay stopped listening).
     #[cfg_attr(
         feature = "cli",
-        arg(long, env = "RELAY_LISTEN_POLL_INTERVAL_MS", default_value_t = 1000,
-            value_parser = clap::value_parser!(u64).range(1..))
+        arg(long, env = "RELAY_LISTEN_POLL_INTERVAL", default_value = "1s",
+            value_parser = humantime::parse_duration)
     )]
-    pub listen_poll_interval_ms: u64,
-    /// How often the relay vacuums its queue table (`outbox_unpublished`), in milliseconds; 0
-    /// leaves it to autovacuum. Every publish deletes rows from it, and the claim reads it
-    /// whole, so dead rows waiting for autovacuum's next visit (once a minute by default) would
-    /// be read by every claim. Needs the table's owner; otherwise PostgreSQL skips it with a
-    /// warning.
+    pub listen_poll_interval: Duration,
+    /// How often the relay vacuums its queue table (`outbox_unpublished`); 0 leaves it to
+    /// autovacuum. Every publish deletes rows from it, and the claim reads it whole, so dead rows
+    /// waiting for autovacuum's next visit (once a minute by default) would be read by every
+    /// claim. Needs the table's owner; otherwise PostgreSQL skips it with a warning.
     #[cfg_attr(
         feature = "cli",
-        arg(long, env = "RELAY_QUEUE_VACUUM_INTERVAL_MS", default_value_t = 1000)
+        arg(long, env = "RELAY_QUEUE_VACUUM_INTERVAL", default_value = "1s",
+            value_parser = humantime::parse_duration)
     )]
-    pub queue_vacuum_interval_ms: u64,
-    /// How often the active relay releases delayed events that fell due into the outbox, in
-    /// milliseconds: a delayed event is published at most about this long after its time (a
-    /// recurring schedule's occurrence at most about twice this long, the first after the
-    /// schedule was made or changed).
+    pub queue_vacuum_interval: Duration,
+    /// How often the active relay releases delayed events that fell due into the outbox: a
+    /// delayed event is published at most about this long after its time (a recurring
+    /// schedule's occurrence at most about twice this long, the first after the schedule was
+    /// made or changed).
     #[cfg_attr(
         feature = "cli",
-        arg(long = "release-interval-ms", env = "RELAY_RELEASE_INTERVAL_MS",
-            value_name = "RELEASE_INTERVAL_MS", default_value_t = 1000,
-            value_parser = clap::value_parser!(u64).range(1..))
+        arg(long, env = "RELAY_RELEASE_INTERVAL", default_value = "1s",
+            value_parser = humantime::parse_duration)
     )]
-    pub release_interval_ms: u64,
+    pub release_interval: Duration,
     /// Most delayed events released into the outbox in one statement.
     #[cfg_attr(
         feature = "cli",
@@ -89,7 +89,7 @@ pub struct RelaySettings {
     )]
     pub release_batch_size: i64,
     /// Wait for new events on PostgreSQL's LISTEN (the outbox's insert trigger notifies while
-    /// the relay waits) instead of polling every --poll-interval-ms.
+    /// the relay waits) instead of polling every --poll-interval.
     #[cfg_attr(
         feature = "cli",
         arg(long, env = "RELAY_LISTEN", default_value_t = true, action = clap::ArgAction::Set)
@@ -101,70 +101,77 @@ pub struct RelaySettings {
         arg(long, env = "RELAY_LOCK_KEY", default_value_t = DEFAULT_LOCK_KEY)
     )]
     pub lock_key: i64,
-    /// How often a standby relay tries to take over, in milliseconds.
+    /// How often a standby relay tries to take over.
     #[cfg_attr(
         feature = "cli",
-        arg(long, env = "RELAY_STANDBY_RETRY_MS", default_value_t = 500)
+        arg(long, env = "RELAY_STANDBY_RETRY", default_value = "500ms",
+            value_parser = humantime::parse_duration)
     )]
-    pub standby_retry_ms: u64,
-    /// How long the active relay's lease lasts without renewal, in milliseconds (renewed every
-    /// third of it). A relay that dies is replaced within --standby-retry-ms; one that is frozen
-    /// or cut off from PostgreSQL within this plus --standby-retry-ms (6.5 s by default).
+    pub standby_retry: Duration,
+    /// How long the active relay's lease lasts without renewal (renewed every third of it), from
+    /// 1.5 s to 10 min. A relay that dies is replaced within --standby-retry; one that is frozen
+    /// or cut off from PostgreSQL within this plus --standby-retry (6.5 s by default).
     #[cfg_attr(
         feature = "cli",
-        arg(long, env = "RELAY_LEASE_TTL_MS", default_value_t = 6_000,
-            value_parser = clap::value_parser!(u64).range(1_500..=600_000))
+        arg(long, env = "RELAY_LEASE_TTL", default_value = "6s",
+            value_parser = humantime::parse_duration)
     )]
-    pub lease_ttl_ms: u64,
+    pub lease_ttl: Duration,
     /// librdkafka `message.timeout.ms`: how long one delivery may take before it counts as failed.
     #[cfg_attr(
         feature = "cli",
-        arg(long, env = "RELAY_DELIVERY_TIMEOUT_MS", default_value_t = 30_000)
+        arg(long, env = "RELAY_DELIVERY_TIMEOUT", default_value = "30s",
+            value_parser = humantime::parse_duration)
     )]
-    pub delivery_timeout_ms: u64,
+    pub delivery_timeout: Duration,
     /// librdkafka `linger.ms`. The relay hands librdkafka a whole claimed batch at once, so a
     /// long linger only delays the batch's last request.
     #[cfg_attr(
         feature = "cli",
-        arg(long, env = "RELAY_LINGER_MS", default_value_t = 1)
+        arg(long, env = "RELAY_LINGER", default_value = "1ms",
+            value_parser = humantime::parse_duration)
     )]
-    pub linger_ms: u64,
+    pub linger: Duration,
     /// librdkafka `compression.type` (none, lz4, zstd, snappy, gzip).
     #[cfg_attr(
         feature = "cli",
         arg(long, env = "RELAY_COMPRESSION", default_value = "none")
     )]
     pub compression: String,
-    /// librdkafka statistics interval in milliseconds (client metrics); 0 turns them off.
+    /// librdkafka statistics interval (client metrics); 0 turns them off.
     #[cfg_attr(
         feature = "cli",
-        arg(long, env = "KAFKA_STATISTICS_INTERVAL_MS", default_value_t = 5_000)
+        arg(long, env = "KAFKA_STATISTICS_INTERVAL", default_value = "5s",
+            value_parser = humantime::parse_duration)
     )]
-    pub statistics_interval_ms: u64,
-    /// Delay after the first failed attempt, in milliseconds (doubles each attempt).
+    pub statistics_interval: Duration,
+    /// Delay after the first failed attempt (doubles each attempt).
     #[cfg_attr(
         feature = "cli",
-        arg(long, env = "RELAY_RETRY_BASE_MS", default_value_t = 200)
+        arg(long, env = "RELAY_RETRY_BASE", default_value = "200ms",
+            value_parser = humantime::parse_duration)
     )]
-    pub retry_base_ms: u64,
-    /// Longest delay of the exponential phase, in milliseconds.
+    pub retry_base: Duration,
+    /// Longest delay of the exponential phase.
     #[cfg_attr(
         feature = "cli",
-        arg(long, env = "RELAY_RETRY_MAX_MS", default_value_t = 30_000)
+        arg(long, env = "RELAY_RETRY_MAX", default_value = "30s",
+            value_parser = humantime::parse_duration)
     )]
-    pub retry_max_ms: u64,
-    /// Attempts after which retries slow down to --slow-retry-interval-ms.
+    pub retry_max: Duration,
+    /// Attempts after which retries slow down to --slow-retry-interval.
     #[cfg_attr(
         feature = "cli",
         arg(long, env = "RELAY_SLOW_RETRY_AFTER", default_value_t = 20)
     )]
     pub slow_retry_after: i32,
-    /// Delay between retries past --slow-retry-after, in milliseconds.
+    /// Delay between retries past --slow-retry-after.
     #[cfg_attr(
         feature = "cli",
-        arg(long, env = "RELAY_SLOW_RETRY_INTERVAL_MS", default_value_t = 300_000)
+        arg(long, env = "RELAY_SLOW_RETRY_INTERVAL", default_value = "5m",
+            value_parser = humantime::parse_duration)
     )]
-    pub slow_retry_interval_ms: u64,
+    pub slow_retry_interval: Duration,
     /// Attempts allowed for permanent errors (message too large, unknown topic…) before the event
     /// is marked failed; it then holds its aggregate's later events until an operator acts.
     #[cfg_attr(
@@ -183,23 +190,23 @@ impl Default for RelaySettings {
             kafka: KafkaArgs::default(),
             batch_size: 5000,
             pipeline_depth: 4,
-            poll_interval_ms: 5,
-            listen_poll_interval_ms: 1000,
-            queue_vacuum_interval_ms: 1000,
-            release_interval_ms: 1000,
+            poll_interval: Duration::from_millis(5),
+            listen_poll_interval: Duration::from_secs(1),
+            queue_vacuum_interval: Duration::from_secs(1),
+            release_interval: Duration::from_secs(1),
             release_batch_size: 5000,
             listen: true,
             lock_key: DEFAULT_LOCK_KEY,
-            standby_retry_ms: 500,
-            lease_ttl_ms: 6_000,
-            delivery_timeout_ms: 30_000,
-            linger_ms: 1,
+            standby_retry: Duration::from_millis(500),
+            lease_ttl: Duration::from_secs(6),
+            delivery_timeout: Duration::from_secs(30),
+            linger: Duration::from_millis(1),
             compression: "none".to_owned(),
-            statistics_interval_ms: 5_000,
-            retry_base_ms: 200,
-            retry_max_ms: 30_000,
+            statistics_interval: Duration::from_secs(5),
+            retry_base: Duration::from_millis(200),
+            retry_max: Duration::from_secs(30),
             slow_retry_after: 20,
-            slow_retry_interval_ms: 300_000,
+            slow_retry_interval: Duration::from_secs(300),
             max_attempts: 5,
             retention: RetentionSettings::default(),
         }
@@ -215,10 +222,10 @@ impl RelaySettings {
     /// How failed publish attempts are retried.
     pub fn retry_policy(&self) -> RetryPolicy {
         RetryPolicy {
-            base: Duration::from_millis(self.retry_base_ms),
-            max: Duration::from_millis(self.retry_max_ms),
+            base: self.retry_base,
+            max: self.retry_max,
             slow_after: self.slow_retry_after,
-            slow_interval: Duration::from_millis(self.slow_retry_interval_ms),
+            slow_interval: self.slow_retry_interval,
             permanent_attempts: self.max_attempts,
         }
     }
@@ -227,18 +234,18 @@ impl RelaySettings {
     pub fn lease_settings(&self) -> LeaseSettings {
         LeaseSettings {
             key: self.lock_key,
-            ttl: Duration::from_millis(self.lease_ttl_ms),
-            retry_every: Duration::from_millis(self.standby_retry_ms),
+            ttl: self.lease_ttl,
+            retry_every: self.standby_retry,
         }
     }
 
     /// The Kafka producer's settings.
     pub fn producer_settings(&self) -> ProducerSettings {
         ProducerSettings {
-            delivery_timeout: Duration::from_millis(self.delivery_timeout_ms),
-            linger: Duration::from_millis(self.linger_ms),
+            delivery_timeout: self.delivery_timeout,
+            linger: self.linger,
             compression: self.compression.clone(),
-            statistics_interval: Duration::from_millis(self.statistics_interval_ms),
+            statistics_interval: self.statistics_interval,
         }
     }
 
@@ -260,44 +267,42 @@ impl RelaySettings {
             "pipeline_depth (--pipeline-depth) must be from 1 to 16",
         )?;
         ensure(
-            self.listen_poll_interval_ms > 0,
-            "listen_poll_interval_ms (--listen-poll-interval-ms) must be positive",
+            !self.listen_poll_interval.is_zero(),
+            "listen_poll_interval (--listen-poll-interval) must be positive",
         )?;
         ensure(
-            self.release_interval_ms > 0,
-            "release_interval_ms (--release-interval-ms) must be positive",
+            !self.release_interval.is_zero(),
+            "release_interval (--release-interval) must be positive",
         )?;
         ensure(
             self.release_batch_size > 0,
             "release_batch_size (--release-batch-size) must be positive",
         )?;
         ensure(
-            (1_500..=600_000).contains(&self.lease_ttl_ms),
-            "lease_ttl_ms (--lease-ttl-ms) must be from 1500 to 600000",
+            (Duration::from_millis(1_500)..=Duration::from_secs(600)).contains(&self.lease_ttl),
+            "lease_ttl (--lease-ttl) must be from 1.5s to 10m",
         )?;
         ensure(
             self.max_attempts > 0,
             "max_attempts (--max-attempts) must be positive",
         )?;
         ensure(
-            self.standby_retry_ms > 0 && self.standby_retry_ms <= self.lease_ttl_ms,
-            "standby_retry_ms (--standby-retry-ms) must be positive and at most lease_ttl_ms \
-             (--lease-ttl-ms)",
+            !self.standby_retry.is_zero() && self.standby_retry <= self.lease_ttl,
+            "standby_retry (--standby-retry) must be positive and at most lease_ttl \
+             (--lease-ttl)",
         )?;
         ensure(
-            self.delivery_timeout_ms >= 1000,
-            "delivery_timeout_ms (--delivery-timeout-ms) below 1000 leaves librdkafka no room to \
-             retry",
+            self.delivery_timeout >= Duration::from_secs(1),
+            "delivery_timeout (--delivery-timeout) below 1s leaves librdkafka no room to retry",
         )?;
         ensure(
-            self.delivery_timeout_ms > self.linger_ms,
-            "delivery_timeout_ms (--delivery-timeout-ms) must exceed linger_ms (--linger-ms), or \
-             every message times out while lingering",
+            self.delivery_timeout > self.linger,
+            "delivery_timeout (--delivery-timeout) must exceed linger (--linger), or every \
+             message times out while lingering",
         )?;
         ensure(
-            self.retry_base_ms > 0 && self.retry_base_ms <= self.retry_max_ms,
-            "retry_base_ms (--retry-base-ms) must be positive and at most retry_max_ms \
-             (--retry-max-ms)",
+            !self.retry_base.is_zero() && self.retry_base <= self.retry_max,
+            "retry_base (--retry-base) must be positive and at most retry_max (--retry-max)",
         )?;
         ensure(
             self.retention.batch_size > 0,
@@ -365,13 +370,21 @@ mod tests {
         assert!(refused(|s| s.release_batch_size = 0)
             .0
             .contains("--release-batch-size"));
-        assert!(refused(|s| s.lease_ttl_ms = 1_000)
+        assert!(refused(|s| s.lease_ttl = Duration::from_secs(1))
             .0
-            .contains("--lease-ttl-ms"));
-        assert!(refused(|s| s.standby_retry_ms = 7_000)
+            .contains("--lease-ttl"));
+        assert!(refused(|s| s.standby_retry = Duration::from_secs(7))
             .0
-            .contains("--standby-retry-ms"));
-        assert!(refused(|s| s.linger_ms = 40_000).0.contains("--linger-ms"));
+            .contains("--standby-retry"));
+        assert!(refused(|s| s.linger = Duration::from_secs(40))
+            .0
+            .contains("--linger"));
+        assert!(refused(|s| s.listen_poll_interval = Duration::ZERO)
+            .0
+            .contains("--listen-poll-interval"));
+        assert!(refused(|s| s.release_interval = Duration::ZERO)
+            .0
+            .contains("--release-interval"));
         assert!(refused(|s| s.retention.published = Window::secs(10))
             .0
             .contains("--retain-published is 10s, below its floor of 1m"));

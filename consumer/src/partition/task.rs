@@ -165,8 +165,13 @@ impl PartitionTask {
             custom_plans_up_to: self.context.custom_plans_up_to,
         };
         let started = Instant::now();
+        // A batch being retried runs alone: what fails it does not fail the batches of others.
         let from_shared = match (&self.context.shared_transactions, isolating) {
-            (Some(shared), false) => shared.process(&self.fence, batch.clone()).await,
+            (Some(shared), false) if self.attempts == 0 => {
+                shared
+                    .process(&self.context.handler, &self.fence, batch.clone())
+                    .await
+            }
             _ => None,
         };
         let result = match from_shared {

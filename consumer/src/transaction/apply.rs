@@ -9,7 +9,7 @@
 use std::collections::HashSet;
 
 use chrono::{DateTime, Utc};
-use sqlx::{Connection, PgConnection, PgPool};
+use sqlx::{Connection, PgConnection, PgPool, Postgres, Transaction};
 use tracing::Instrument;
 use uuid::Uuid;
 
@@ -20,9 +20,9 @@ use super::message::{read_event, BatchReport, Fence, InboundMessage, Outcome, Pe
 use super::sequence::handle_event;
 use super::store::{
     check_owner, plan_with_values, record_applied, record_duplicates, start_transaction,
-    CUSTOM_PLANS_UP_TO,
+    AppliedEffect, CUSTOM_PLANS_UP_TO,
 };
-use crate::handlers::{Event, Handler};
+use crate::handlers::{Event, Handler, HandlerTransaction};
 
 /// What a transaction runs with.
 pub struct TransactionContext<'a> {
@@ -110,12 +110,94 @@ pub(crate) async fn process_batches_on(
     ctx: &TransactionContext<'_>,
     batches: &[PartitionBatch<'_>],
 ) -> Result<Vec<BatchReport>, ProcessError> {
+    let mut reports = process_groups_on(conn, &[(ctx, batches)]).await?;
+    Ok(reports.pop().unwrap_or_default())
+}
+
+/// The batches of several groups of one database in one transaction, on a session the caller
+/// holds: each group's part is what [`process_batches`] does for it (its fences, dedupe rows,
+/// order, parking and dead letters), the handlers' flushes come last, in the order given (callers
+/// keep one order, so transactions cannot deadlock on each other's effects), and one commit
+/// covers them all. Any error rolls back every group's batches. One list of reports per group,
+/// in the order given. `custom_plans_up_to` is the first context's.
+pub(crate) async fn process_groups_on(
+    conn: &mut PgConnection,
+    groups: &[(&TransactionContext<'_>, &[PartitionBatch<'_>])],
+) -> Result<Vec<Vec<BatchReport>>, ProcessError> {
+    let began = std::time::Instant::now();
+    let mut tx = conn.begin().await?;
+    let messages: usize = groups
+        .iter()
+        .flat_map(|(_, batches)| batches.iter())
+        .map(|b| b.messages.len())
+        .sum();
+    let custom_plans_up_to = groups.first().map_or(0, |(ctx, _)| ctx.custom_plans_up_to);
+    if messages <= custom_plans_up_to {
+        plan_with_values(&mut tx).await?;
+    }
+    let mut parts = Vec::with_capacity(groups.len());
+    for (ctx, batches) in groups {
+        parts.push(apply_group(&mut tx, ctx, batches).await?);
+    }
+    // The effects last: a handler may lock rows other transactions share when it writes them
+    // (a stock level, a balance), and those locks are then held only until the commit.
+    for part in &mut parts {
+        part.handler_tx.flush(&mut tx).await?;
+    }
+    tx.commit().await?;
+    let transaction_duration = began.elapsed();
+    Ok(parts
+        .into_iter()
+        .map(|part| part.reports(transaction_duration))
+        .collect())
+}
+
+/// One group's part of a transaction, applied up to its handler's flush.
+struct GroupPart<'a> {
+    handler_tx: Box<dyn HandlerTransaction + 'a>,
+    batches: Vec<SortedBatch<'a>>,
+    /// Which of `effects` each batch applied.
+    applied: Vec<std::ops::Range<usize>>,
+    effects: Vec<AppliedEffect>,
+}
+
+impl GroupPart<'_> {
+    /// One report per batch, once the transaction has committed.
+    fn reports(self, transaction_duration: std::time::Duration) -> Vec<BatchReport> {
+        let effects = self.effects;
+        self.batches
+            .into_iter()
+            .zip(self.applied)
+            .map(|(m, range)| {
+                let mut report = m.report;
+                report.transaction_duration = transaction_duration;
+                report.applied_occurred_at = effects[range].iter().map(|e| e.occurred_at).collect();
+                report.outcomes = m
+                    .outcomes
+                    .into_iter()
+                    .map(|o| o.unwrap_or(Outcome::Duplicate))
+                    .collect();
+                report
+            })
+            .collect()
+    }
+}
+
+/// Applies one group's `batches` in `tx`, all but the handler's flush: the batches' fences,
+/// dedupe rows and orders' progress in one statement, dead letters for unreadable records, the
+/// events in order (parked or released as their sequence says), what was applied recorded, and
+/// the dead letters published.
+async fn apply_group<'a>(
+    tx: &mut Transaction<'_, Postgres>,
+    ctx: &TransactionContext<'a>,
+    batches: &'a [PartitionBatch<'a>],
+) -> Result<GroupPart<'a>, ProcessError> {
     let handler = ctx.handler;
     let group = handler.group();
 
     // Sort out records that are not readable events; keep the first copy of each event id.
     let mut seen: HashSet<Uuid> = HashSet::new();
-    let mut sorted_batches: Vec<SortedBatch<'_>> = batches
+    let mut sorted_batches: Vec<SortedBatch<'a>> = batches
         .iter()
         .map(|b| {
             let mut sorted = SortedBatch {
@@ -139,12 +221,6 @@ pub(crate) async fn process_batches_on(
         })
         .collect();
 
-    let began = std::time::Instant::now();
-    let mut tx = conn.begin().await?;
-    let messages: usize = batches.iter().map(|b| b.messages.len()).sum();
-    if messages <= ctx.custom_plans_up_to {
-        plan_with_values(&mut tx).await?;
-    }
     // One round trip for all batches: the ownership fences, the dedupe constraint (only rows
     // inserted now are new to this group), and the orders' progress and parked events.
     let fences: Vec<&Fence> = sorted_batches.iter().filter_map(|m| m.fence).collect();
@@ -158,7 +234,7 @@ pub(crate) async fn process_batches_on(
         .collect();
     orders.sort();
     orders.dedup();
-    let start = start_transaction(&mut tx, group, &fences, &valid, &orders).await?;
+    let start = start_transaction(tx, group, &fences, &valid, &orders).await?;
     drop(valid);
     let mut state = TransactionState {
         progress: start.progress,
@@ -166,12 +242,12 @@ pub(crate) async fn process_batches_on(
         horizon: start.horizon,
         ..TransactionState::default()
     };
-    let mut fresh: Vec<Vec<(usize, Pending<'_>)>> = Vec::with_capacity(sorted_batches.len());
-    let mut duplicates: Vec<Pending<'_>> = Vec::new();
+    let mut fresh: Vec<Vec<(usize, Pending<'a>)>> = Vec::with_capacity(sorted_batches.len());
+    let mut duplicates: Vec<Pending<'a>> = Vec::new();
     for m in &mut sorted_batches {
         for (i, reason) in std::mem::take(&mut m.unreadable) {
             let letter = DeadLetter::now(&m.messages[i], None, &reason);
-            dead_letter::record(&mut tx, group, &letter).await?;
+            dead_letter::record(tx, group, &letter).await?;
             state.letters.push(letter);
             m.outcomes[i] = Some(Outcome::DeadLettered);
         }
@@ -186,7 +262,7 @@ pub(crate) async fn process_batches_on(
         }
         fresh.push(new);
     }
-    record_duplicates(&mut tx, group, &duplicates.iter().collect::<Vec<_>>()).await?;
+    record_duplicates(tx, group, &duplicates.iter().collect::<Vec<_>>()).await?;
 
     let events: Vec<Event> = fresh
         .iter()
@@ -194,8 +270,7 @@ pub(crate) async fn process_batches_on(
         .map(|(_, p)| p.event.clone())
         .collect();
     let mut handler_tx = handler.transaction();
-    handler_tx.prepare(&mut tx, &events).await?;
-    // Which of `state.effects` each batch applied.
+    handler_tx.prepare(tx, &events).await?;
     let mut applied: Vec<std::ops::Range<usize>> = Vec::with_capacity(sorted_batches.len());
     for (m, new) in sorted_batches.iter_mut().zip(&fresh) {
         let first = state.effects.len();
@@ -212,16 +287,10 @@ pub(crate) async fn process_batches_on(
                 event_type = %env.event_type,
                 traceparent = env.traceparent.as_deref().unwrap_or(""),
             );
-            let outcome = handle_event(
-                &mut tx,
-                handler_tx.as_mut(),
-                group,
-                &mut state,
-                &mut m.report,
-                p,
-            )
-            .instrument(span)
-            .await?;
+            let outcome =
+                handle_event(tx, handler_tx.as_mut(), group, &mut state, &mut m.report, p)
+                    .instrument(span)
+                    .await?;
             m.outcomes[*i] = Some(outcome);
         }
         applied.push(first..state.effects.len());
@@ -233,31 +302,16 @@ pub(crate) async fn process_batches_on(
         ..
     } = state;
 
-    record_applied(&mut tx, group, &effects, &advanced).await?;
+    record_applied(tx, group, &effects, &advanced).await?;
     if let (Some(sink), false) = (ctx.dead_letters, letters.is_empty()) {
         sink.publish(group, &letters).await?;
     }
-    // The effects last: a handler may lock rows other transactions share when it writes them
-    // (a stock level, a balance), and those locks are then held only until the commit.
-    handler_tx.flush(&mut tx).await?;
-    tx.commit().await?;
-    let transaction_duration = began.elapsed();
-
-    Ok(sorted_batches
-        .into_iter()
-        .zip(applied)
-        .map(|(m, range)| {
-            let mut report = m.report;
-            report.transaction_duration = transaction_duration;
-            report.applied_occurred_at = effects[range].iter().map(|e| e.occurred_at).collect();
-            report.outcomes = m
-                .outcomes
-                .into_iter()
-                .map(|o| o.unwrap_or(Outcome::Duplicate))
-                .collect();
-            report
-        })
-        .collect())
+    Ok(GroupPart {
+        handler_tx,
+        batches: sorted_batches,
+        applied,
+        effects,
+    })
 }
 
 /// Dead-letters one message on its own, when it kept failing past the retry budget: records it

@@ -190,16 +190,17 @@ mod tests {
 
     #[test]
     fn the_release_step_keeps_its_flags() {
-        let args = run_args(&["--release-interval-ms", "50", "--release-batch-size", "7"])
+        let args = run_args(&["--release-interval", "50ms", "--release-batch-size", "7"])
             .expect("the arguments parse");
         assert_eq!(
-            (
-                args.relay.release_interval_ms,
-                args.relay.release_batch_size
-            ),
-            (50, 7)
+            (args.relay.release_interval, args.relay.release_batch_size),
+            (std::time::Duration::from_millis(50), 7)
         );
         assert!(run_args(&["--pipeline-depth", "17"]).is_err());
-        assert!(run_args(&["--lease-ttl-ms", "1000"]).is_err());
+        // A duration names its unit; one out of range parses and is refused by the settings.
+        let error = run_args(&["--lease-ttl", "1000"]).expect_err("no unit");
+        assert!(error.to_string().contains("--lease-ttl"), "{error}");
+        let short = run_args(&["--lease-ttl", "1s"]).expect("parses");
+        assert!(short.relay.validate().is_err());
     }
 }

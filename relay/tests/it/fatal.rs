@@ -92,8 +92,8 @@ async fn after_a_fatal_producer_error_the_relay_renews_its_producer_and_publishe
             kafka_brokers: mock.bootstrap_servers(),
             ..KafkaArgs::default()
         },
-        retry_base_ms: 50,
-        retry_max_ms: 200,
+        retry_base: Duration::from_millis(50),
+        retry_max: Duration::from_millis(200),
         lock_key: i64::from(rand::random::<i32>()),
         ..RelaySettings::default()
     };

@@ -88,7 +88,7 @@ async fn start_waiting(
     let settings = RelaySettings {
         kafka: kafka_args(&brokers()),
         lock_key,
-        listen_poll_interval_ms: 60_000,
+        listen_poll_interval: Duration::from_secs(60),
         ..RelaySettings::default()
     };
     let (shutdown, relay) = start(pool, settings);

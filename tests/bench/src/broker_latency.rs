@@ -25,15 +25,18 @@ use super::orders::EventMessage;
 use super::procstat::{shared_processes, CpuMeter, CpuUse};
 use super::services::GROUPS;
 
-/// `consumer run`'s default `--fetch-wait-max-ms`.
+/// The reference readers' `fetch.wait.max.ms` unless the environment sets the consumers' (a
+/// fetch returns as soon as records arrive, so it adds no latency).
 const CONSUMER_FETCH_WAIT_MAX_MS: u64 = 20;
 
-/// The `fetch.wait.max.ms` the pipeline's consumers run with: their environment setting, which
-/// the benchmark passes on to them, or their default.
+/// The `fetch.wait.max.ms` the reference readers run with: the pipeline's consumers' setting
+/// in the environment (`CONSUMER_FETCH_WAIT_MAX`, a duration such as `100ms`), which the
+/// benchmark passes on to them, or [`CONSUMER_FETCH_WAIT_MAX_MS`].
 fn consumer_fetch_wait_max_ms() -> u64 {
-    std::env::var("CONSUMER_FETCH_WAIT_MAX_MS")
+    std::env::var("CONSUMER_FETCH_WAIT_MAX")
         .ok()
-        .and_then(|v| v.parse().ok())
+        .and_then(|v| humantime::parse_duration(&v).ok())
+        .and_then(|d| u64::try_from(d.as_millis()).ok())
         .unwrap_or(CONSUMER_FETCH_WAIT_MAX_MS)
 }
 /// The header carrying the intended send time, µs since the epoch.

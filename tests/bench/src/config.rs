@@ -64,10 +64,10 @@ pub struct BenchArgs {
     /// `relay run --batch-size`.
     #[arg(long, env = "BENCH_RELAY_BATCH_SIZE", default_value_t = 5000)]
     pub relay_batch_size: u32,
-    /// `relay run --linger-ms` (also the plain producer's linger.ms).
+    /// `relay run --linger`, in milliseconds (also the plain producer's linger.ms).
     #[arg(long, env = "BENCH_RELAY_LINGER_MS", default_value_t = 1)]
     pub relay_linger_ms: u64,
-    /// `relay run --poll-interval-ms`.
+    /// `relay run --poll-interval`, in milliseconds.
     #[arg(long, env = "BENCH_RELAY_POLL_INTERVAL_MS", default_value_t = 5)]
     pub relay_poll_interval_ms: u64,
     /// `consumer run --max-batch` of the default mode (the per-message mode uses 1).

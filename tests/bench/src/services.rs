@@ -13,21 +13,47 @@ use super::statements;
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The arguments `relay run` gets.
+/// The arguments `relay run` gets. A relay built before its durations took units
+/// (`--linger-ms 1` where it is now `--linger 1ms`) gets the flags it knows, so that `--bin-dir`
+/// can compare a build with an older one.
 pub fn relay_args(settings: &Settings) -> Vec<String> {
-    [
+    let (linger, poll) = (settings.relay_linger_ms, settings.relay_poll_interval_ms);
+    let timing = if relay_takes_milliseconds(settings) {
+        [
+            "--linger-ms",
+            &linger.to_string(),
+            "--poll-interval-ms",
+            &poll.to_string(),
+        ]
+        .map(str::to_owned)
+    } else {
+        [
+            "--linger",
+            &format!("{linger}ms"),
+            "--poll-interval",
+            &format!("{poll}ms"),
+        ]
+        .map(str::to_owned)
+    };
+    let mut args: Vec<String> = [
         "run",
         "--metrics-listen",
         "127.0.0.1:0",
         "--batch-size",
         &settings.relay_batch_size.to_string(),
-        "--linger-ms",
-        &settings.relay_linger_ms.to_string(),
-        "--poll-interval-ms",
-        &settings.relay_poll_interval_ms.to_string(),
     ]
     .map(str::to_owned)
-    .to_vec()
+    .to_vec();
+    args.extend(timing);
+    args
+}
+
+/// Whether the relay in `--bin-dir` names its durations in milliseconds (`--linger-ms`).
+fn relay_takes_milliseconds(settings: &Settings) -> bool {
+    std::process::Command::new(settings.bin_dir.join("relay"))
+        .args(["run", "--help"])
+        .output()
+        .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).contains("--linger-ms"))
 }
 
 /// The arguments `consumer run` gets for `groups` with `max_batch`.

@@ -97,7 +97,7 @@ pub struct VerifyArgs {
     /// How long to wait, after the load, for the outbox to drain and both groups to catch up.
     #[arg(long, env = "VERIFY_DRAIN_TIMEOUT_SECS", default_value_t = 300)]
     pub drain_timeout_secs: u64,
-    /// The consumers' `--fetch-wait-max-ms` (their default is 100 ms): a group that fell behind
+    /// The consumers' `--fetch-wait-max` (their default is 100 ms): a group that fell behind
     /// during a fault catches up in full fetches.
     #[arg(long, env = "VERIFY_CONSUMER_FETCH_WAIT_MS", default_value_t = 500)]
     pub consumer_fetch_wait_ms: u64,
@@ -161,7 +161,7 @@ pub struct Settings {
     pub timing: Timing,
 }
 
-/// The relays' `--lease-ttl-ms` and `--standby-retry-ms`: a frozen or cut-off active relay is
+/// The relays' `--lease-ttl` and `--standby-retry`, in milliseconds: a frozen or cut-off active relay is
 /// replaced within their sum.
 pub const RELAY_LEASE_TTL_MS: u64 = 6_000;
 pub const RELAY_STANDBY_RETRY_MS: u64 = 500;
@@ -171,7 +171,7 @@ pub const RELAY_STANDBY_RETRY_MS: u64 = 500;
 /// through an HTTP request that a loaded machine may answer late).
 pub const RELAY_TAKEOVER_BOUND_MS: u64 = RELAY_LEASE_TTL_MS + RELAY_STANDBY_RETRY_MS + 1_000;
 
-/// The consumers' `--session-timeout-ms`: a frozen consumer loses its partitions after this.
+/// The consumers' `--session-timeout`: a frozen consumer loses its partitions after this.
 pub const SESSION_TIMEOUT_MS: u64 = 6_000;
 
 /// A Kafka node's `broker.session.timeout.ms`: a killed or frozen node is fenced after this (its
@@ -184,7 +184,7 @@ pub const KAFKA_SESSION_TIMEOUT_MS: u64 = 6_000;
 /// a margin for a loaded machine.
 pub const KAFKA_FAILOVER_BOUND_MS: u64 = KAFKA_SESSION_TIMEOUT_MS + 8_000;
 
-/// The relays' delivery timeout (`--delivery-timeout-ms`, their default): the run keeps two
+/// The relays' delivery timeout (`--delivery-timeout`, their default), in milliseconds: the run keeps two
 /// Kafka nodes down for less than this.
 pub const RELAY_DELIVERY_TIMEOUT_MS: u64 = 30_000;
 

@@ -728,19 +728,46 @@ async fn a_fenced_batch_rolls_back_the_shared_transaction(pool: PgPool) {
 }
 
 fn shared(pool: &PgPool, transactions: usize, metrics: &ConsumerMetrics) -> SharedTransactions {
+    shared_by(pool, transactions, 1, std::time::Duration::ZERO, metrics)
+}
+
+/// Runners for `groups` groups, waiting `gather` for another group's batch.
+fn shared_by(
+    pool: &PgPool,
+    transactions: usize,
+    groups: usize,
+    gather: std::time::Duration,
+    metrics: &ConsumerMetrics,
+) -> SharedTransactions {
     SharedTransactions::start(
         SharedTransactionSettings {
             pool: pool.clone(),
-            handler: Arc::new(Inventory::new(GROUP)),
+            groups,
             dead_letters: None,
             metrics: metrics.clone(),
             transactions,
+            gather,
             patience: std::time::Duration::ZERO,
             max_messages: 500,
             custom_plans_up_to: CUSTOM_PLANS_UP_TO,
         },
         CancellationToken::new(),
     )
+}
+
+fn inventory() -> Arc<dyn Handler> {
+    Arc::new(Inventory::new(GROUP))
+}
+
+/// The transaction ids that wrote each group's dedupe rows.
+async fn writers_by_group(pool: &PgPool) -> Vec<(String, Vec<String>)> {
+    sqlx::query_as(
+        "SELECT group_name, array_agg(DISTINCT xmin::text) FROM processed_message
+         GROUP BY group_name ORDER BY group_name",
+    )
+    .fetch_all(pool)
+    .await
+    .expect("writers")
 }
 
 // `#[sqlx::test]` runs on a current-thread runtime: every batch below is handed over before the
@@ -750,6 +777,7 @@ async fn waiting_batches_of_many_partitions_share_transactions(pool: PgPool) {
     stock(&pool, 1_000).await;
     let metrics = ConsumerMetrics::register(&Registry::new()).expect("metrics");
     let shared = shared(&pool, 1, &metrics);
+    let handler = inventory();
     let partitions: Vec<(Fence, Uuid)> = (0..8).map(|p| (fence(p), Uuid::new_v4())).collect();
     for (f, _) in &partitions {
         claim_partition(&pool, GROUP, f).await.expect("claim");
@@ -759,7 +787,7 @@ async fn waiting_batches_of_many_partitions_share_transactions(pool: PgPool) {
             on_partition(message(*order, 1, OrderStatus::Placed, 0), f.partition),
             on_partition(message(*order, 2, OrderStatus::Cancelled, 1), f.partition),
         ];
-        shared.process(f, Arc::new(batch))
+        shared.process(&handler, f, Arc::new(batch))
     }))
     .await;
     for result in results {
@@ -786,6 +814,7 @@ async fn batches_of_a_failed_shared_transaction_are_handed_back(pool: PgPool) {
     stock(&pool, 100).await;
     let metrics = ConsumerMetrics::register(&Registry::new()).expect("metrics");
     let shared = shared(&pool, 1, &metrics);
+    let handler = inventory();
     let (owned, lost) = owned_and_lost(&pool).await;
     let p0 = Arc::new(vec![on_partition(
         message(Uuid::new_v4(), 1, OrderStatus::Placed, 0),
@@ -796,8 +825,8 @@ async fn batches_of_a_failed_shared_transaction_are_handed_back(pool: PgPool) {
         1,
     )]);
     let (r0, r1) = futures::join!(
-        shared.process(&owned, p0.clone()),
-        shared.process(&lost, p1.clone())
+        shared.process(&handler, &owned, p0.clone()),
+        shared.process(&handler, &lost, p1.clone())
     );
     assert!(r0.is_none() && r1.is_none(), "{r0:?} {r1:?}");
     assert_eq!(processed_count(&pool).await, 0);
@@ -809,9 +838,97 @@ async fn batches_of_a_failed_shared_transaction_are_handed_back(pool: PgPool) {
         1
     );
     // Alone, each batch gets its own answer.
-    let r0 = shared.process(&owned, p0).await.expect("ran");
+    let r0 = shared.process(&handler, &owned, p0).await.expect("ran");
     assert_eq!(r0.expect("owned").outcomes, vec![Outcome::Applied]);
-    let r1 = shared.process(&lost, p1).await.expect("ran");
+    let r1 = shared.process(&handler, &lost, p1).await.expect("ran");
     assert!(matches!(r1, Err(ProcessError::Fenced)), "{r1:?}");
     assert_eq!(processed_count(&pool).await, 1);
+}
+
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
+async fn the_groups_batches_of_the_same_events_share_one_transaction(pool: PgPool) {
+    stock(&pool, 1_000).await;
+    let metrics = ConsumerMetrics::register(&Registry::new()).expect("metrics");
+    let shared = shared_by(&pool, 1, 2, std::time::Duration::ZERO, &metrics);
+    let groups: Vec<Arc<dyn Handler>> =
+        vec![inventory(), Arc::new(Notifications::new("notification"))];
+    let f = fence(0);
+    for handler in &groups {
+        claim_partition(&pool, handler.group(), &f)
+            .await
+            .expect("claim");
+    }
+    let order = Uuid::new_v4();
+    let batch = Arc::new(vec![
+        message(order, 1, OrderStatus::Placed, 0),
+        message(order, 2, OrderStatus::Paid, 1),
+    ]);
+    let results =
+        futures::future::join_all(groups.iter().map(|h| shared.process(h, &f, batch.clone())))
+            .await;
+    for result in results {
+        let report = result.expect("applied").expect("committed");
+        assert_eq!(report.outcomes, vec![Outcome::Applied, Outcome::Applied]);
+    }
+    let writers = writers_by_group(&pool).await;
+    assert_eq!(writers.len(), 2, "{writers:?}");
+    assert_eq!(writers[0].1.len(), 1, "{writers:?}");
+    assert_eq!(writers[0].1, writers[1].1, "both groups in one transaction");
+    assert_eq!(
+        available(&pool).await,
+        (998, 2),
+        "the inventory's effects: 2 reserved"
+    );
+    let progress: Vec<(String, i64)> =
+        sqlx::query_as("SELECT group_name, last_sequence FROM order_progress ORDER BY group_name")
+            .fetch_all(&pool)
+            .await
+            .expect("progress");
+    assert_eq!(
+        progress,
+        vec![("inventory".to_owned(), 2), ("notification".to_owned(), 2)],
+        "each group's own progress"
+    );
+}
+
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
+async fn a_batch_alone_waits_the_gather_for_another_groups(pool: PgPool) {
+    stock(&pool, 1_000).await;
+    let metrics = ConsumerMetrics::register(&Registry::new()).expect("metrics");
+    let gather = std::time::Duration::from_secs(2);
+    let shared = shared_by(&pool, 1, 2, gather, &metrics);
+    let (inventory, notification): (Arc<dyn Handler>, Arc<dyn Handler>) =
+        (inventory(), Arc::new(Notifications::new("notification")));
+    let f = fence(0);
+    for handler in [&inventory, &notification] {
+        claim_partition(&pool, handler.group(), &f)
+            .await
+            .expect("claim");
+    }
+    let batch = Arc::new(vec![message(Uuid::new_v4(), 1, OrderStatus::Placed, 0)]);
+    let started = std::time::Instant::now();
+    let late = async {
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        shared.process(&notification, &f, batch.clone()).await
+    };
+    let (first, second) = futures::join!(shared.process(&inventory, &f, batch.clone()), late);
+    let waited = started.elapsed();
+    assert!(first.expect("applied").is_ok() && second.expect("applied").is_ok());
+    assert!(
+        waited >= std::time::Duration::from_millis(200) && waited < gather,
+        "the first batch waited for the second, not the whole gather: {waited:?}"
+    );
+    let writers = writers_by_group(&pool).await;
+    assert_eq!(writers[0].1, writers[1].1, "one transaction: {writers:?}");
+
+    // With no other group's batch on its way, a batch waits the gather out, then commits alone.
+    let alone = Arc::new(vec![message(Uuid::new_v4(), 1, OrderStatus::Placed, 1)]);
+    let started = std::time::Instant::now();
+    let report = shared
+        .process(&inventory, &f, alone)
+        .await
+        .expect("applied")
+        .expect("committed");
+    assert_eq!(report.outcomes, vec![Outcome::Applied]);
+    assert!(started.elapsed() >= gather, "{:?}", started.elapsed());
 }

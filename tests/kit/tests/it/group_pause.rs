@@ -87,7 +87,7 @@ async fn a_paused_group_applies_nothing_keeps_its_partitions_and_resumes_exactly
     env.seed_stock(PRODUCTS, Some(1_000_000))?;
     let (order_service, url) = env.order_service().await?;
     let (relay, _) = env.relay("relay").await?;
-    let lag_every = ["--lag-interval-ms", "500"];
+    let lag_every = ["--lag-interval", "500ms"];
     let (first, first_metrics) = env.consumer_with_args("consumer-1", &lag_every).await?;
     env.place_orders(&url, 30, PRODUCTS, 1)?;
     published_and_drained(&env, &GROUPS).await?;

@@ -19,7 +19,7 @@ pub(crate) fn config(url: &str, topic: &str, prefix: &str) -> Config {
     config.consumer.kafka = kafka_args(&brokers());
     config.consumer.topics = vec![topic.to_owned()];
     config.consumer.group_prefix = prefix.to_owned();
-    config.consumer.lag_interval_ms = 0;
+    config.consumer.lag_interval = std::time::Duration::ZERO;
     config.consumer.dead_letter_topic = String::new();
     config
 }
