@@ -1,8 +1,10 @@
 //! The consumer's Prometheus metrics, registered on a registry passed in.
 
 use prometheus::{
-    exponential_buckets, CounterVec, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec,
-    IntGauge, IntGaugeVec, Opts, Registry,
+    exponential_buckets, register_counter_vec_with_registry, register_gauge_vec_with_registry,
+    register_histogram_vec_with_registry, register_int_counter_vec_with_registry,
+    register_int_gauge_vec_with_registry, register_int_gauge_with_registry, CounterVec, GaugeVec,
+    HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
 
 /// Values of the `outcome` label of `consumer_messages_total`.
@@ -78,157 +80,157 @@ impl ConsumerMetrics {
     /// already registered there.
     pub fn register(registry: &Registry) -> prometheus::Result<Self> {
         let m = ConsumerMetrics {
-            messages: IntCounterVec::new(
+            messages: register_int_counter_vec_with_registry!(
                 Opts::new(
                     "consumer_messages_total",
                     "Messages handled, by group and outcome",
                 ),
                 &["group", "outcome"],
+                registry
             )?,
-            out_of_sequence: IntCounterVec::new(
+            out_of_sequence: register_int_counter_vec_with_registry!(
                 Opts::new(
                     "consumer_out_of_sequence_events_total",
                     "Events whose sequence was not the next one of their order",
                 ),
                 &["group"],
+                registry
             )?,
-            processing_duration: HistogramVec::new(
+            processing_duration: register_histogram_vec_with_registry!(
                 HistogramOpts::new(
                     "consumer_batch_duration_seconds",
                     "Time to process one partition batch, retries and database transaction included",
                 )
                 .buckets(exponential_buckets(0.0005, 2.0, 16)?),
                 &["group"],
+                registry
             )?,
-            transaction_duration: HistogramVec::new(
+            transaction_duration: register_histogram_vec_with_registry!(
                 HistogramOpts::new(
                     "consumer_db_transaction_duration_seconds",
                     "Time from BEGIN to the end of COMMIT of a committed batch transaction",
                 )
                 .buckets(exponential_buckets(0.0005, 2.0, 16)?),
                 &["group"],
+                registry
             )?,
-            batch_size: HistogramVec::new(
+            batch_size: register_histogram_vec_with_registry!(
                 HistogramOpts::new("consumer_batch_size", "Messages per partition batch")
                     .buckets(exponential_buckets(1.0, 4.0, 7)?),
                 &["group"],
+                registry
             )?,
-            transaction_partitions: HistogramVec::new(
+            transaction_partitions: register_histogram_vec_with_registry!(
                 HistogramOpts::new(
                     "consumer_transaction_partition_batches",
                     "Partition batches applied in one database transaction",
                 )
                 .buckets(vec![1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0]),
                 &["group"],
+                registry
             )?,
-            shared_transaction_failures: IntCounterVec::new(
+            shared_transaction_failures: register_int_counter_vec_with_registry!(
                 Opts::new(
                     "consumer_shared_transaction_failures_total",
                     "Shared transactions of several partition batches that failed (each batch is then retried alone)",
                 ),
                 &["group"],
+                registry
             )?,
-            end_to_end: HistogramVec::new(
+            end_to_end: register_histogram_vec_with_registry!(
                 HistogramOpts::new(
                     "pipeline_end_to_end_latency_seconds",
                     "Event creation in the outbox to the consumer group's database commit",
                 )
                 .buckets(exponential_buckets(0.001, 2.0, 18)?),
                 &["group"],
+                registry
             )?,
-            commit_duration: HistogramVec::new(
+            commit_duration: register_histogram_vec_with_registry!(
                 HistogramOpts::new(
                     "consumer_offset_commit_duration_seconds",
                     "Time to issue (async) or complete (sync) an offset commit",
                 )
                 .buckets(exponential_buckets(0.0001, 4.0, 10)?),
                 &["group"],
+                registry
             )?,
-            commit_failures: IntCounterVec::new(
+            commit_failures: register_int_counter_vec_with_registry!(
                 Opts::new(
                     "consumer_offset_commit_failures_total",
                     "Offset commits that failed",
                 ),
                 &["group"],
+                registry
             )?,
-            rebalances: IntCounterVec::new(
+            rebalances: register_int_counter_vec_with_registry!(
                 Opts::new("consumer_rebalances_total", "Rebalance callbacks, by kind"),
                 &["group", "kind"],
+                registry
             )?,
-            assigned_partitions: IntGaugeVec::new(
+            assigned_partitions: register_int_gauge_vec_with_registry!(
                 Opts::new(
                     "consumer_assigned_partitions",
                     "Partitions currently assigned",
                 ),
                 &["group"],
+                registry
             )?,
-            batch_retries: IntCounterVec::new(
+            batch_retries: register_int_counter_vec_with_registry!(
                 Opts::new(
                     "consumer_batch_retries_total",
                     "Partition batches retried after a transient failure",
                 ),
                 &["group"],
+                registry
             )?,
-            database_reachable: IntGauge::new(
+            database_reachable: register_int_gauge_with_registry!(
                 "consumer_database_reachable",
                 "1 while this process's database probe is answered, 0 while it is not",
+                registry
             )?,
-            database_departures: IntCounterVec::new(
+            database_departures: register_int_counter_vec_with_registry!(
                 Opts::new(
                     "consumer_database_departures_total",
                     "Times this member left its group because its database was out of reach \
                      longer than the limit, so members that reach it take its partitions",
                 ),
                 &["group"],
+                registry
             )?,
-            rate_limit: GaugeVec::new(
+            rate_limit: register_gauge_vec_with_registry!(
                 Opts::new(
                     "consumer_rate_limit_events_per_second",
                     "The group's rate limit in this process, in events per second",
                 ),
                 &["group"],
+                registry
             )?,
-            rate_limit_delayed: IntCounterVec::new(
+            rate_limit_delayed: register_int_counter_vec_with_registry!(
                 Opts::new(
                     "consumer_rate_limit_delayed_events_total",
                     "Events whose batch waited for the group's rate limit before its transaction",
                 ),
                 &["group"],
+                registry
             )?,
-            rate_limit_wait: CounterVec::new(
+            rate_limit_wait: register_counter_vec_with_registry!(
                 Opts::new(
                     "consumer_rate_limit_wait_seconds_total",
                     "Time partition batches waited for the group's rate limit",
                 ),
                 &["group"],
+                registry
             )?,
-            group_paused: IntGaugeVec::new(
+            group_paused: register_int_gauge_vec_with_registry!(
                 Opts::new(
                     "consumer_group_paused",
                     "1 while the group is paused by an operator (its members take no new batch), 0 while it runs",
                 ),
                 &["group"],
+                registry
             )?,
         };
-        registry.register(Box::new(m.messages.clone()))?;
-        registry.register(Box::new(m.out_of_sequence.clone()))?;
-        registry.register(Box::new(m.processing_duration.clone()))?;
-        registry.register(Box::new(m.transaction_duration.clone()))?;
-        registry.register(Box::new(m.batch_size.clone()))?;
-        registry.register(Box::new(m.transaction_partitions.clone()))?;
-        registry.register(Box::new(m.shared_transaction_failures.clone()))?;
-        registry.register(Box::new(m.end_to_end.clone()))?;
-        registry.register(Box::new(m.commit_duration.clone()))?;
-        registry.register(Box::new(m.commit_failures.clone()))?;
-        registry.register(Box::new(m.rebalances.clone()))?;
-        registry.register(Box::new(m.assigned_partitions.clone()))?;
-        registry.register(Box::new(m.batch_retries.clone()))?;
-        registry.register(Box::new(m.database_reachable.clone()))?;
-        registry.register(Box::new(m.database_departures.clone()))?;
-        registry.register(Box::new(m.rate_limit.clone()))?;
-        registry.register(Box::new(m.rate_limit_delayed.clone()))?;
-        registry.register(Box::new(m.rate_limit_wait.clone()))?;
-        registry.register(Box::new(m.group_paused.clone()))?;
         Ok(m)
     }
 

@@ -1,8 +1,11 @@
 //! The relay's Prometheus metrics, registered on a registry passed in.
 
 use prometheus::{
-    exponential_buckets, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter,
-    IntCounterVec, IntGauge, Opts, Registry,
+    exponential_buckets, register_gauge_vec_with_registry, register_gauge_with_registry,
+    register_histogram_vec_with_registry, register_histogram_with_registry,
+    register_int_counter_vec_with_registry, register_int_counter_with_registry,
+    register_int_gauge_with_registry, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec,
+    IntCounter, IntCounterVec, IntGauge, Opts, Registry,
 };
 use rdkafka::statistics::Statistics;
 
@@ -69,32 +72,36 @@ impl RelayMetrics {
     /// Registers the relay's metrics on `registry`.
     pub fn register(registry: &Registry) -> prometheus::Result<Self> {
         let m = RelayMetrics {
-            published: IntCounterVec::new(
+            published: register_int_counter_vec_with_registry!(
                 Opts::new(
                     "outbox_published_total",
                     "Outbox events handled by the relay, by outcome",
                 ),
                 &["outcome"],
+                registry
             )?,
-            publish_errors: IntCounterVec::new(
+            publish_errors: register_int_counter_vec_with_registry!(
                 Opts::new(
                     "relay_publish_errors_total",
                     "Failed publish attempts, by reason",
                 ),
                 &["reason"],
+                registry
             )?,
-            batch_size: Histogram::with_opts(
+            batch_size: register_histogram_with_registry!(
                 HistogramOpts::new("relay_batch_size", "Events claimed per relay batch")
                     .buckets(exponential_buckets(1.0, 4.0, 8)?),
+                registry
             )?,
-            batch_duration: Histogram::with_opts(
+            batch_duration: register_histogram_with_registry!(
                 HistogramOpts::new(
                     "relay_batch_duration_seconds",
                     "Time to claim, publish and mark one batch",
                 )
                 .buckets(exponential_buckets(0.001, 2.0, 16)?),
+                registry
             )?,
-            stage_duration: HistogramVec::new(
+            stage_duration: register_histogram_vec_with_registry!(
                 HistogramOpts::new(
                     "relay_batch_stage_seconds",
                     "Time of each stage of a relay batch: claim (read from the outbox), produce \
@@ -102,63 +109,75 @@ impl RelayMetrics {
                 )
                 .buckets(exponential_buckets(0.0005, 2.0, 16)?),
                 &["stage"],
+                registry
             )?,
-            publish_delay: Histogram::with_opts(
+            publish_delay: register_histogram_with_registry!(
                 HistogramOpts::new(
                     "outbox_publish_delay_seconds",
                     "Delivery acknowledgement time minus event creation time",
                 )
                 .buckets(exponential_buckets(0.001, 2.0, 20)?),
+                registry
             )?,
-            last_success: Gauge::new(
+            last_success: register_gauge_with_registry!(
                 "relay_last_success_timestamp_seconds",
                 "Unix time of the last relay loop that completed without error",
+                registry
             )?,
-            active: IntGauge::new(
+            active: register_int_gauge_with_registry!(
                 "relay_active",
                 "1 while this relay holds the lease and publishes",
+                registry
             )?,
-            unpublished: IntGauge::new(
+            unpublished: register_int_gauge_with_registry!(
                 "outbox_unpublished_events",
                 "Outbox events not yet published",
+                registry
             )?,
-            failed: IntGauge::new(
+            failed: register_int_gauge_with_registry!(
                 "outbox_failed_events",
                 "Outbox events the relay gave up on (state failed: a permanent error such as \
                  message too large, after --max-attempts), waiting for an operator's requeue",
+                registry
             )?,
-            held: IntGauge::new(
+            held: register_int_gauge_with_registry!(
                 "outbox_held_events",
                 "Outbox events waiting behind a failed event of their aggregate: they go out, in \
                  order, once it is requeued and published",
+                registry
             )?,
-            oldest_unpublished_age: Gauge::new(
+            oldest_unpublished_age: register_gauge_with_registry!(
                 "outbox_oldest_unpublished_age_seconds",
                 "Age of the oldest unpublished outbox event by the database clock, 0 when none",
+                registry
             )?,
-            producer_queue: IntGauge::new(
+            producer_queue: register_int_gauge_with_registry!(
                 "relay_kafka_producer_queue_messages",
                 "Messages in the Kafka producer's queue (librdkafka msg_cnt)",
+                registry
             )?,
-            producer_queue_max: IntGauge::new(
+            producer_queue_max: register_int_gauge_with_registry!(
                 "relay_kafka_producer_queue_max_messages",
                 "Capacity of the Kafka producer's queue (librdkafka msg_max)",
+                registry
             )?,
-            broker_rtt: GaugeVec::new(
+            broker_rtt: register_gauge_vec_with_registry!(
                 Opts::new(
                     "relay_kafka_broker_rtt_seconds",
                     "Average broker round-trip time over librdkafka's last statistics window",
                 ),
                 &["broker"],
+                registry
             )?,
-            producer_renewals: IntCounterVec::new(
+            producer_renewals: register_int_counter_vec_with_registry!(
                 Opts::new(
                     "relay_producer_renewals_total",
                     "Kafka producers replaced after librdkafka reported a fatal error, by error code",
                 ),
                 &["code"],
+                registry
             )?,
-            takeovers: IntCounterVec::new(
+            takeovers: register_int_counter_vec_with_registry!(
                 Opts::new(
                     "relay_lease_takeovers_total",
                     "Times this relay took the relay lease, by how: vacant (nobody held it), \
@@ -166,42 +185,49 @@ impl RelayMetrics {
                      renewing: frozen or cut off)",
                 ),
                 &["reason"],
+                registry
             )?,
-            takeover_gap: Histogram::with_opts(
+            takeover_gap: register_histogram_with_registry!(
                 HistogramOpts::new(
                     "relay_takeover_gap_seconds",
                     "At each takeover by this relay, time since the previous holder last renewed \
                      the lease (database clock): at least as long as the time without an active relay",
                 )
                 .buckets(exponential_buckets(0.1, 2.0, 12)?),
+                registry
             )?,
-            lease_epoch: IntGauge::new(
+            lease_epoch: register_int_gauge_with_registry!(
                 "relay_lease_epoch",
                 "Epoch of the lease this relay last took; every takeover raises it",
+                registry
             )?,
-            lease_lost: IntCounterVec::new(
+            lease_lost: register_int_counter_vec_with_registry!(
                 Opts::new(
                     "relay_lease_lost_total",
                     "Times this relay lost the lease while active, by reason: expired (not \
                      renewed in time) or fenced (another relay had taken it over)",
                 ),
                 &["reason"],
+                registry
             )?,
-            lease_vacant: Gauge::new(
+            lease_vacant: register_gauge_with_registry!(
                 "relay_lease_vacant_seconds",
                 "How long the relay lease has had no live holder (expired or handed back, not \
                  yet taken), by the database clock; 0 while a relay holds it",
+                registry
             )?,
-            fenced: IntCounter::new(
+            fenced: register_int_counter_with_registry!(
                 "relay_fenced_total",
                 "Times this relay found itself fenced: a lease renewal or a batch's outcome \
                  refused because another relay had taken the lease over",
+                registry
             )?,
-            delayed_released: IntCounter::new(
+            delayed_released: register_int_counter_with_registry!(
                 "outbox_delayed_released_total",
                 "Delayed events this relay released into the outbox once due",
+                registry
             )?,
-            schedule_occurrences: IntCounterVec::new(
+            schedule_occurrences: register_int_counter_vec_with_registry!(
                 Opts::new(
                     "outbox_schedule_occurrences_total",
                     "Occurrences of recurring schedules this relay materialised, by outcome: \
@@ -209,53 +235,30 @@ impl RelayMetrics {
                      schedule's missed-occurrence policy)",
                 ),
                 &["outcome"],
+                registry
             )?,
-            delayed_due: IntGauge::new(
+            delayed_due: register_int_gauge_with_registry!(
                 "outbox_delayed_due",
                 "Delayed events that are due and not yet released into the outbox (0 while a \
                  relay is active and keeping up)",
+                registry
             )?,
-            delayed_overdue: Gauge::new(
+            delayed_overdue: register_gauge_with_registry!(
                 "outbox_delayed_overdue_seconds",
                 "How long ago the oldest due delayed event still waiting fell due, by the \
                  database clock; 0 when none waits",
+                registry
             )?,
         };
-        registry.register(Box::new(m.published.clone()))?;
-        registry.register(Box::new(m.takeovers.clone()))?;
-        registry.register(Box::new(m.takeover_gap.clone()))?;
-        registry.register(Box::new(m.lease_epoch.clone()))?;
-        registry.register(Box::new(m.lease_lost.clone()))?;
-        registry.register(Box::new(m.lease_vacant.clone()))?;
-        registry.register(Box::new(m.fenced.clone()))?;
-        registry.register(Box::new(m.delayed_released.clone()))?;
-        registry.register(Box::new(m.schedule_occurrences.clone()))?;
         for outcome in ["fired", "skipped"] {
             let _ = m.schedule_occurrences.with_label_values(&[outcome]);
         }
-        registry.register(Box::new(m.delayed_due.clone()))?;
-        registry.register(Box::new(m.delayed_overdue.clone()))?;
         for reason in TakeoverReason::ALL {
             let _ = m.takeovers.with_label_values(&[reason.label()]);
         }
         for reason in LeaseEnd::LOST_LABELS {
             let _ = m.lease_lost.with_label_values(&[reason]);
         }
-        registry.register(Box::new(m.publish_errors.clone()))?;
-        registry.register(Box::new(m.batch_size.clone()))?;
-        registry.register(Box::new(m.batch_duration.clone()))?;
-        registry.register(Box::new(m.stage_duration.clone()))?;
-        registry.register(Box::new(m.publish_delay.clone()))?;
-        registry.register(Box::new(m.last_success.clone()))?;
-        registry.register(Box::new(m.active.clone()))?;
-        registry.register(Box::new(m.unpublished.clone()))?;
-        registry.register(Box::new(m.failed.clone()))?;
-        registry.register(Box::new(m.held.clone()))?;
-        registry.register(Box::new(m.oldest_unpublished_age.clone()))?;
-        registry.register(Box::new(m.producer_queue.clone()))?;
-        registry.register(Box::new(m.producer_queue_max.clone()))?;
-        registry.register(Box::new(m.broker_rtt.clone()))?;
-        registry.register(Box::new(m.producer_renewals.clone()))?;
         // Every bounded label value exists from the start, at zero.
         for stage in ["claim", "produce", "mark"] {
             let _ = m.stage_duration.with_label_values(&[stage]);

@@ -1,8 +1,9 @@
 //! Retention's Prometheus metrics, registered on the caller's registry.
 
 use prometheus::{
-    exponential_buckets, CounterVec, GaugeVec, Histogram, HistogramOpts, IntCounterVec, Opts,
-    Registry,
+    exponential_buckets, register_counter_vec_with_registry, register_gauge_vec_with_registry,
+    register_histogram_with_registry, register_int_counter_vec_with_registry, CounterVec, GaugeVec,
+    Histogram, HistogramOpts, IntCounterVec, Opts, Registry,
 };
 
 /// Metrics of the retention runner of one process, labelled by table.
@@ -35,53 +36,59 @@ impl RetentionMetrics {
     /// Registers the metrics on `registry`, each series labelled `runner` = `runner` (`relay`,
     /// `consumer`), so that a program running both runners registers both sets on one registry.
     pub fn register(registry: &Registry, runner: &str) -> prometheus::Result<Self> {
-        let removed = IntCounterVec::new(
+        let removed = register_int_counter_vec_with_registry!(
             Opts::new(
                 "retention_rows_removed_total",
                 "Rows removed by retention, by table.",
             )
             .const_label("runner", runner),
             &["table"],
+            registry
         )?;
-        let partitions_removed = IntCounterVec::new(
+        let partitions_removed = register_int_counter_vec_with_registry!(
             Opts::new(
                 "retention_partitions_removed_total",
                 "Partitions of a table in time partitions that retention dropped, by table.",
             )
             .const_label("runner", runner),
             &["table"],
+            registry
         )?;
-        let run_duration = Histogram::with_opts(
+        let run_duration = register_histogram_with_registry!(
             HistogramOpts::new(
                 "retention_run_duration_seconds",
                 "Time one retention run takes over every table.",
             )
             .const_label("runner", runner)
             .buckets(exponential_buckets(0.005, 2.0, 16)?),
+            registry
         )?;
-        let oldest_age = GaugeVec::new(
+        let oldest_age = register_gauge_vec_with_registry!(
             Opts::new(
                 "retention_oldest_row_age_seconds",
                 "Age of the oldest row a table keeps, after the last retention run.",
             )
             .const_label("runner", runner),
             &["table"],
+            registry
         )?;
-        let window = GaugeVec::new(
+        let window = register_gauge_vec_with_registry!(
             Opts::new(
                 "retention_window_seconds",
                 "How long a table keeps its rows.",
             )
             .const_label("runner", runner),
             &["table"],
+            registry
         )?;
-        let caught_up = GaugeVec::new(
+        let caught_up = register_gauge_vec_with_registry!(
             Opts::new(
                 "retention_last_caught_up_timestamp_seconds",
                 "When a retention run last left the table with nothing removable older than its window.",
             )
             .const_label("runner", runner),
             &["table"],
+            registry
         )?;
         let skipped = prometheus::IntCounter::with_opts(
             Opts::new(
@@ -90,22 +97,15 @@ impl RetentionMetrics {
             )
             .const_label("runner", runner),
         )?;
-        let yielded = CounterVec::new(
+        let yielded = register_counter_vec_with_registry!(
             Opts::new(
                 "retention_yielded_seconds_total",
                 "Seconds retention waited before its steps for the relay or the consumer to catch up on a backlog (reason=backlog), to be quick again (reason=slow), or to remove rows no faster than its pace allows, a multiple of the rate the table gains rows (reason=pace).",
             )
             .const_label("runner", runner),
             &["reason"],
+            registry
         )?;
-        registry.register(Box::new(removed.clone()))?;
-        registry.register(Box::new(partitions_removed.clone()))?;
-        registry.register(Box::new(run_duration.clone()))?;
-        registry.register(Box::new(oldest_age.clone()))?;
-        registry.register(Box::new(window.clone()))?;
-        registry.register(Box::new(caught_up.clone()))?;
-        registry.register(Box::new(skipped.clone()))?;
-        registry.register(Box::new(yielded.clone()))?;
         Ok(RetentionMetrics {
             removed,
             partitions_removed,

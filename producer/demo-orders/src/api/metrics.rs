@@ -6,7 +6,10 @@ use std::time::Instant;
 use axum::extract::{MatchedPath, Request, State};
 use axum::middleware::Next;
 use axum::response::Response;
-use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
+use prometheus::{
+    register_histogram_vec_with_registry, register_int_counter_vec_with_registry, HistogramOpts,
+    HistogramVec, IntCounterVec, Opts, Registry,
+};
 
 /// Request and event counters of the order API.
 #[derive(Debug, Clone)]
@@ -19,14 +22,15 @@ pub struct ApiMetrics {
 impl ApiMetrics {
     /// Creates the metrics and registers them on `registry`.
     pub fn register(registry: &Registry) -> prometheus::Result<Self> {
-        let requests = IntCounterVec::new(
+        let requests = register_int_counter_vec_with_registry!(
             Opts::new(
                 "order_requests_total",
                 "Order API requests answered, by route template and status code.",
             ),
             &["route", "status"],
+            registry
         )?;
-        let duration = HistogramVec::new(
+        let duration = register_histogram_vec_with_registry!(
             HistogramOpts::new(
                 "order_request_duration_seconds",
                 "Order API request latency, by route template.",
@@ -35,17 +39,16 @@ impl ApiMetrics {
                 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
             ]),
             &["route"],
+            registry
         )?;
-        let events = IntCounterVec::new(
+        let events = register_int_counter_vec_with_registry!(
             Opts::new(
                 "order_events_enqueued_total",
                 "Order events committed to the outbox, by event type.",
             ),
             &["event_type"],
+            registry
         )?;
-        registry.register(Box::new(requests.clone()))?;
-        registry.register(Box::new(duration.clone()))?;
-        registry.register(Box::new(events.clone()))?;
         Ok(Self {
             requests,
             duration,

@@ -25,7 +25,10 @@ use std::time::Duration;
 
 use pipeline_core::db::HeldSession;
 use pipeline_core::overlap::Overlap;
-use prometheus::{Histogram, HistogramOpts, IntCounter, IntGauge, Registry};
+use prometheus::{
+    register_histogram_with_registry, register_int_counter_with_registry,
+    register_int_gauge_with_registry, Histogram, HistogramOpts, IntCounter, IntGauge, Registry,
+};
 use sqlx::{Connection, PgConnection, Postgres, Transaction};
 use tokio::sync::{mpsc, oneshot, Mutex};
 use uuid::Uuid;
@@ -60,24 +63,24 @@ pub struct SharedTransactionMetrics {
 impl SharedTransactionMetrics {
     /// Creates the metrics and registers them on `registry`.
     pub fn register(registry: &Registry) -> prometheus::Result<Self> {
-        let ops = Histogram::with_opts(
+        let ops = register_histogram_with_registry!(
             HistogramOpts::new(
                 "order_transaction_changes",
                 "Order changes written per order-service transaction (shared transactions).",
             )
             .buckets(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0]),
+            registry
         )?;
-        let failures = IntCounter::new(
+        let failures = register_int_counter_with_registry!(
             "order_shared_transaction_failures_total",
             "Shared order-service transactions rolled back; their changes were retried alone.",
+            registry
         )?;
-        let queued = IntGauge::new(
+        let queued = register_int_gauge_with_registry!(
             "order_shared_transaction_queued_changes",
             "Order changes waiting for a shared order-service transaction.",
+            registry
         )?;
-        registry.register(Box::new(ops.clone()))?;
-        registry.register(Box::new(failures.clone()))?;
-        registry.register(Box::new(queued.clone()))?;
         Ok(Self {
             ops,
             failures,
