@@ -71,6 +71,7 @@ async fn run(command: RunCommand) -> anyhow::Result<()> {
     } = command;
     settings.validate()?;
     check_runs_alone(&settings.groups, &settings.topics)?;
+    export.validate()?;
     // Credentials the brokers refuse stop the process with their reason.
     settings.kafka.check_access(KAFKA_ACCESS_CHECK).await?;
     let dispatch = DispatchSettings {

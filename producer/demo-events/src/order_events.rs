@@ -16,7 +16,7 @@ pub const ORDER_PAID: &str = "order.paid";
 pub const ORDER_CANCELLED: &str = "order.cancelled";
 pub const ORDER_SHIPPED: &str = "order.shipped";
 /// A delayed event: published a while after an order is placed (`producer serve
-/// --payment-reminder-after-seconds`, or the time the order's request asked for), unless the order
+/// --payment-reminder-after`, or the time the order's request asked for), unless the order
 /// was paid or cancelled first. Its payload is the order as it was placed.
 pub const ORDER_PAYMENT_REMINDER: &str = "order.payment_reminder";
 /// A recurring event: each occurrence of the order service's digest schedule (`producer serve

@@ -52,25 +52,27 @@ pub struct ServeArgs {
     #[arg(long, env = "ORDER_SHARED_TRANSACTION_MAX", default_value_t = 64,
           value_parser = clap::value_parser!(u16).range(1..))]
     pub shared_transaction_max: u16,
-    /// How long, in milliseconds, changes wait for the shared transaction being written to finish
-    /// before another starts beside it; what arrives meanwhile shares the next one. 0: a free
-    /// runner starts a transaction at once.
+    /// How long changes wait for the shared transaction being written to finish before another
+    /// starts beside it; what arrives meanwhile shares the next one. 0: a free runner starts a
+    /// transaction at once.
     #[arg(
         long,
-        env = "ORDER_SHARED_TRANSACTION_PATIENCE_MS",
-        default_value_t = 1
+        env = "ORDER_SHARED_TRANSACTION_PATIENCE",
+        default_value = "1ms",
+        value_parser = humantime::parse_duration
     )]
-    pub shared_transaction_patience_ms: u64,
-    /// Seconds after placing when an unpaid order's `order.payment_reminder` is published (a
+    pub shared_transaction_patience: Duration,
+    /// How long after placing an unpaid order's `order.payment_reminder` is published (a
     /// delayed event, withdrawn when the order is paid or cancelled first); 0: only orders whose
     /// request names `payment_reminder_at` get one.
-    #[arg(long, env = "PAYMENT_REMINDER_AFTER_SECONDS", default_value_t = 1800)]
-    pub payment_reminder_after_seconds: u64,
-    /// Latest `payment_reminder_at` a request may ask for, in seconds from now; later is refused
-    /// with 422.
-    #[arg(long, env = "DELAY_HORIZON_SECONDS", default_value_t = 30 * 24 * 3600,
-          value_parser = clap::value_parser!(u64).range(1..))]
-    pub delay_horizon_seconds: u64,
+    #[arg(long, env = "PAYMENT_REMINDER_AFTER", default_value = "30m",
+          value_parser = humantime::parse_duration)]
+    pub payment_reminder_after: Duration,
+    /// Latest `payment_reminder_at` a request may ask for, from now; later is refused with 422.
+    /// Must be positive.
+    #[arg(long, env = "DELAY_HORIZON", default_value = "30days",
+          value_parser = humantime::parse_duration)]
+    pub delay_horizon: Duration,
     /// A cron expression (five fields, or six with seconds first) for the digest schedule: at
     /// start the service adds the recurring schedule `daily-digest` (unless it exists), whose
     /// every occurrence publishes a `digest.daily` event that the notification group turns
@@ -80,9 +82,10 @@ pub struct ServeArgs {
     /// The time zone the digest schedule is read in.
     #[arg(long, env = "ORDER_DIGEST_TIME_ZONE", default_value = "UTC")]
     pub digest_time_zone: String,
-    /// Seconds in-flight requests may take to finish after SIGTERM/SIGINT.
-    #[arg(long, env = "SHUTDOWN_GRACE_SECONDS", default_value_t = 10)]
-    pub shutdown_grace_seconds: u64,
+    /// How long in-flight requests may take to finish after SIGTERM/SIGINT.
+    #[arg(long, env = "SHUTDOWN_GRACE", default_value = "10s",
+          value_parser = humantime::parse_duration)]
+    pub shutdown_grace: Duration,
     /// The bounds the API holds its clients to (`--http-…`).
     #[command(flatten)]
     pub http: ServerLimits,
@@ -191,6 +194,10 @@ async fn add_digest_schedule(pool: &sqlx::PgPool, args: &ServeArgs) -> anyhow::R
 /// Runs `producer serve` until `shutdown`.
 pub async fn run(args: ServeArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
     tracing::info!(?args, "starting order service");
+    anyhow::ensure!(
+        !args.delay_horizon.is_zero(),
+        "--delay-horizon must be positive"
+    );
     let pool = tokio::select! {
         pool = args.db.connect_session(None, Planner::KeyLookups, &crate::SCHEMA) => pool?,
         () = shutdown.cancelled() => {
@@ -203,9 +210,8 @@ pub async fn run(args: ServeArgs, shutdown: CancellationToken) -> anyhow::Result
     }
     let registry = Registry::new();
     let reminders = PaymentReminders {
-        after: (args.payment_reminder_after_seconds > 0)
-            .then(|| Duration::from_secs(args.payment_reminder_after_seconds)),
-        horizon: Duration::from_secs(args.delay_horizon_seconds),
+        after: (!args.payment_reminder_after.is_zero()).then_some(args.payment_reminder_after),
+        horizon: args.delay_horizon,
     };
     let mut orders = OrderService::new(pool.clone(), args.topic.as_str(), args.notify_relay)
         .with_payment_reminders(reminders);
@@ -213,7 +219,7 @@ pub async fn run(args: ServeArgs, shutdown: CancellationToken) -> anyhow::Result
         let settings = SharedTransactionSettings {
             runners: args.shared_transactions,
             max_ops: usize::from(args.shared_transaction_max),
-            patience: Duration::from_millis(args.shared_transaction_patience_ms),
+            patience: args.shared_transaction_patience,
         };
         let metrics =
             SharedTransactionMetrics::register(&registry).context("registering metrics")?;
@@ -227,7 +233,7 @@ pub async fn run(args: ServeArgs, shutdown: CancellationToken) -> anyhow::Result
     let addr = listener.local_addr().context("reading the bound address")?;
     // Tests and scripts read the port from this exact phrase.
     tracing::info!("order service listening on {addr}");
-    let grace = Duration::from_secs(args.shutdown_grace_seconds);
+    let grace = args.shutdown_grace;
     serve(listener, app, &args.http, shutdown, grace).await;
     // The shared-transaction runners return their sessions to the pool when the last handle of
     // the service goes, which a connection still open past the grace period may hold: the

@@ -56,10 +56,10 @@ pub struct LoadArgs {
     /// Retries of a request after a 5xx or a connection error.
     #[arg(long, env = "LOAD_MAX_RETRIES", default_value_t = 4)]
     pub max_retries: u32,
-    /// Timeout of each HTTP attempt, in milliseconds.
-    #[arg(long, env = "LOAD_REQUEST_TIMEOUT_MS", default_value_t = 10_000,
-          value_parser = clap::value_parser!(u64).range(1..))]
-    pub request_timeout_ms: u64,
+    /// Timeout of each HTTP attempt.
+    #[arg(long, env = "LOAD_REQUEST_TIMEOUT", default_value = "10s",
+          value_parser = humantime::parse_duration)]
+    pub request_timeout: Duration,
     #[command(flatten)]
     pub log: LogArgs,
 }
@@ -79,11 +79,15 @@ fn parse_rate(s: &str) -> Result<f64, String> {
 /// stdout (and to `--summary-json`). Orders in flight at shutdown are finished first.
 pub async fn run(args: LoadArgs, shutdown: CancellationToken) -> anyhow::Result<Summary> {
     let seed = args.seed.unwrap_or_else(rand::random);
+    anyhow::ensure!(
+        !args.request_timeout.is_zero(),
+        "--request-timeout must be positive"
+    );
     tracing::info!(url = %args.url, orders = args.orders, rate = args.rate, seed, "starting load");
     let client = OrderClient::new(
         args.url.clone(),
         ClientSettings {
-            request_timeout: Duration::from_millis(args.request_timeout_ms),
+            request_timeout: args.request_timeout,
             connect_timeout: CONNECT_TIMEOUT,
             retry: RetryPolicy::attempts(args.max_retries),
         },

@@ -121,7 +121,7 @@ async fn write_temp(
     let mut sink = HashedChunks::default();
     sink.csv.write_record(EXPORT_COLUMNS).map_err(csv_error)?;
     let mut rows = 0i64;
-    let renew_every = settings.lease() / 3;
+    let renew_every = settings.lease / 3;
     let mut renewed_at = Instant::now();
 
     let mut tx = pool.begin().await?;
@@ -131,7 +131,7 @@ async fn write_temp(
                 set_config('enable_hashjoin', 'on', true),
                 set_config('enable_mergejoin', 'on', true)",
     )
-    .bind(format!("{}s", settings.statement_timeout_seconds))
+    .bind(format!("{}ms", settings.statement_timeout.as_millis()))
     .execute(&mut *tx)
     .await?;
     {
@@ -150,7 +150,7 @@ async fn write_temp(
                     return Err(WriteError::Stopped);
                 }
                 if renewed_at.elapsed() >= renew_every {
-                    if !jobs::renew(pool, job, settings.lease()).await? {
+                    if !jobs::renew(pool, job, settings.lease).await? {
                         return Err(WriteError::LeaseLost);
                     }
                     renewed_at = Instant::now();

@@ -50,40 +50,45 @@ pub struct ExportSettings {
         default_value = "exports"
     )]
     pub dir: PathBuf,
-    /// How long a finished export stays downloadable, in seconds; then its file is removed.
+    /// How long a finished export stays downloadable; then its file is removed.
     #[arg(
-        long = "export-ttl-seconds",
-        env = "EXPORT_TTL_SECONDS",
-        default_value_t = 86_400
+        long = "export-ttl",
+        env = "EXPORT_TTL",
+        default_value = "1day",
+        value_parser = humantime::parse_duration
     )]
-    pub ttl_seconds: u64,
+    pub ttl: Duration,
     /// Attempts at writing one export before it is failed (retryable).
     #[arg(long = "export-max-attempts", env = "EXPORT_MAX_ATTEMPTS", default_value_t = 5,
           value_parser = clap::value_parser!(i32).range(1..))]
     pub max_attempts: i32,
-    /// A worker's claim on a job, in seconds, renewed every third of it while it writes: a worker
-    /// that dies leaves its job to another after this.
-    #[arg(long = "export-lease-seconds", env = "EXPORT_LEASE_SECONDS", default_value_t = 60,
-          value_parser = clap::value_parser!(u64).range(3..))]
-    pub lease_seconds: u64,
-    /// Longest one export's query may run, in seconds (the worker's own `statement_timeout`;
-    /// the group's batch transactions keep theirs).
+    /// A worker's claim on a job, renewed every third of it while it writes: a worker that dies
+    /// leaves its job to another after this. At least 3 s.
+    #[arg(long = "export-lease", env = "EXPORT_LEASE", default_value = "60s",
+          value_parser = humantime::parse_duration)]
+    pub lease: Duration,
+    /// Longest one export's query may run (the worker's own `statement_timeout`; the group's
+    /// batch transactions keep theirs).
     #[arg(
-        long = "export-statement-timeout-seconds",
-        env = "EXPORT_STATEMENT_TIMEOUT_SECONDS",
-        default_value_t = 3_600
+        id = "export_statement_timeout",
+        long = "export-statement-timeout",
+        env = "EXPORT_STATEMENT_TIMEOUT",
+        default_value = "1h",
+        value_parser = humantime::parse_duration
     )]
-    pub statement_timeout_seconds: u64,
-    /// How often the worker looks for a job when idle, in milliseconds.
-    #[arg(long = "export-poll-ms", env = "EXPORT_POLL_MS", default_value_t = 200)]
-    pub poll_ms: u64,
-    /// How often expired exports are removed, in milliseconds.
+    pub statement_timeout: Duration,
+    /// How often the worker looks for a job when idle.
+    #[arg(long = "export-poll", env = "EXPORT_POLL", default_value = "200ms",
+          value_parser = humantime::parse_duration)]
+    pub poll: Duration,
+    /// How often expired exports are removed.
     #[arg(
-        long = "export-sweep-interval-ms",
-        env = "EXPORT_SWEEP_INTERVAL_MS",
-        default_value_t = 10_000
+        long = "export-sweep-interval",
+        env = "EXPORT_SWEEP_INTERVAL",
+        default_value = "10s",
+        value_parser = humantime::parse_duration
     )]
-    pub sweep_interval_ms: u64,
+    pub sweep_interval: Duration,
     /// How long an expired export's job row is kept (its file is already gone), in days: the
     /// sweep then removes it. Jobs not finished, and finished ones not yet expired, are never
     /// removed.
@@ -100,31 +105,34 @@ impl Default for ExportSettings {
     fn default() -> Self {
         ExportSettings {
             dir: PathBuf::from("exports"),
-            ttl_seconds: 86_400,
+            ttl: Duration::from_secs(86_400),
             max_attempts: 5,
-            lease_seconds: 60,
-            statement_timeout_seconds: 3_600,
-            poll_ms: 200,
-            sweep_interval_ms: 10_000,
+            lease: Duration::from_secs(60),
+            statement_timeout: Duration::from_secs(3_600),
+            poll: Duration::from_millis(200),
+            sweep_interval: Duration::from_secs(10),
             retain_days: 30,
         }
     }
 }
 
 impl ExportSettings {
-    /// The lease as a duration.
-    pub fn lease(&self) -> Duration {
-        Duration::from_secs(self.lease_seconds)
+    /// Refuses settings the worker cannot work with.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.lease >= Duration::from_secs(3),
+            "--export-lease must be at least 3s (it is renewed every third of it)"
+        );
+        anyhow::ensure!(
+            !self.poll.is_zero() && !self.sweep_interval.is_zero(),
+            "--export-poll and --export-sweep-interval must be positive"
+        );
+        Ok(())
     }
 
     /// How long an expired job's row is kept.
     pub fn retain(&self) -> Duration {
         Duration::from_secs(self.retain_days.saturating_mul(86_400))
-    }
-
-    /// The time to live of a finished export.
-    pub fn ttl(&self) -> Duration {
-        Duration::from_secs(self.ttl_seconds)
     }
 }
 

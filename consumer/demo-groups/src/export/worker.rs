@@ -1,6 +1,6 @@
 //! The worker beside the `export` group: claims one processing job at a time under a lease,
 //! writes its file ([`file::write_export`]) and records the outcome; retries transient failures
-//! with backoff up to `--export-max-attempts`; and every `--export-sweep-interval-ms` removes
+//! with backoff up to `--export-max-attempts`; and every `--export-sweep-interval` removes
 //! the files of expired exports and temporary files left by dead workers and reads the jobs still
 //! waiting. Each attempt's outcome and each sweep go into [`ExportMetrics`].
 
@@ -75,7 +75,7 @@ pub async fn run(
     if let Err(e) = tokio::fs::create_dir_all(&settings.dir).await {
         tracing::error!(dir = %settings.dir.display(), error = %e, "cannot create the export directory");
     }
-    let sweep_every = Duration::from_millis(settings.sweep_interval_ms);
+    let sweep_every = settings.sweep_interval;
     let mut swept_at: Option<Instant> = None;
     while !stop.is_cancelled() {
         if swept_at.is_none_or(|t| t.elapsed() >= sweep_every) {
@@ -88,7 +88,7 @@ pub async fn run(
             count(&metrics, step, started.elapsed());
         }
         let wait = match step {
-            Ok(Step::Idle) => Duration::from_millis(settings.poll_ms),
+            Ok(Step::Idle) => settings.poll,
             Ok(_) => Duration::ZERO,
             Err(e) => {
                 tracing::warn!(error = %e, "export worker: database error; retrying");
@@ -139,7 +139,7 @@ pub async fn export_next(
     settings: &ExportSettings,
     stop: &CancellationToken,
 ) -> Result<Step, sqlx::Error> {
-    let Some(mut job) = jobs::claim(pool, settings.lease()).await? else {
+    let Some(mut job) = jobs::claim(pool, settings.lease).await? else {
         return Ok(Step::Idle);
     };
     let id = job.id;
@@ -147,7 +147,7 @@ pub async fn export_next(
     tracing::info!(export_id = %id, attempt = job.attempts, "export claimed");
     let step = match file::write_export(pool, &mut job, settings, stop).await {
         Ok(written) => {
-            if jobs::record_succeeded(pool, &job, &written, settings.ttl()).await? {
+            if jobs::record_succeeded(pool, &job, &written, settings.ttl).await? {
                 tracing::info!(
                     export_id = %id,
                     rows = written.row_count,
@@ -200,7 +200,7 @@ async fn fail(
     reason: String,
     retryable: bool,
 ) -> Result<Step, sqlx::Error> {
-    if !jobs::record_failed(pool, job, &reason, retryable, settings.ttl()).await? {
+    if !jobs::record_failed(pool, job, &reason, retryable, settings.ttl).await? {
         return Ok(Step::LeaseLost { id: job.id });
     }
     tracing::warn!(export_id = %job.id, %reason, retryable, attempts = job.attempts, outcome = "failed", "export failed");
@@ -259,7 +259,7 @@ pub async fn sweep(pool: &PgPool, settings: &ExportSettings) -> anyhow::Result<u
             break;
         }
     }
-    let stray = file::remove_stray_temp_files(&settings.dir, settings.lease())
+    let stray = file::remove_stray_temp_files(&settings.dir, settings.lease)
         .await
         .context("removing stray temporary export files")?;
     if stray > 0 {

@@ -10,7 +10,7 @@ use pipeline_testkit::{wait_until, TestEnv};
 use serde_json::json;
 use uuid::Uuid;
 
-const REMINDER_AFTER_SECONDS: &str = "10";
+const REMINDER_AFTER: &str = "10s";
 
 async fn place(http: &reqwest::Client, url: &str, body: serde_json::Value) -> anyhow::Result<Uuid> {
     let response = http
@@ -58,7 +58,7 @@ async fn a_payment_reminder_is_published_when_due_in_order_and_only_for_unpaid_o
         "producer",
         "order-service",
         &["serve", "--listen", "127.0.0.1:0", "--topic", &env.topic],
-        &[("PAYMENT_REMINDER_AFTER_SECONDS", REMINDER_AFTER_SECONDS)],
+        &[("PAYMENT_REMINDER_AFTER", REMINDER_AFTER)],
     )?;
     let url = format!(
         "http://{}",

@@ -462,12 +462,7 @@ async fn ten_thousand_orders_are_exported_downloaded_and_never_written_twice() -
 async fn an_expired_export_is_removed_and_answers_gone() -> anyhow::Result<()> {
     let (exports, consumer) = Exports::start(
         "export-expiry",
-        &[
-            "--export-ttl-seconds",
-            "2",
-            "--export-sweep-interval-ms",
-            "200",
-        ],
+        &["--export-ttl", "2s", "--export-sweep-interval", "200ms"],
     )
     .await?;
     seed_orders(&exports.env).await?;

@@ -33,7 +33,7 @@ fn args(url: &str, orders: u64, summary_json: Option<std::path::PathBuf>) -> Loa
         seed: Some(11),
         summary_json,
         max_retries: 3,
-        request_timeout_ms: 10_000,
+        request_timeout: std::time::Duration::from_secs(10),
         log: LogArgs {
             log_json: false,
             log: "info".into(),
