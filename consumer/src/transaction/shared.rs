@@ -181,11 +181,16 @@ impl Taken {
 
     /// The groups whose batches were taken.
     fn groups(&self) -> usize {
-        let mut groups: Vec<&str> = self.jobs.iter().map(|j| j.handler.group()).collect();
-        groups.sort_unstable();
-        groups.dedup();
-        groups.len()
+        group_names(self.jobs.iter()).len()
     }
+}
+
+/// The groups of `jobs`, each once, in name order.
+fn group_names<'a>(jobs: impl Iterator<Item = &'a Job>) -> Vec<&'a str> {
+    let mut groups: Vec<&str> = jobs.map(|j| j.handler.group()).collect();
+    groups.sort_unstable();
+    groups.dedup();
+    groups
 }
 
 /// Applies `jobs` in one transaction on the runner's `session` (see [`HeldSession`]).
@@ -245,10 +250,6 @@ async fn apply(settings: &SharedTransactionSettings, session: &mut HeldSession, 
             .flat_map(|((_, _, indexes), reports)| indexes.iter().copied().zip(reports))
             .collect()
     });
-    let failed_groups: Vec<String> = groups
-        .iter()
-        .map(|(ctx, _, _)| ctx.handler.group().to_owned())
-        .collect();
     drop(parts);
     drop(groups);
     let mut jobs: Vec<Option<Job>> = jobs.into_iter().map(Some).collect();
@@ -267,16 +268,19 @@ async fn apply(settings: &SharedTransactionSettings, session: &mut HeldSession, 
             }
         }
         Err(e) => {
-            tracing::debug!(groups = ?failed_groups, batches = jobs.len(), error = %e,
+            let jobs: Vec<Job> = jobs.into_iter().flatten().collect();
+            let groups = group_names(jobs.iter());
+            tracing::debug!(?groups, batches = jobs.len(), error = %e,
                 "shared transaction failed; each batch is retried alone");
-            for group in &failed_groups {
+            for group in &groups {
                 settings
                     .metrics
                     .shared_transaction_failures
                     .with_label_values(&[group])
                     .inc();
             }
-            for job in jobs.into_iter().flatten() {
+            drop(groups);
+            for job in jobs {
                 let _ = job.reply.send(None);
             }
         }
