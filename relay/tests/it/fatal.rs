@@ -90,6 +90,14 @@ async fn after_a_fatal_producer_error_the_relay_renews_its_producer_and_publishe
     let settings = RelaySettings {
         kafka: KafkaArgs {
             kafka_brokers: mock.bootstrap_servers(),
+            // The mock fails only the request it was told to fail; a real broker also refuses
+            // every request in flight behind it (their sequences follow a gap). One request at
+            // a time gives the mock the real broker's outcome: nothing after the failed one is
+            // written.
+            kafka_options: vec![(
+                "max.in.flight.requests.per.connection".to_owned(),
+                "1".to_owned(),
+            )],
             ..KafkaArgs::default()
         },
         retry_base: Duration::from_millis(50),
