@@ -98,7 +98,6 @@ async fn after_a_fatal_producer_error_the_relay_renews_its_producer_and_publishe
                 "max.in.flight.requests.per.connection".to_owned(),
                 "1".to_owned(),
             )],
-            ..KafkaArgs::default()
         },
         retry_base: Duration::from_millis(50),
         retry_max: Duration::from_millis(200),
