@@ -19,8 +19,8 @@ use super::error::ProcessError;
 use super::message::{read_event, BatchReport, Fence, InboundMessage, Outcome, Pending};
 use super::sequence::handle_event;
 use super::store::{
-    check_owner, plan_with_values, record_applied, record_duplicates, start_transaction,
-    AppliedEffect, CUSTOM_PLANS_UP_TO,
+    check_owner, plan_with_values, record_duplicates, record_groups_applied, start_transaction,
+    AppliedEffect, GroupApplied, GroupOpening, TransactionStart, CUSTOM_PLANS_UP_TO,
 };
 use crate::handlers::{Event, Handler, HandlerTransaction};
 
@@ -135,9 +135,40 @@ pub(crate) async fn process_groups_on(
     if messages <= custom_plans_up_to {
         plan_with_values(&mut tx).await?;
     }
+    let mut sorted: Vec<Vec<SortedBatch<'_>>> = groups
+        .iter()
+        .map(|(_, batches)| sort_batches(batches))
+        .collect();
+    // One round trip opens every group's batches: the ownership fences, the dedupe constraint
+    // (only rows inserted now are new to a group), and the orders' progress and parked events.
+    let openings: Vec<GroupOpening<'_, '_>> = groups
+        .iter()
+        .zip(&sorted)
+        .map(|((ctx, _), batches)| opening(ctx.handler.group(), batches))
+        .collect();
+    let starts = start_transaction(&mut tx, &openings).await?;
+    drop(openings);
     let mut parts = Vec::with_capacity(groups.len());
-    for (ctx, batches) in groups {
-        parts.push(apply_group(&mut tx, ctx, batches).await?);
+    for (((ctx, _), batches), start) in groups.iter().zip(sorted.drain(..)).zip(starts) {
+        parts.push(apply_group(&mut tx, ctx, batches, start).await?);
+    }
+    // One statement records what every group applied.
+    let applied: Vec<GroupApplied<'_>> = groups
+        .iter()
+        .zip(&parts)
+        .map(|((ctx, _), part)| GroupApplied {
+            group: ctx.handler.group(),
+            effects: &part.effects,
+            progress: &part.advanced,
+        })
+        .collect();
+    record_groups_applied(&mut tx, &applied).await?;
+    drop(applied);
+    // `&mut`: a part's handler transaction is `Send` but need not be `Sync`.
+    for ((ctx, _), part) in groups.iter().zip(&mut parts) {
+        if let (Some(sink), false) = (ctx.dead_letters, part.letters.is_empty()) {
+            sink.publish(ctx.handler.group(), &part.letters).await?;
+        }
     }
     // The effects last: a handler may lock rows other transactions share when it writes them
     // (a stock level, a balance), and those locks are then held only until the commit.
@@ -159,6 +190,10 @@ struct GroupPart<'a> {
     /// Which of `effects` each batch applied.
     applied: Vec<std::ops::Range<usize>>,
     effects: Vec<AppliedEffect>,
+    /// Orders whose last applied sequence moved, with the new value.
+    advanced: std::collections::HashMap<String, i64>,
+    /// Dead letters recorded, to publish before commit.
+    letters: Vec<DeadLetter>,
 }
 
 impl GroupPart<'_> {
@@ -183,21 +218,11 @@ impl GroupPart<'_> {
     }
 }
 
-/// Applies one group's `batches` in `tx`, all but the handler's flush: the batches' fences,
-/// dedupe rows and orders' progress in one statement, dead letters for unreadable records, the
-/// events in order (parked or released as their sequence says), what was applied recorded, and
-/// the dead letters published.
-async fn apply_group<'a>(
-    tx: &mut Transaction<'_, Postgres>,
-    ctx: &TransactionContext<'a>,
-    batches: &'a [PartitionBatch<'a>],
-) -> Result<GroupPart<'a>, ProcessError> {
-    let handler = ctx.handler;
-    let group = handler.group();
-
-    // Sort out records that are not readable events; keep the first copy of each event id.
+/// Sorts out a group's records that are not readable events, and keeps the first copy of each
+/// event id.
+fn sort_batches<'a>(batches: &'a [PartitionBatch<'a>]) -> Vec<SortedBatch<'a>> {
     let mut seen: HashSet<Uuid> = HashSet::new();
-    let mut sorted_batches: Vec<SortedBatch<'a>> = batches
+    batches
         .iter()
         .map(|b| {
             let mut sorted = SortedBatch {
@@ -219,12 +244,13 @@ async fn apply_group<'a>(
             }
             sorted
         })
-        .collect();
+        .collect()
+}
 
-    // One round trip for all batches: the ownership fences, the dedupe constraint (only rows
-    // inserted now are new to this group), and the orders' progress and parked events.
-    let fences: Vec<&Fence> = sorted_batches.iter().filter_map(|m| m.fence).collect();
-    let valid: Vec<&Pending<'_>> = sorted_batches
+/// A group's part of the transaction's opening statement: its batches' fences, events and
+/// orders.
+fn opening<'a, 'm>(group: &'a str, batches: &'a [SortedBatch<'m>]) -> GroupOpening<'a, 'm> {
+    let valid: Vec<&Pending<'m>> = batches
         .iter()
         .flat_map(|m| m.valid.iter().map(|(_, p)| p))
         .collect();
@@ -234,8 +260,26 @@ async fn apply_group<'a>(
         .collect();
     orders.sort();
     orders.dedup();
-    let start = start_transaction(tx, group, &fences, &valid, &orders).await?;
-    drop(valid);
+    GroupOpening {
+        group,
+        fences: batches.iter().filter_map(|m| m.fence).collect(),
+        valid,
+        orders,
+    }
+}
+
+/// Applies one group's sorted batches in `tx` once the transaction's opening statement has
+/// run, all but the record of what was applied and the handler's flush: dead letters for
+/// unreadable records, duplicates' steps, the events in order (parked or released as their
+/// sequence says).
+async fn apply_group<'a>(
+    tx: &mut Transaction<'_, Postgres>,
+    ctx: &TransactionContext<'a>,
+    mut sorted_batches: Vec<SortedBatch<'a>>,
+    start: TransactionStart,
+) -> Result<GroupPart<'a>, ProcessError> {
+    let handler = ctx.handler;
+    let group = handler.group();
     let mut state = TransactionState {
         progress: start.progress,
         parked_orders: start.parked_orders,
@@ -301,16 +345,13 @@ async fn apply_group<'a>(
         letters,
         ..
     } = state;
-
-    record_applied(tx, group, &effects, &advanced).await?;
-    if let (Some(sink), false) = (ctx.dead_letters, letters.is_empty()) {
-        sink.publish(group, &letters).await?;
-    }
     Ok(GroupPart {
         handler_tx,
         batches: sorted_batches,
         applied,
         effects,
+        advanced,
+        letters,
     })
 }
 

@@ -62,15 +62,6 @@ pub(crate) struct TransactionStart {
     pub(crate) horizon: Option<DateTime<Utc>>,
 }
 
-type TransactionStartRow = (
-    bool,
-    Vec<Uuid>,
-    Vec<String>,
-    Vec<i64>,
-    Vec<String>,
-    Option<DateTime<Utc>>,
-);
-
 /// Transactions of at most this many messages plan their statements with their parameter values,
 /// by default (`--custom-plans-up-to`): none.
 ///
@@ -91,82 +82,189 @@ pub(crate) async fn plan_with_values(tx: &mut PgConnection) -> Result<(), sqlx::
     Ok(())
 }
 
-/// Opens a transaction's batches in one round trip: checks, with share locks held until the
-/// transaction ends, that this consumer still owns every partition in `fences`, inserts the
-/// `processed_message` rows of `valid` (the dedupe constraint decides which are new), and locks
-/// and reads the progress and parked events of `orders` (sorted). If any partition is no longer
-/// owned, nothing is inserted and the batch is reported as [`ProcessError::Fenced`].
+/// One group's part of a transaction's opening statement.
+pub(crate) struct GroupOpening<'a, 'm> {
+    /// The group.
+    pub(crate) group: &'a str,
+    /// The partitions this consumer must still own.
+    pub(crate) fences: Vec<&'a Fence>,
+    /// The readable events, first copy of each id.
+    pub(crate) valid: Vec<&'a Pending<'m>>,
+    /// The events' orders, sorted, each once.
+    pub(crate) orders: Vec<String>,
+}
+
+type TransactionStartRow = (
+    bool,
+    Vec<String>,
+    Vec<Uuid>,
+    Vec<String>,
+    Vec<String>,
+    Vec<i64>,
+    Vec<String>,
+    Vec<String>,
+    Vec<String>,
+    Vec<DateTime<Utc>>,
+);
+
+/// Opens the batches of one or more groups (each given once) in one round trip: checks, with
+/// share locks held until the transaction ends, that this consumer still owns every partition
+/// in the groups' fences, inserts the `processed_message` rows of their events (the dedupe
+/// constraint decides which are new to each group), and locks and reads the progress (in
+/// group and order order) and parked events of their orders. If any partition is no longer
+/// owned, nothing is inserted and the transaction is reported as [`ProcessError::Fenced`]. One
+/// start per group, in the order given.
 pub(crate) async fn start_transaction(
     tx: &mut PgConnection,
-    group: &str,
-    fences: &[&Fence],
-    valid: &[&Pending<'_>],
-    orders: &[String],
-) -> Result<TransactionStart, ProcessError> {
-    if valid.is_empty() && fences.is_empty() {
-        return Ok(TransactionStart::default());
+    groups: &[GroupOpening<'_, '_>],
+) -> Result<Vec<TransactionStart>, ProcessError> {
+    if groups
+        .iter()
+        .all(|g| g.valid.is_empty() && g.fences.is_empty())
+    {
+        return Ok(groups.iter().map(|_| TransactionStart::default()).collect());
     }
-    let ids: Vec<Uuid> = valid.iter().map(|p| p.event.envelope.event_id).collect();
-    let topics: Vec<&str> = valid.iter().map(|p| p.msg.topic.as_str()).collect();
-    let partitions: Vec<i32> = valid.iter().map(|p| p.msg.partition).collect();
-    let offsets: Vec<i64> = valid.iter().map(|p| p.msg.offset).collect();
-    let fence_topics: Vec<&str> = fences.iter().map(|f| f.topic.as_str()).collect();
-    let fence_partitions: Vec<i32> = fences.iter().map(|f| f.partition).collect();
-    let fence_owners: Vec<Uuid> = fences.iter().map(|f| f.owner).collect();
-    let (owned, new_ids, progress_orders, progress_seqs, parked, horizon): TransactionStartRow = sqlx::query_as(
+    let mut rows = EventRows::default();
+    let mut fences = FenceRows::default();
+    let (mut key_groups, mut key_orders): (Vec<&str>, Vec<&str>) = (Vec::new(), Vec::new());
+    for g in groups {
+        for p in &g.valid {
+            rows.groups.push(g.group);
+            rows.ids.push(p.event.envelope.event_id);
+            rows.topics.push(p.msg.topic.as_str());
+            rows.partitions.push(p.msg.partition);
+            rows.offsets.push(p.msg.offset);
+        }
+        for f in &g.fences {
+            fences.groups.push(g.group);
+            fences.topics.push(f.topic.as_str());
+            fences.partitions.push(f.partition);
+            fences.owners.push(f.owner);
+        }
+        for order in &g.orders {
+            key_groups.push(g.group);
+            key_orders.push(order);
+        }
+    }
+    let names: Vec<&str> = groups.iter().map(|g| g.group).collect();
+    // Every key's group and order bound the index scans as well as the join, whichever side the
+    // planner starts from.
+    let mut all_orders: Vec<&str> = key_orders.clone();
+    all_orders.sort_unstable();
+    all_orders.dedup();
+    let row: TransactionStartRow = sqlx::query_as(
         "WITH want AS (
-                 SELECT * FROM unnest($6::text[], $7::int[], $8::uuid[]) AS w(topic, partition, owner)),
+                 SELECT * FROM unnest($6::text[], $7::text[], $8::int[], $9::uuid[])
+                     AS w(group_name, topic, partition, owner)),
              owner AS (
                  SELECT 1 FROM partition_owner o JOIN want w
-                     ON o.topic = w.topic AND o.partition = w.partition AND o.owner = w.owner
-                 WHERE o.group_name = $1
+                     ON o.group_name = w.group_name AND o.topic = w.topic
+                        AND o.partition = w.partition AND o.owner = w.owner
                  FOR SHARE OF o),
              fence AS (
                  SELECT (SELECT count(*) FROM owner) = (SELECT count(*) FROM want) AS owned),
              new AS (
                  INSERT INTO processed_message (group_name, event_id, topic, partition,
                                                 kafka_offset, outcome)
-                 SELECT $1, e, t, p, o, 'applied'
-                 FROM unnest($2::uuid[], $3::text[], $4::int[], $5::bigint[]) AS u(e, t, p, o)
+                 SELECT g, e, t, p, o, 'applied'
+                 FROM unnest($1::text[], $2::uuid[], $3::text[], $4::int[], $5::bigint[])
+                     AS u(g, e, t, p, o)
                  WHERE (SELECT owned FROM fence)
                  ON CONFLICT (group_name, event_id) DO NOTHING
-                 RETURNING event_id),
+                 RETURNING group_name, event_id),
+             keys AS (
+                 SELECT * FROM unnest($10::text[], $11::text[]) AS k(group_name, order_id)),
              progress AS (
-                 SELECT order_id, last_sequence FROM order_progress
-                 WHERE group_name = $1 AND order_id = ANY($9) AND (SELECT owned FROM fence)
-                 ORDER BY order_id FOR UPDATE)
-             SELECT f.owned,
-                    ARRAY(SELECT event_id FROM new),
-                    COALESCE(p.orders, '{}'), COALESCE(p.seqs, '{}'),
-                    ARRAY(SELECT DISTINCT order_id FROM parked_event
-                          WHERE group_name = $1 AND order_id = ANY($9)),
-                    (SELECT forgotten_before FROM progress_horizon
-                     WHERE group_name = $1 AND isfinite(forgotten_before))
-             FROM fence f,
-                  LATERAL (SELECT array_agg(order_id ORDER BY order_id) AS orders,
-                                  array_agg(last_sequence ORDER BY order_id) AS seqs
-                           FROM progress) p",
+                 SELECT p.group_name, p.order_id, p.last_sequence
+                 FROM order_progress p JOIN keys k
+                     ON p.group_name = k.group_name AND p.order_id = k.order_id
+                 WHERE p.group_name = ANY($12) AND p.order_id = ANY($13)
+                       AND (SELECT owned FROM fence)
+                 ORDER BY p.group_name, p.order_id FOR UPDATE OF p),
+             parked AS (
+                 SELECT e.group_name, e.order_id
+                 FROM parked_event e JOIN keys k
+                     ON e.group_name = k.group_name AND e.order_id = k.order_id
+                 WHERE e.group_name = ANY($12) AND e.order_id = ANY($13))
+         SELECT f.owned,
+                COALESCE(n.groups, '{}'), COALESCE(n.ids, '{}'),
+                COALESCE(p.groups, '{}'), COALESCE(p.orders, '{}'), COALESCE(p.seqs, '{}'),
+                COALESCE(k.groups, '{}'), COALESCE(k.orders, '{}'),
+                COALESCE(h.groups, '{}'), COALESCE(h.horizons, '{}')
+         FROM fence f,
+              LATERAL (SELECT array_agg(group_name) AS groups, array_agg(event_id) AS ids
+                       FROM new) n,
+              LATERAL (SELECT array_agg(group_name) AS groups, array_agg(order_id) AS orders,
+                              array_agg(last_sequence) AS seqs
+                       FROM progress) p,
+              LATERAL (SELECT array_agg(group_name) AS groups, array_agg(order_id) AS orders
+                       FROM parked) k,
+              LATERAL (SELECT array_agg(group_name) AS groups,
+                              array_agg(forgotten_before) AS horizons
+                       FROM progress_horizon
+                       WHERE group_name = ANY($12) AND isfinite(forgotten_before)) h",
     )
-    .bind(group)
-    .bind(&ids)
-    .bind(&topics)
-    .bind(&partitions)
-    .bind(&offsets)
-    .bind(&fence_topics)
-    .bind(&fence_partitions)
-    .bind(&fence_owners)
-    .bind(orders)
+    .bind(&rows.groups)
+    .bind(&rows.ids)
+    .bind(&rows.topics)
+    .bind(&rows.partitions)
+    .bind(&rows.offsets)
+    .bind(&fences.groups)
+    .bind(&fences.topics)
+    .bind(&fences.partitions)
+    .bind(&fences.owners)
+    .bind(&key_groups)
+    .bind(&key_orders)
+    .bind(&names)
+    .bind(&all_orders)
     .fetch_one(&mut *tx)
     .await?;
+    let (owned, new_groups, new_ids, progress_groups, progress_orders, progress_seqs) =
+        (row.0, row.1, row.2, row.3, row.4, row.5);
+    let (parked_groups, parked_orders, horizon_groups, horizons) = (row.6, row.7, row.8, row.9);
     if !owned {
         return Err(ProcessError::Fenced);
     }
-    Ok(TransactionStart {
-        new_ids: new_ids.into_iter().collect(),
-        progress: progress_orders.into_iter().zip(progress_seqs).collect(),
-        parked_orders: parked.into_iter().collect(),
-        horizon,
-    })
+    let mut starts: HashMap<String, TransactionStart> = HashMap::with_capacity(groups.len());
+    for (group, id) in new_groups.into_iter().zip(new_ids) {
+        starts.entry(group).or_default().new_ids.insert(id);
+    }
+    for ((group, order), seq) in progress_groups
+        .into_iter()
+        .zip(progress_orders)
+        .zip(progress_seqs)
+    {
+        starts.entry(group).or_default().progress.insert(order, seq);
+    }
+    for (group, order) in parked_groups.into_iter().zip(parked_orders) {
+        starts.entry(group).or_default().parked_orders.insert(order);
+    }
+    for (group, horizon) in horizon_groups.into_iter().zip(horizons) {
+        starts.entry(group).or_default().horizon = Some(horizon);
+    }
+    Ok(groups
+        .iter()
+        .map(|g| starts.remove(g.group).unwrap_or_default())
+        .collect())
+}
+
+/// The rows of a statement's events, one array a column.
+#[derive(Default)]
+struct EventRows<'a> {
+    groups: Vec<&'a str>,
+    ids: Vec<Uuid>,
+    topics: Vec<&'a str>,
+    partitions: Vec<i32>,
+    offsets: Vec<i64>,
+}
+
+/// The partitions a statement's groups must own, one array a column.
+#[derive(Default)]
+struct FenceRows<'a> {
+    groups: Vec<&'a str>,
+    topics: Vec<&'a str>,
+    partitions: Vec<i32>,
+    owners: Vec<Uuid>,
 }
 
 pub(crate) struct AppliedEffect {
@@ -189,49 +287,96 @@ impl AppliedEffect {
     }
 }
 
-/// Records the transaction's applied effects and the orders' advanced progress, in one
-/// statement.
+/// What one group applied in a transaction: its effects and its orders' advanced progress.
+pub(crate) struct GroupApplied<'a> {
+    pub(crate) group: &'a str,
+    pub(crate) effects: &'a [AppliedEffect],
+    pub(crate) progress: &'a HashMap<String, i64>,
+}
+
+/// Records a group's applied effects and its orders' advanced progress, in one statement.
 pub(crate) async fn record_applied(
     tx: &mut PgConnection,
     group: &str,
     effects: &[AppliedEffect],
     progress: &HashMap<String, i64>,
 ) -> Result<(), sqlx::Error> {
-    if effects.is_empty() && progress.is_empty() {
+    let applied = GroupApplied {
+        group,
+        effects,
+        progress,
+    };
+    record_groups_applied(tx, std::slice::from_ref(&applied)).await
+}
+
+/// Records the applied effects and advanced progress of one or more groups (each given once),
+/// in one statement.
+pub(crate) async fn record_groups_applied(
+    tx: &mut PgConnection,
+    groups: &[GroupApplied<'_>],
+) -> Result<(), sqlx::Error> {
+    if groups
+        .iter()
+        .all(|g| g.effects.is_empty() && g.progress.is_empty())
+    {
         return Ok(());
     }
-    let ids: Vec<Uuid> = effects.iter().map(|e| e.event_id).collect();
-    let orders: Vec<&str> = effects.iter().map(|e| e.order_id.as_str()).collect();
-    let seqs: Vec<i64> = effects.iter().map(|e| e.sequence).collect();
-    let types: Vec<&str> = effects.iter().map(|e| e.event_type.as_str()).collect();
-    let at: Vec<DateTime<Utc>> = effects.iter().map(|e| e.occurred_at).collect();
-    let (progress_orders, progress_seqs): (Vec<&str>, Vec<i64>) =
-        progress.iter().map(|(o, s)| (o.as_str(), *s)).unzip();
+    let mut e = EffectRows::default();
+    let (mut progress_groups, mut progress_orders, mut progress_seqs) =
+        (Vec::new(), Vec::new(), Vec::new());
+    for g in groups {
+        for effect in g.effects {
+            e.groups.push(g.group);
+            e.ids.push(effect.event_id);
+            e.orders.push(effect.order_id.as_str());
+            e.seqs.push(effect.sequence);
+            e.types.push(effect.event_type.as_str());
+            e.at.push(effect.occurred_at);
+        }
+        for (order, seq) in g.progress {
+            progress_groups.push(g.group);
+            progress_orders.push(order.as_str());
+            progress_seqs.push(*seq);
+        }
+    }
     sqlx::query(
         "WITH effects AS (
              INSERT INTO applied_effect (group_name, event_id, order_id, sequence, event_type,
                                          occurred_at)
-             SELECT $1, e, o, s, t, a
-             FROM unnest($2::uuid[], $3::text[], $4::bigint[], $5::text[], $6::timestamptz[])
-                  WITH ORDINALITY AS u(e, o, s, t, a, n)
+             SELECT g, e, o, s, t, a
+             FROM unnest($1::text[], $2::uuid[], $3::text[], $4::bigint[], $5::text[],
+                         $6::timestamptz[])
+                  WITH ORDINALITY AS u(g, e, o, s, t, a, n)
              ORDER BY n)
          INSERT INTO order_progress (group_name, order_id, last_sequence)
-         SELECT $1, * FROM unnest($7::text[], $8::bigint[])
+         SELECT * FROM unnest($7::text[], $8::text[], $9::bigint[])
          ON CONFLICT (group_name, order_id) DO UPDATE
          SET last_sequence = GREATEST(order_progress.last_sequence, EXCLUDED.last_sequence),
              updated_at = clock_timestamp()",
     )
-    .bind(group)
-    .bind(&ids)
-    .bind(&orders)
-    .bind(&seqs)
-    .bind(&types)
-    .bind(&at)
+    .bind(&e.groups)
+    .bind(&e.ids)
+    .bind(&e.orders)
+    .bind(&e.seqs)
+    .bind(&e.types)
+    .bind(&e.at)
+    .bind(&progress_groups)
     .bind(&progress_orders)
     .bind(&progress_seqs)
     .execute(tx)
     .await?;
     Ok(())
+}
+
+/// The rows of applied effects, one array a column.
+#[derive(Default)]
+struct EffectRows<'a> {
+    groups: Vec<&'a str>,
+    ids: Vec<Uuid>,
+    orders: Vec<&'a str>,
+    seqs: Vec<i64>,
+    types: Vec<&'a str>,
+    at: Vec<DateTime<Utc>>,
 }
 
 /// Records redelivered events the dedupe rows recognised as `duplicate` steps of their history,
