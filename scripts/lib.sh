@@ -358,7 +358,7 @@ pg_wait_accepting() {
 # ensure_autovacuum — PostgreSQL's default, but some machines' servers come with it off. The
 # relay's queue table and the consumers' progress rows are rewritten all the time; without
 # vacuum their dead versions pile up and every lookup wades through them (seen: 85 buffer reads to
-# find two order_progress rows).
+# find two aggregate_progress rows).
 ensure_autovacuum() {
     if [[ $(psql -w -X -Atq "$PG_ADMIN_URL" -c 'SHOW autovacuum') != on ]]; then
         log "turning PostgreSQL's autovacuum on (ALTER SYSTEM, reload)"

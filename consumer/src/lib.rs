@@ -107,7 +107,7 @@
 //!   group or of several groups of the process ([`transaction::SharedTransactions`],
 //!   `shared_transactions`, `shared_transaction_gather`).
 //! - *finished offset*: the offset after a batch whose transaction committed, for the member to
-//!   commit to Kafka; an aggregate's *progress* is its last applied sequence (`order_progress`).
+//!   commit to Kafka; an aggregate's *progress* is its last applied sequence (`aggregate_progress`).
 //! - *paused group*: a group an operator paused (`group_pause`, see [`pause`]); a partition's
 //!   *fetch pause* is librdkafka's, set while its group is paused or its task has too much
 //!   queued.

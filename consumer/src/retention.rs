@@ -8,7 +8,7 @@
 //! history window ([`EFFECT_PARTITIONS`]); what an order with an open dead letter or parked events
 //! still needs is copied into `applied_effect_held` first, and removed from there in steps once
 //! released. Other tables in time order (dedupe rows by event id, which the outbox makes
-//! time-ordered; the transitions by id) are removed from their old end in bounded steps. `order_progress` is one row per order, in no
+//! time-ordered; the transitions by id) are removed from their old end in bounded steps. `aggregate_progress` is one row per order, in no
 //! time order: it is swept, a few batches a run.
 //!
 //! The dedupe window may be short without an event ever being applied twice: a redelivery
@@ -77,7 +77,7 @@ pub struct RetentionSettings {
         )
     )]
     pub dedupe: Window,
-    /// How long an order's progress (`order_progress`) is kept after its last applied event.
+    /// How long an order's progress (`aggregate_progress`) is kept after its last applied event.
     /// Past it the group forgets the order: an event that occurred before is flagged stale,
     /// and the order's next new event waits (parked) for predecessors the group no longer
     /// knows it applied. Floor: 1d, and at least --retain-dedupe.
@@ -215,7 +215,7 @@ pub fn rules(settings: &RetentionSettings) -> Vec<Rule> {
         Rule {
             table: "applied_effect",
             window: settings.history,
-            keeps: "the history of orders with an open dead letter or parked events",
+            keeps: "the history of aggregates with an open dead letter or parked events",
             step_sql: HELD_EFFECTS_STEP,
             oldest_sql: Some(
                 "SELECT (SELECT applied_at FROM applied_effect_held
@@ -228,7 +228,7 @@ pub fn rules(settings: &RetentionSettings) -> Vec<Rule> {
         Rule {
             table: "group_transition",
             window: settings.history,
-            keeps: "the history of orders with an open dead letter or parked events",
+            keeps: "the history of aggregates with an open dead letter or parked events",
             step_sql: TRANSITIONS_STEP,
             oldest_sql: Some(
                 "SELECT (SELECT at FROM group_transition
@@ -249,9 +249,9 @@ pub fn rules(settings: &RetentionSettings) -> Vec<Rule> {
             partitions: None,
         },
         Rule {
-            table: "order_progress",
+            table: "aggregate_progress",
             window: settings.progress,
-            keeps: "orders with parked events or an open dead letter",
+            keeps: "aggregates with parked events or an open dead letter",
             step_sql: PROGRESS_STEP,
             oldest_sql: None,
             sweep: true,
@@ -330,21 +330,21 @@ pub async fn ensure_partitions(
 /// A detached partition's effects that outlive it: those of orders with an open dead letter or
 /// parked events, found from those (few) orders through the partition's order index.
 const KEEP_EFFECTS: &str = "
-INSERT INTO applied_effect_held (id, group_name, event_id, order_id, sequence, event_type,
+INSERT INTO applied_effect_held (id, group_name, event_id, aggregate_id, sequence, event_type,
                                  occurred_at, applied_at)
-SELECT a.id, a.group_name, a.event_id, a.order_id, a.sequence, a.event_type, a.occurred_at,
+SELECT a.id, a.group_name, a.event_id, a.aggregate_id, a.sequence, a.event_type, a.occurred_at,
        a.applied_at
-FROM (SELECT group_name, order_id FROM dead_letter WHERE status = 'open' AND order_id IS NOT NULL
+FROM (SELECT group_name, aggregate_id FROM dead_letter WHERE status = 'open' AND aggregate_id IS NOT NULL
       UNION
-      SELECT group_name, order_id FROM parked_event) k
-JOIN {partition} a ON a.group_name = k.group_name AND a.order_id = k.order_id
+      SELECT group_name, aggregate_id FROM parked_event) k
+JOIN {partition} a ON a.group_name = k.group_name AND a.aggregate_id = k.aggregate_id
 ON CONFLICT (id) DO NOTHING";
 
 /// Effects kept past their partition (`applied_effect_held`) once older than the cutoff and no
 /// longer needed, from the oldest id on.
 const HELD_EFFECTS_STEP: &str = "
 WITH batch AS (
-    SELECT id, group_name, order_id, applied_at FROM applied_effect_held
+    SELECT id, group_name, aggregate_id, applied_at FROM applied_effect_held
     WHERE id > COALESCE($2::bigint, 0) ORDER BY id LIMIT $3),
 old AS (
     SELECT * FROM batch WHERE applied_at < $1),
@@ -352,9 +352,9 @@ doomed AS (
     SELECT o.id FROM old o
     WHERE NOT EXISTS (SELECT 1 FROM dead_letter l
                       WHERE l.status = 'open' AND l.group_name = o.group_name
-                        AND l.order_id = o.order_id)
+                        AND l.aggregate_id = o.aggregate_id)
       AND NOT EXISTS (SELECT 1 FROM parked_event p
-                      WHERE p.order_id = o.order_id AND p.group_name = o.group_name)),
+                      WHERE p.aggregate_id = o.aggregate_id AND p.group_name = o.group_name)),
 removed AS (
     DELETE FROM applied_effect_held a WHERE a.id = ANY (ARRAY(SELECT id FROM doomed)) RETURNING 1)
 SELECT (SELECT count(*) FROM removed),
@@ -364,18 +364,18 @@ SELECT (SELECT count(*) FROM removed),
 /// Transitions older than the cutoff, from the oldest id on.
 const TRANSITIONS_STEP: &str = "
 WITH batch AS (
-    SELECT id, group_name, order_id, at FROM group_transition
+    SELECT id, group_name, aggregate_id, at FROM group_transition
     WHERE id > COALESCE($2::bigint, 0) ORDER BY id LIMIT $3),
 old AS (
     SELECT * FROM batch WHERE at < $1),
 doomed AS (
     SELECT o.id FROM old o
-    WHERE o.order_id IS NULL
+    WHERE o.aggregate_id IS NULL
        OR (NOT EXISTS (SELECT 1 FROM dead_letter l
                        WHERE l.status = 'open' AND l.group_name = o.group_name
-                         AND l.order_id = o.order_id)
+                         AND l.aggregate_id = o.aggregate_id)
            AND NOT EXISTS (SELECT 1 FROM parked_event p
-                           WHERE p.order_id = o.order_id AND p.group_name = o.group_name))),
+                           WHERE p.aggregate_id = o.aggregate_id AND p.group_name = o.group_name))),
 removed AS (
     DELETE FROM group_transition t WHERE t.id = ANY (ARRAY(SELECT id FROM doomed)) RETURNING 1)
 SELECT (SELECT count(*) FROM removed),
@@ -396,7 +396,7 @@ SELECT (SELECT count(*) FROM removed),
        (SELECT count(*) FROM batch) < $3";
 
 /// The progress of orders whose last event was applied before the cutoff, swept in key order.
-/// The cursor is the last key examined, as a JSON array [order_id, group_name].
+/// The cursor is the last key examined, as a JSON array [aggregate_id, group_name].
 ///
 /// Each group's horizon is announced before any progress below it goes: a step raises
 /// `forgotten_before` to the cutoff only once the previous announcement is a minute old, and
@@ -406,10 +406,10 @@ SELECT (SELECT count(*) FROM removed),
 /// the cutoff when the delete reaches it, and stays.
 const PROGRESS_STEP: &str = "
 WITH batch AS (
-    SELECT order_id, group_name, updated_at FROM order_progress
+    SELECT aggregate_id, group_name, updated_at FROM aggregate_progress
     WHERE $2::jsonb IS NULL
-       OR (order_id, group_name) > ($2::jsonb ->> 0, $2::jsonb ->> 1)
-    ORDER BY order_id, group_name LIMIT $3),
+       OR (aggregate_id, group_name) > ($2::jsonb ->> 0, $2::jsonb ->> 1)
+    ORDER BY aggregate_id, group_name LIMIT $3),
 groups AS (
     SELECT DISTINCT group_name FROM batch),
 seeded AS (
@@ -429,19 +429,19 @@ deletable AS (
     SELECT group_name, CASE WHEN aged THEN forgotten_before ELSE deletable_before END AS before
     FROM horizon),
 doomed AS (
-    SELECT b.order_id, b.group_name FROM batch b JOIN deletable x USING (group_name)
+    SELECT b.aggregate_id, b.group_name FROM batch b JOIN deletable x USING (group_name)
     WHERE b.updated_at < $1 AND b.updated_at < x.before
       AND NOT EXISTS (SELECT 1 FROM parked_event p
-                      WHERE p.order_id = b.order_id AND p.group_name = b.group_name)
+                      WHERE p.aggregate_id = b.aggregate_id AND p.group_name = b.group_name)
       AND NOT EXISTS (SELECT 1 FROM dead_letter l
                       WHERE l.status = 'open' AND l.group_name = b.group_name
-                        AND l.order_id = b.order_id)),
+                        AND l.aggregate_id = b.aggregate_id)),
 removed AS (
-    DELETE FROM order_progress p USING doomed d
-    WHERE p.order_id = d.order_id AND p.group_name = d.group_name AND p.updated_at < $1
+    DELETE FROM aggregate_progress p USING doomed d
+    WHERE p.aggregate_id = d.aggregate_id AND p.group_name = d.group_name AND p.updated_at < $1
     RETURNING 1),
 last AS (
-    SELECT order_id, group_name FROM batch ORDER BY order_id DESC, group_name DESC LIMIT 1)
+    SELECT aggregate_id, group_name FROM batch ORDER BY aggregate_id DESC, group_name DESC LIMIT 1)
 SELECT (SELECT count(*) FROM removed),
-       (SELECT jsonb_build_array(order_id, group_name)::text FROM last),
+       (SELECT jsonb_build_array(aggregate_id, group_name)::text FROM last),
        (SELECT count(*) FROM batch) < $3";

@@ -248,14 +248,14 @@ pub struct RequeueArgs {
     /// This event (its event id); repeatable.
     #[arg(long = "event")]
     pub events: Vec<uuid::Uuid>,
-    /// The failed events of this order.
-    #[arg(long)]
-    pub order: Option<String>,
+    /// The failed events of this aggregate (an order id, for the order service's events).
+    #[arg(long, visible_alias = "order")]
+    pub aggregate: Option<String>,
     /// Failed events whose last error contains this text.
     #[arg(long)]
     pub error: Option<String>,
     /// Every failed event.
-    #[arg(long, conflicts_with_all = ["events", "order", "error"])]
+    #[arg(long, conflicts_with_all = ["events", "aggregate", "error"])]
     pub all: bool,
     /// Who and why.
     #[command(flatten)]
@@ -289,9 +289,9 @@ pub struct LetterFilter {
     /// Only letters recorded before this time (RFC 3339).
     #[arg(long, value_parser = parse_time)]
     pub until: Option<chrono::DateTime<chrono::Utc>>,
-    /// Only this order's letters.
-    #[arg(long)]
-    pub order: Option<String>,
+    /// Only this aggregate's letters.
+    #[arg(long, visible_alias = "order")]
+    pub aggregate: Option<String>,
 }
 
 impl LetterFilter {
@@ -301,7 +301,7 @@ impl LetterFilter {
             && self.reason.is_none()
             && self.since.is_none()
             && self.until.is_none()
-            && self.order.is_none()
+            && self.aggregate.is_none()
     }
 }
 
@@ -340,10 +340,11 @@ pub struct LetterAction {
     /// Every open letter of the group (when no filter is given).
     #[arg(long)]
     pub all: bool,
-    /// For an unreadable record whose key is not an order id (none, not UTF-8, a NUL): the
-    /// order it held back (`skip` only). Without it such a letter is closed, moving no order.
-    #[arg(long = "for-order")]
-    pub for_order: Option<String>,
+    /// For an unreadable record whose key is not an aggregate id (none, not UTF-8, a NUL): the
+    /// aggregate it held back (`skip` only). Without it such a letter is closed, moving no
+    /// aggregate.
+    #[arg(long = "for-aggregate", visible_alias = "for-order")]
+    pub for_aggregate: Option<String>,
     /// Who and why.
     #[command(flatten)]
     pub change: Change,

@@ -28,7 +28,7 @@ pub struct Letter {
     /// The event, when the record was readable.
     pub event_id: Option<Uuid>,
     /// Its order: from the event, else from the record's key.
-    pub order_id: Option<String>,
+    pub aggregate_id: Option<String>,
     /// Its sequence, when readable.
     pub sequence: Option<i64>,
     /// Its type, when readable.
@@ -84,18 +84,18 @@ pub struct Outcome {
     /// The letter.
     pub id: i64,
     /// Its order, when known.
-    pub order_id: Option<String>,
+    pub aggregate_id: Option<String>,
     /// replayed, skipped, discarded, or already-… when it was settled before.
     pub outcome: String,
     /// Parked events applied after it.
     pub released: usize,
 }
 
-const LETTER_COLUMNS: &str = "d.id, d.event_id, d.order_id, d.sequence, d.event_type,
+const LETTER_COLUMNS: &str = "d.id, d.event_id, d.aggregate_id, d.sequence, d.event_type,
     d.topic, d.partition, d.kafka_offset, d.reason, d.attempts, d.status, d.created_at,
     d.resolved_at, d.resolution,
     (SELECT count(*) FROM parked_event p
-     WHERE p.group_name = d.group_name AND p.order_id = d.order_id) AS parked_behind";
+     WHERE p.group_name = d.group_name AND p.aggregate_id = d.aggregate_id) AS parked_behind";
 
 /// Which letters of a group match: `$1` the group, `$2` the status, `$3`–`$7` the filter's id,
 /// reason, since, until and order.
@@ -104,7 +104,7 @@ const LETTER_MATCH: &str = "d.group_name = $1 AND ($2::text IS NULL OR d.status 
     AND ($4::text IS NULL OR strpos(d.reason, $4) > 0)
     AND ($5::timestamptz IS NULL OR d.created_at >= $5)
     AND ($6::timestamptz IS NULL OR d.created_at < $6)
-    AND ($7::text IS NULL OR d.order_id = $7)";
+    AND ($7::text IS NULL OR d.aggregate_id = $7)";
 
 /// Refuses a status or a time range no letter could match.
 fn check(filter: &LetterFilter, status: Option<&str>) -> Result<(), BadInput> {
@@ -148,7 +148,7 @@ pub async fn list_page(
     check(filter, status)?;
     let sql = format!(
         "SELECT {LETTER_COLUMNS} FROM dead_letter d WHERE {LETTER_MATCH}
-         ORDER BY d.order_id, d.sequence NULLS FIRST, d.id
+         ORDER BY d.aggregate_id, d.sequence NULLS FIRST, d.id
          OFFSET $8 LIMIT $9"
     );
     Ok(matching(sqlx::query_as(&sql), group, filter, status)
@@ -187,7 +187,7 @@ fn matching<'q, T>(
         .bind(&filter.reason)
         .bind(filter.since)
         .bind(filter.until)
-        .bind(&filter.order)
+        .bind(&filter.aggregate)
 }
 
 /// Runs a `dead-letters` command and prints its result.
@@ -252,10 +252,10 @@ pub async fn show(pool: &PgPool, group: &str, id: i64) -> anyhow::Result<ShownLe
     .fetch_one(pool)
     .await?;
     let parked_sequences: Vec<i64> = sqlx::query_scalar(
-        "SELECT sequence FROM parked_event WHERE group_name = $1 AND order_id = $2 ORDER BY sequence",
+        "SELECT sequence FROM parked_event WHERE group_name = $1 AND aggregate_id = $2 ORDER BY sequence",
     )
     .bind(group)
-    .bind(&letter.order_id)
+    .bind(&letter.aggregate_id)
     .fetch_all(pool)
     .await?;
     let text = |b: &Option<Vec<u8>>| b.as_deref().map(|b| escape(b).into_owned());
@@ -370,7 +370,7 @@ pub async fn resolve_letters(
         if letter.status != "open" {
             outcomes.push(Outcome {
                 id: letter.id,
-                order_id: letter.order_id.clone(),
+                aggregate_id: letter.aggregate_id.clone(),
                 outcome: format!("already {}", letter.status),
                 released: 0,
             });
@@ -381,12 +381,12 @@ pub async fn resolve_letters(
             how,
             actor: &actor,
             note: &action.change.note,
-            for_order: action.for_order.as_deref(),
+            for_aggregate: action.for_aggregate.as_deref(),
         };
         match resolve::resolve(&pool, handler.as_ref(), sink.as_ref(), request).await {
             Ok(done) => outcomes.push(Outcome {
                 id: letter.id,
-                order_id: done.order_id,
+                aggregate_id: done.aggregate_id,
                 outcome: settled.to_owned(),
                 released: done.released,
             }),
@@ -454,7 +454,7 @@ async fn act(
                 &mut t,
                 vec![
                     o.id.to_string(),
-                    cell(o.order_id.as_ref()),
+                    cell(o.aggregate_id.as_ref()),
                     o.outcome.clone(),
                     o.released.to_string(),
                 ],
@@ -486,7 +486,7 @@ fn print_list(letters: &[Letter]) {
             &mut t,
             vec![
                 l.id.to_string(),
-                text_cell(l.order_id.as_deref()),
+                text_cell(l.aggregate_id.as_deref()),
                 cell(l.sequence),
                 text_cell(l.event_type.as_deref()),
                 format!("{}/{}", l.partition, l.kafka_offset),
@@ -508,7 +508,7 @@ fn print_shown(s: &ShownLetter) {
     let rows: Vec<(&str, String)> = vec![
         ("id", l.id.to_string()),
         ("status", l.status.clone()),
-        ("order", text_cell(l.order_id.as_deref())),
+        ("order", text_cell(l.aggregate_id.as_deref())),
         ("sequence", cell(l.sequence)),
         ("event", cell(l.event_id)),
         ("type", text_cell(l.event_type.as_deref())),

@@ -35,7 +35,7 @@ pub enum BadInput {
     #[error("nothing matches: {0}")]
     NothingMatches(String),
     /// A changing action without any filter.
-    #[error("{0}: give a filter (--id, --order, --reason, --since, --until) or --all")]
+    #[error("{0}: give a filter (--id, --aggregate, --reason, --since, --until) or --all")]
     NoFilter(&'static str),
     /// Anything else the operator must change in the request.
     #[error("{0}")]

@@ -131,18 +131,18 @@ pub async fn reprocess_group(
                             JOIN r ON pm.topic = r.topic AND pm.partition = r.partition
                                   AND pm.kafka_offset >= r.from_offset
                             WHERE pm.group_name = $1),
-                  firsts AS (SELECT a.order_id, min(a.sequence) AS first
-                             FROM (SELECT group_name, event_id, order_id, sequence
+                  firsts AS (SELECT a.aggregate_id, min(a.sequence) AS first
+                             FROM (SELECT group_name, event_id, aggregate_id, sequence
                                    FROM applied_effect
                                    UNION ALL
-                                   SELECT group_name, event_id, order_id, sequence
+                                   SELECT group_name, event_id, aggregate_id, sequence
                                    FROM applied_effect_held) a
                              WHERE a.group_name = $1 AND a.event_id IN (SELECT event_id FROM range)
-                             GROUP BY a.order_id),
-                  rewound AS (UPDATE order_progress p SET last_sequence = f.first - 1,
+                             GROUP BY a.aggregate_id),
+                  rewound AS (UPDATE aggregate_progress p SET last_sequence = f.first - 1,
                                                           updated_at = clock_timestamp()
                               FROM firsts f
-                              WHERE p.group_name = $1 AND p.order_id = f.order_id
+                              WHERE p.group_name = $1 AND p.aggregate_id = f.aggregate_id
                                 AND p.last_sequence >= f.first
                               RETURNING 1),
                   cleared AS (DELETE FROM processed_message pm USING range

@@ -28,9 +28,9 @@ pub struct Requeued {
 
 /// Requeues the failed events `args` selects, all or none.
 pub async fn requeue(pool: &PgPool, args: &RequeueArgs) -> anyhow::Result<Vec<Requeued>> {
-    if args.events.is_empty() && args.order.is_none() && args.error.is_none() && !args.all {
+    if args.events.is_empty() && args.aggregate.is_none() && args.error.is_none() && !args.all {
         return Err(BadInput::Refused(
-            "say which failed events: --event, --order, --error or --all".to_owned(),
+            "say which failed events: --event, --aggregate, --error or --all".to_owned(),
         )
         .into());
     }
@@ -89,7 +89,7 @@ pub async fn requeue(pool: &PgPool, args: &RequeueArgs) -> anyhow::Result<Vec<Re
          ORDER BY t.id",
     )
     .bind(events)
-    .bind(&args.order)
+    .bind(&args.aggregate)
     .bind(&args.error)
     .bind(&actor)
     .bind(&args.change.note)

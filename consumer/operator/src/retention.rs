@@ -114,7 +114,7 @@ async fn rules_of(pool: &PgPool) -> anyhow::Result<(Vec<Rule>, BTreeMap<String, 
         let defaults = consumer::retention::RetentionSettings::default();
         let settings = consumer::retention::RetentionSettings {
             dedupe: window("processed_message", defaults.dedupe),
-            progress: window("order_progress", defaults.progress),
+            progress: window("aggregate_progress", defaults.progress),
             history: window("applied_effect", defaults.history),
             dead_letters: window("dead_letter", defaults.dead_letters),
             operator_actions: window("operator_action", defaults.operator_actions),

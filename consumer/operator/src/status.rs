@@ -187,7 +187,7 @@ async fn group_status(targets: &Targets, group: &str) -> anyhow::Result<GroupSta
     ) = sqlx::query_as(
         "SELECT (SELECT count(*) FROM (SELECT 1 FROM dead_letter
                                        WHERE group_name = $1 AND status = 'open' LIMIT $2) x),
-                (SELECT count(DISTINCT order_id) FROM (SELECT order_id FROM parked_event
+                (SELECT count(DISTINCT aggregate_id) FROM (SELECT aggregate_id FROM parked_event
                                                        WHERE group_name = $1 LIMIT $2) x),
                 l.rate, l.events_per_second
          FROM (SELECT 1) one

@@ -50,7 +50,7 @@ pub struct Step {
 #[derive(Debug, Serialize)]
 pub struct Trace {
     /// The order.
-    pub order_id: String,
+    pub aggregate_id: String,
     /// The event, when one was asked for.
     pub event_id: Option<Uuid>,
     /// Every step, oldest first.
@@ -70,7 +70,7 @@ pub async fn read(targets: &Targets, id: &str) -> anyhow::Result<Trace> {
     let groups = targets.groups(KnownBy::Database).await?;
     let outbox = targets.outbox().await?;
     let event_id = Uuid::parse_str(id).ok();
-    let order_id = match event_id {
+    let aggregate_id = match event_id {
         Some(event) => {
             sqlx::query_scalar::<_, String>("SELECT aggregate_id FROM outbox WHERE event_id = $1")
                 .bind(event)
@@ -80,7 +80,7 @@ pub async fn read(targets: &Targets, id: &str) -> anyhow::Result<Trace> {
         None => None,
     };
     // A schedule's name stands for its events' aggregate.
-    let schedule_aggregate: Option<String> = match order_id {
+    let schedule_aggregate: Option<String> = match aggregate_id {
         Some(_) => None,
         None => {
             sqlx::query_scalar("SELECT aggregate_id FROM outbox_schedule WHERE name = $1")
@@ -89,7 +89,7 @@ pub async fn read(targets: &Targets, id: &str) -> anyhow::Result<Trace> {
                 .await?
         }
     };
-    let (order_id, event_id) = match (order_id, event_id, schedule_aggregate) {
+    let (aggregate_id, event_id) = match (aggregate_id, event_id, schedule_aggregate) {
         (Some(order), Some(event), _) => (order, Some(event)),
         (_, _, Some(aggregate)) => (aggregate, None),
         _ => (id.to_owned(), None),
@@ -100,7 +100,7 @@ pub async fn read(targets: &Targets, id: &str) -> anyhow::Result<Trace> {
          FROM outbox_history
          WHERE aggregate_id = $1 AND ($2::uuid IS NULL OR event_id = $2)",
     )
-    .bind(&order_id)
+    .bind(&aggregate_id)
     .bind(event_id)
     .fetch_all(&outbox)
     .await?;
@@ -120,7 +120,7 @@ pub async fn read(targets: &Targets, id: &str) -> anyhow::Result<Trace> {
          WHERE x.aggregate_id = $1 AND x.action LIKE 'schedule.%'
            AND ($2::uuid IS NULL OR x.event_id = $2)",
     )
-    .bind(&order_id)
+    .bind(&aggregate_id)
     .bind(event_id)
     .fetch_all(&outbox)
     .await?;
@@ -136,7 +136,7 @@ pub async fn read(targets: &Targets, id: &str) -> anyhow::Result<Trace> {
          WHERE x.aggregate_id = $1 AND x.action LIKE 'outbox.delayed.%'
            AND ($2::uuid IS NULL OR x.event_id = $2)",
     )
-    .bind(&order_id)
+    .bind(&aggregate_id)
     .bind(event_id)
     .fetch_all(&outbox)
     .await?;
@@ -148,13 +148,13 @@ pub async fn read(targets: &Targets, id: &str) -> anyhow::Result<Trace> {
                     partition AS kafka_partition, kafka_offset
              FROM group_history
              WHERE group_name = $1
-               AND ((order_id = $2 AND ($3::uuid IS NULL OR event_id = $3))
+               AND ((aggregate_id = $2 AND ($3::uuid IS NULL OR event_id = $3))
                     -- A reprocess, a pause or a resume acts on the whole group: it shows in
                     -- every order's trace.
-                    OR (order_id IS NULL AND transition = ANY ($4)))",
+                    OR (aggregate_id IS NULL AND transition = ANY ($4)))",
         )
         .bind(targets.qualified(&group))
-        .bind(&order_id)
+        .bind(&aggregate_id)
         .bind(event_id)
         .bind(&GROUP_WIDE[..])
         .fetch_all(&pool)
@@ -165,12 +165,12 @@ pub async fn read(targets: &Targets, id: &str) -> anyhow::Result<Trace> {
         let unnamed: Vec<Step> = sqlx::query_as(
             "WITH letter AS (
                  SELECT id, topic, partition, kafka_offset FROM dead_letter
-                 WHERE group_name = $1 AND key = $2 AND order_id IS NULL)
+                 WHERE group_name = $1 AND key = $2 AND aggregate_id IS NULL)
              SELECT t.at, t.transition, t.event_id, t.sequence, t.event_type, t.detail,
                     t.partition AS kafka_partition, t.kafka_offset
              FROM group_transition t
              JOIN letter l ON (l.topic, l.partition, l.kafka_offset) = (t.topic, t.partition, t.kafka_offset)
-             WHERE t.group_name = $1 AND t.order_id IS NULL
+             WHERE t.group_name = $1 AND t.aggregate_id IS NULL
              UNION ALL
              SELECT x.acted_at, x.action, x.event_id, NULL, NULL,
                     format('by %s: %s', x.actor, x.reason), l.partition, l.kafka_offset
@@ -204,7 +204,7 @@ pub async fn read(targets: &Targets, id: &str) -> anyhow::Result<Trace> {
         (a.at, a.place != "outbox", a.sequence).cmp(&(b.at, b.place != "outbox", b.sequence))
     });
     Ok(Trace {
-        order_id,
+        aggregate_id,
         event_id,
         steps,
     })
@@ -223,8 +223,11 @@ pub fn position(partition: Option<i32>, offset: Option<i64>) -> String {
 /// Prints the trace as a table.
 pub fn print(trace: &Trace) {
     match trace.event_id {
-        Some(e) => println!("event {e} of order {}", escape(trace.order_id.as_bytes())),
-        None => println!("order {}", escape(trace.order_id.as_bytes())),
+        Some(e) => println!(
+            "event {e} of order {}",
+            escape(trace.aggregate_id.as_bytes())
+        ),
+        None => println!("order {}", escape(trace.aggregate_id.as_bytes())),
     }
     let mut t = table(&[
         "at",

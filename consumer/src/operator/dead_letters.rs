@@ -61,9 +61,9 @@ pub struct Request<'a> {
     pub actor: &'a str,
     /// Why (recorded, and kept with the letter).
     pub note: &'a str,
-    /// For a skip of a record with neither a readable event nor a key that is an order id: the
-    /// order it held back.
-    pub for_order: Option<&'a str>,
+    /// For a skip of a record with neither a readable event nor a key that is an aggregate id:
+    /// the aggregate it held back.
+    pub for_aggregate: Option<&'a str>,
 }
 
 /// Why a dead letter could not be resolved.
@@ -84,20 +84,22 @@ pub enum ResolveError {
     #[error("dead letter {0} has no readable event (no key or envelope headers): it can only be skipped or discarded")]
     Unreadable(i64),
     /// A discard of a letter whose order has events parked behind it.
-    #[error("order {order_id} has {parked} event(s) parked behind dead letter {id}: skip or replay it instead, so they are applied")]
+    #[error("order {aggregate_id} has {parked} event(s) parked behind dead letter {id}: skip or replay it instead, so they are applied")]
     HoldsParked {
         /// The dead letter's id.
         id: i64,
         /// Its order.
-        order_id: String,
+        aggregate_id: String,
         /// Events parked.
         parked: i64,
     },
     /// An earlier sequence of the order is not applied yet, so this event cannot go next.
-    #[error("order {order_id} has not applied sequence {expected} yet; resolve that event first")]
+    #[error(
+        "order {aggregate_id} has not applied sequence {expected} yet; resolve that event first"
+    )]
     EarlierPending {
         /// The dead letter's order.
-        order_id: String,
+        aggregate_id: String,
         /// The order's next sequence to apply.
         expected: i64,
     },
@@ -125,7 +127,7 @@ pub struct DeadLetterRow {
     /// The event's id, when the record was a readable event.
     pub event_id: Option<Uuid>,
     /// The event's order (aggregate id), when readable.
-    pub order_id: Option<String>,
+    pub aggregate_id: Option<String>,
     /// The event's sequence within its order, when readable.
     pub sequence: Option<i64>,
     /// The event's type, when readable.
@@ -155,10 +157,10 @@ pub async fn list(
     status: Option<&str>,
 ) -> Result<Vec<DeadLetterRow>, sqlx::Error> {
     sqlx::query_as(
-        "SELECT d.id, d.group_name, d.event_id, d.order_id, d.sequence, d.event_type, d.topic,
+        "SELECT d.id, d.group_name, d.event_id, d.aggregate_id, d.sequence, d.event_type, d.topic,
                 d.partition, d.kafka_offset, d.reason, d.attempts, d.status, d.created_at,
                 (SELECT count(*) FROM parked_event p
-                 WHERE p.group_name = d.group_name AND p.order_id = d.order_id) AS parked_behind
+                 WHERE p.group_name = d.group_name AND p.aggregate_id = d.aggregate_id) AS parked_behind
          FROM dead_letter d
          WHERE d.group_name = $1 AND ($2::text IS NULL OR d.status = $2)
          ORDER BY d.id",
@@ -173,7 +175,7 @@ pub async fn list(
 struct Letter {
     status: String,
     event_id: Option<Uuid>,
-    order_id: Option<String>,
+    aggregate_id: Option<String>,
     sequence: Option<i64>,
     event_type: Option<String>,
     payload: Option<Vec<u8>>,
@@ -187,7 +189,7 @@ pub struct Resolved {
     /// The dead letter resolved.
     pub id: i64,
     /// Its order, when known.
-    pub order_id: Option<String>,
+    pub aggregate_id: Option<String>,
     /// Whether its event was applied (a replay); false for a discard.
     pub applied: bool,
     /// Parked events applied after it, in sequence order.
@@ -209,7 +211,7 @@ pub async fn resolve(
     let group = handler.group();
     let mut tx = pool.begin().await?;
     let letter: Letter = sqlx::query_as(
-        "SELECT status, event_id, order_id, sequence, event_type, payload, headers, created_at
+        "SELECT status, event_id, aggregate_id, sequence, event_type, payload, headers, created_at
          FROM dead_letter WHERE id = $1 AND group_name = $2 FOR UPDATE",
     )
     .bind(id)
@@ -224,12 +226,12 @@ pub async fn resolve(
         });
     }
     let order = letter
-        .order_id
+        .aggregate_id
         .clone()
-        .or_else(|| request.for_order.map(str::to_owned));
+        .or_else(|| request.for_aggregate.map(str::to_owned));
     let mut resolved = Resolved {
         id,
-        order_id: order.clone(),
+        aggregate_id: order.clone(),
         applied: false,
         released: 0,
         last_sequence: None,
@@ -252,7 +254,7 @@ pub async fn resolve(
     let parked: i64 = match &order {
         Some(order) => {
             sqlx::query_scalar(
-                "SELECT count(*) FROM parked_event WHERE group_name = $1 AND order_id = $2",
+                "SELECT count(*) FROM parked_event WHERE group_name = $1 AND aggregate_id = $2",
             )
             .bind(group)
             .bind(order)
@@ -265,7 +267,7 @@ pub async fn resolve(
         (Resolution::Discard, Some(order)) if parked > 0 => {
             return Err(ResolveError::HoldsParked {
                 id,
-                order_id: order.clone(),
+                aggregate_id: order.clone(),
                 parked,
             })
         }
@@ -301,7 +303,7 @@ pub async fn resolve(
             // No readable event: move past the order's gap, up to its first parked event.
             _ if parked > 0 => {
                 let first: i64 = sqlx::query_scalar(
-                    "SELECT min(sequence) FROM parked_event WHERE group_name = $1 AND order_id = $2",
+                    "SELECT min(sequence) FROM parked_event WHERE group_name = $1 AND aggregate_id = $2",
                 )
                 .bind(group)
                 .bind(order)
@@ -346,7 +348,7 @@ pub async fn resolve(
 fn readable(letter: &Letter) -> Option<Event> {
     let (Some(event_id), Some(order), Some(sequence), Some(event_type)) = (
         letter.event_id,
-        letter.order_id.clone(),
+        letter.aggregate_id.clone(),
         letter.sequence,
         letter.event_type.clone(),
     ) else {
@@ -379,7 +381,7 @@ fn readable(letter: &Letter) -> Option<Event> {
 
 async fn progress(tx: &mut PgConnection, group: &str, order: &str) -> Result<i64, sqlx::Error> {
     Ok(sqlx::query_scalar(
-        "SELECT last_sequence FROM order_progress WHERE group_name = $1 AND order_id = $2 FOR UPDATE",
+        "SELECT last_sequence FROM aggregate_progress WHERE group_name = $1 AND aggregate_id = $2 FOR UPDATE",
     )
     .bind(group)
     .bind(order)
@@ -402,7 +404,7 @@ async fn pass(
     let last = progress(tx, handler.group(), order).await?;
     if seq != last + 1 {
         return Err(ResolveError::EarlierPending {
-            order_id: order.to_owned(),
+            aggregate_id: order.to_owned(),
             expected: last + 1,
         });
     }

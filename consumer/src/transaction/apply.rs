@@ -3,7 +3,7 @@
 //!
 //! For every message the transaction inserts the group's `processed_message` row (the dedupe
 //! constraint) and, only when that row is new, applies the handler's effects, in the order of
-//! its order's sequence (see `sequence`). The caller commits the Kafka offset only after this
+//! its aggregate's sequence (see `sequence`). The caller commits the Kafka offset only after this
 //! transaction has committed.
 
 use std::collections::HashSet;
@@ -140,7 +140,7 @@ pub(crate) async fn process_groups_on(
         .map(|(_, batches)| sort_batches(batches))
         .collect();
     // One round trip opens every group's batches: the ownership fences, the dedupe constraint
-    // (only rows inserted now are new to a group), and the orders' progress and parked events.
+    // (only rows inserted now are new to a group), and the aggregates' progress and parked events.
     let openings: Vec<GroupOpening<'_, '_>> = groups
         .iter()
         .zip(&sorted)
@@ -248,23 +248,23 @@ fn sort_batches<'a>(batches: &'a [PartitionBatch<'a>]) -> Vec<SortedBatch<'a>> {
 }
 
 /// A group's part of the transaction's opening statement: its batches' fences, events and
-/// orders.
+/// aggregates.
 fn opening<'a, 'm>(group: &'a str, batches: &'a [SortedBatch<'m>]) -> GroupOpening<'a, 'm> {
     let valid: Vec<&Pending<'m>> = batches
         .iter()
         .flat_map(|m| m.valid.iter().map(|(_, p)| p))
         .collect();
-    let mut orders: Vec<String> = valid
+    let mut aggregates: Vec<String> = valid
         .iter()
         .map(|p| p.event.envelope.aggregate_id.clone())
         .collect();
-    orders.sort();
-    orders.dedup();
+    aggregates.sort();
+    aggregates.dedup();
     GroupOpening {
         group,
         fences: batches.iter().filter_map(|m| m.fence).collect(),
         valid,
-        orders,
+        aggregates,
     }
 }
 
@@ -282,7 +282,7 @@ async fn apply_group<'a>(
     let group = handler.group();
     let mut state = TransactionState {
         progress: start.progress,
-        parked_orders: start.parked_orders,
+        parked_aggregates: start.parked_aggregates,
         horizon: start.horizon,
         ..TransactionState::default()
     };
@@ -326,7 +326,7 @@ async fn apply_group<'a>(
                 "event",
                 group,
                 event_id = %env.event_id,
-                order_id = %env.aggregate_id,
+                aggregate_id = %env.aggregate_id,
                 sequence = env.sequence,
                 event_type = %env.event_type,
                 traceparent = env.traceparent.as_deref().unwrap_or(""),

@@ -89,11 +89,11 @@ pub async fn record(
 ) -> Result<(), sqlx::Error> {
     let msg = &letter.message;
     let env = letter.event.as_ref().map(|e| &e.envelope);
-    let order_id = letter_order(letter);
+    let aggregate_id = letter_order(letter);
     let reason = without_nul(&letter.reason);
     tracing::warn!(
         group, topic = %msg.topic, partition = msg.partition, offset = msg.offset,
-        event_id = ?env.map(|e| e.event_id), order_id = ?order_id,
+        event_id = ?env.map(|e| e.event_id), aggregate_id = ?aggregate_id,
         key = ?msg.key.as_deref().map(escape),
         reason = %reason, "message dead-lettered"
     );
@@ -101,23 +101,23 @@ pub async fn record(
     // The letter and its place in the event's history, in one statement.
     sqlx::query(
         "WITH letter AS (
-             INSERT INTO dead_letter (group_name, event_id, order_id, sequence, event_type, topic,
+             INSERT INTO dead_letter (group_name, event_id, aggregate_id, sequence, event_type, topic,
                                       partition, kafka_offset, reason, key, payload, headers,
                                       header_names, header_values,
                                       attempts, first_failure_at, last_failure_at)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)
              ON CONFLICT (group_name, topic, partition, kafka_offset) DO NOTHING
-             RETURNING group_name, event_id, order_id, sequence, event_type, topic, partition,
+             RETURNING group_name, event_id, aggregate_id, sequence, event_type, topic, partition,
                        kafka_offset, reason)
-         INSERT INTO group_transition (group_name, event_id, order_id, sequence, event_type,
+         INSERT INTO group_transition (group_name, event_id, aggregate_id, sequence, event_type,
                                        transition, detail, topic, partition, kafka_offset)
-         SELECT group_name, event_id, order_id, sequence, event_type,
+         SELECT group_name, event_id, aggregate_id, sequence, event_type,
                 'dead_lettered', reason, topic, partition, kafka_offset
          FROM letter",
     )
     .bind(group)
     .bind(env.map(|e| e.event_id))
-    .bind(order_id)
+    .bind(aggregate_id)
     .bind(env.map(|e| e.sequence))
     .bind(env.map(|e| &e.event_type))
     .bind(&msg.topic)

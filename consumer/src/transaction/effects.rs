@@ -1,5 +1,5 @@
 //! What a transaction decides as it goes: the handler's effects of one event, and the
-//! transaction's working state (progress per order, effects and dead letters to write). Read by
+//! transaction's working state (progress per aggregate, effects and dead letters to write). Read by
 //! the transaction of batches, the release of parked events and the resolution of dead letters.
 
 use std::collections::{HashMap, HashSet};
@@ -11,16 +11,16 @@ use super::error::{is_rejection, ProcessError};
 use super::store::AppliedEffect;
 use crate::handlers::{Event, HandlerError, HandlerTransaction};
 
-/// What a transaction has learned so far about the orders it touches.
+/// What a transaction has learned so far about the aggregates it touches.
 #[derive(Default)]
 pub(crate) struct TransactionState {
-    /// Last applied sequence per order, as read at the start and advanced since.
+    /// Last applied sequence per aggregate, as read at the start and advanced since.
     pub(crate) progress: HashMap<String, i64>,
     /// Orders whose last applied sequence this transaction moved, with the new value.
     pub(crate) advanced: HashMap<String, i64>,
     /// Orders with parked events.
-    pub(crate) parked_orders: HashSet<String>,
-    /// The group's progress horizon (see `progress_horizon`): an order without progress may have
+    pub(crate) parked_aggregates: HashSet<String>,
+    /// The group's progress horizon (see `progress_horizon`): an aggregate without progress may have
     /// been forgotten if its events occurred before it.
     pub(crate) horizon: Option<chrono::DateTime<chrono::Utc>>,
     pub(crate) effects: Vec<AppliedEffect>,

@@ -58,7 +58,7 @@ pub enum Outcome {
     Applied,
     /// Already processed by this group (redelivery or Kafka duplicate): effects skipped.
     Duplicate,
-    /// Ahead of its order's next sequence: recorded, applied later in order.
+    /// Ahead of its aggregate's next sequence: recorded, applied later in order.
     Parked,
     /// A sequence this group already applied, under another event id: flagged, not applied.
     Stale,

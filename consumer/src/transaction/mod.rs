@@ -3,7 +3,7 @@
 //! it inserts the group's dedupe row (`processed_message`) and, only when that row is new,
 //! applies the handler's effects, in the sequence of the message's order; events ahead of their
 //! predecessor are parked, messages that cannot be applied are dead-lettered. One statement opens
-//! the transaction (ownership fence, dedupe rows, the orders' progress) and one records what it
+//! the transaction (ownership fence, dedupe rows, the aggregates' progress) and one records what it
 //! applied.
 //!
 //! Its parts, lowest first: `message` (what a batch works on and reports) and `error` (how it

@@ -1,4 +1,4 @@
-//! Events of an order are applied strictly in sequence: the next one is applied, one that is
+//! Events of an aggregate are applied strictly in sequence: the next one is applied, one that is
 //! ahead of its predecessor is parked and released, in order, when the gap closes, and one whose
 //! sequence was already applied is flagged stale.
 
@@ -14,21 +14,21 @@ use super::message::{read_event, BatchReport, InboundMessage, Outcome, Pending, 
 use super::store::{set_outcomes, AppliedEffect, OutcomeChange};
 use crate::handlers::{Event, HandlerTransaction};
 
-/// What becomes of a record a group has not processed yet, given its order's last applied
+/// What becomes of a record a group has not processed yet, given its aggregate's last applied
 /// sequence: the decision the batch transaction takes for it (see [`decide`]).
 #[derive(Debug, Clone)]
 pub enum Decision {
-    /// The order's next event: applied now (unless the handler rejects it).
+    /// The aggregate's next event: applied now (unless the handler rejects it).
     Apply(Event),
-    /// Ahead of its order's next sequence: parked until the gap closes.
+    /// Ahead of its aggregate's next sequence: parked until the gap closes.
     Park(Event),
-    /// A sequence the order already applied: flagged stale, not applied.
+    /// A sequence the aggregate already applied: flagged stale, not applied.
     Stale(Event),
     /// Not a readable event: dead-lettered with this reason.
     DeadLetter(String),
 }
 
-/// The decision for `msg` when its order's last applied sequence is `last` (0: none yet).
+/// The decision for `msg` when its aggregate's last applied sequence is `last` (0: none yet).
 pub fn decide(msg: &InboundMessage, last: i64) -> Decision {
     match read_event(msg) {
         Err(reason) => Decision::DeadLetter(reason),
@@ -56,7 +56,7 @@ fn step(sequence: i64, last: i64) -> Step {
     }
 }
 
-/// Applies, parks or skips one new event according to its order's next expected sequence.
+/// Applies, parks or skips one new event according to its aggregate's next expected sequence.
 pub(crate) async fn handle_event(
     tx: &mut Transaction<'_, Postgres>,
     effects: &mut dyn HandlerTransaction,
@@ -78,7 +78,7 @@ pub(crate) async fn handle_event(
             Ok(()) => {
                 state.effects.push(AppliedEffect::of(&p.event));
                 let mut last = env.sequence;
-                if state.parked_orders.contains(&env.aggregate_id) {
+                if state.parked_aggregates.contains(&env.aggregate_id) {
                     last =
                         release_parked(tx, effects, group, &env.aggregate_id, last, state, report)
                             .await?;
@@ -105,21 +105,21 @@ pub(crate) async fn handle_event(
     report.out_of_sequence += 1;
     if let Step::Stale = step(env.sequence, last) {
         // The dedupe rows did not know the event: a redelivery whose row retention removed, or
-        // another event with a sequence the order already passed. Neither is applied.
+        // another event with a sequence the aggregate already passed. Neither is applied.
         tracing::warn!(
             last_applied = last,
             "event sequence already applied (a redelivery past the dedupe window, or another \
              event with that sequence); not applied"
         );
         let detail = format!(
-            "order already at sequence {last}: a redelivery past the dedupe window, or another \
+            "aggregate already at sequence {last}: a redelivery past the dedupe window, or another \
              event with this sequence; not applied"
         );
         return stale(tx, group, env, detail).await;
     }
     tracing::warn!(
         expected = last + 1,
-        "event ahead of its order's next sequence; parked until the gap closes"
+        "event ahead of its aggregate's next sequence; parked until the gap closes"
     );
     park(
         tx,
@@ -129,7 +129,7 @@ pub(crate) async fn handle_event(
         &format!("waiting for sequence {}", last + 1),
     )
     .await?;
-    let _ = state.parked_orders.insert(env.aggregate_id.clone());
+    let _ = state.parked_aggregates.insert(env.aggregate_id.clone());
     set_outcomes(
         tx,
         group,
@@ -139,8 +139,8 @@ pub(crate) async fn handle_event(
     Ok(Outcome::Parked)
 }
 
-/// An event of an order the group keeps no progress for, which occurred before the group's
-/// progress horizon: its order's progress may have been removed by retention, so it may have
+/// An event of an aggregate the group keeps no progress for, which occurred before the group's
+/// progress horizon: its aggregate's progress may have been removed by retention, so it may have
 /// been applied already. It is flagged stale, never applied again.
 async fn forgotten(
     tx: &mut Transaction<'_, Postgres>,
@@ -153,11 +153,11 @@ async fn forgotten(
     tracing::warn!(
         %horizon,
         occurred_at = %env.occurred_at,
-        "event of an order whose progress retention removed; flagged stale, not applied"
+        "event of an aggregate whose progress retention removed; flagged stale, not applied"
     );
     let detail = format!(
-        "no progress kept for this order, and the event occurred before the group's progress \
-         horizon ({horizon}): a redelivery of an order retention forgot; not applied"
+        "no progress kept for this aggregate, and the event occurred before the group's progress \
+         horizon ({horizon}): a redelivery of an aggregate retention forgot; not applied"
     );
     stale(tx, group, env, detail).await
 }
@@ -173,7 +173,7 @@ async fn stale(
     Ok(Outcome::Stale)
 }
 
-/// Applies parked events of `order` that now follow `last` without a gap. Returns the new last.
+/// Applies parked events of `aggregate` that now follow `last` without a gap. Returns the new last.
 pub(crate) async fn release_parked(
     tx: &mut Transaction<'_, Postgres>,
     effects: &mut dyn HandlerTransaction,
@@ -186,10 +186,10 @@ pub(crate) async fn release_parked(
     loop {
         let row: Option<ParkedRow> = sqlx::query_as(
             "WITH parked AS (
-                 DELETE FROM parked_event WHERE group_name = $1 AND order_id = $2 AND sequence = $3
+                 DELETE FROM parked_event WHERE group_name = $1 AND aggregate_id = $2 AND sequence = $3
                  RETURNING event_id, event_type, payload, occurred_at, topic, partition, kafka_offset),
              record AS (
-                 DELETE FROM parked_record WHERE group_name = $1 AND order_id = $2 AND sequence = $3
+                 DELETE FROM parked_record WHERE group_name = $1 AND aggregate_id = $2 AND sequence = $3
                  RETURNING payload AS record_payload, header_names, header_values)
              SELECT parked.*, record.* FROM parked LEFT JOIN record ON true",
         )
@@ -216,7 +216,7 @@ pub(crate) async fn release_parked(
                 set_outcomes(tx, group, &[OutcomeChange::released(&event.envelope)]).await?;
                 report.released += 1;
                 last += 1;
-                tracing::info!(group, event_id = %row.event_id, order_id = order, sequence = last, "parked event released and applied");
+                tracing::info!(group, event_id = %row.event_id, aggregate_id = order, sequence = last, "parked event released and applied");
             }
             Err(reason) => {
                 // The record as it arrived (rebuilt from the columns for a row without its bytes).
@@ -276,19 +276,19 @@ pub(crate) async fn park(
     // The parked event and its place in the event's history, in one statement.
     sqlx::query(
         "WITH parked AS (
-             INSERT INTO parked_event (group_name, order_id, sequence, event_id, event_type,
+             INSERT INTO parked_event (group_name, aggregate_id, sequence, event_id, event_type,
                                        payload, occurred_at, topic, partition, kafka_offset, reason)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
-             ON CONFLICT (group_name, order_id, sequence) DO NOTHING
-             RETURNING group_name, event_id, order_id, sequence, event_type, topic, partition,
+             ON CONFLICT (group_name, aggregate_id, sequence) DO NOTHING
+             RETURNING group_name, event_id, aggregate_id, sequence, event_type, topic, partition,
                        kafka_offset, reason),
          record AS (
-             INSERT INTO parked_record (group_name, order_id, sequence, payload, header_names,
+             INSERT INTO parked_record (group_name, aggregate_id, sequence, payload, header_names,
                                         header_values)
-             SELECT group_name, order_id, sequence, $12, $13, $14 FROM parked)
-         INSERT INTO group_transition (group_name, event_id, order_id, sequence, event_type,
+             SELECT group_name, aggregate_id, sequence, $12, $13, $14 FROM parked)
+         INSERT INTO group_transition (group_name, event_id, aggregate_id, sequence, event_type,
                                        transition, detail, topic, partition, kafka_offset)
-         SELECT group_name, event_id, order_id, sequence, event_type, 'parked', reason, topic,
+         SELECT group_name, event_id, aggregate_id, sequence, event_type, 'parked', reason, topic,
                 partition, kafka_offset
          FROM parked",
     )

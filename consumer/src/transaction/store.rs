@@ -1,4 +1,4 @@
-//! The batch transaction's statements: ownership fence, dedupe rows, per-order progress,
+//! The batch transaction's statements: ownership fence, dedupe rows, per-aggregate progress,
 //! effect history and outcomes.
 
 use std::collections::{HashMap, HashSet};
@@ -53,10 +53,10 @@ pub(crate) struct TransactionStart {
     /// Event ids whose `processed_message` row this transaction inserted: the events new to the
     /// group.
     pub(crate) new_ids: HashSet<Uuid>,
-    /// Last applied sequence of the transaction's orders that have one, locked for it.
+    /// Last applied sequence of the transaction's aggregates that have one, locked for it.
     pub(crate) progress: HashMap<String, i64>,
-    /// The transaction's orders with parked events.
-    pub(crate) parked_orders: HashSet<String>,
+    /// The transaction's aggregates with parked events.
+    pub(crate) parked_aggregates: HashSet<String>,
     /// Orders whose last event was applied before this time may have had their progress
     /// removed by retention (`progress_horizon`); None while the group's never was.
     pub(crate) horizon: Option<DateTime<Utc>>,
@@ -90,8 +90,8 @@ pub(crate) struct GroupOpening<'a, 'm> {
     pub(crate) fences: Vec<&'a Fence>,
     /// The readable events, first copy of each id.
     pub(crate) valid: Vec<&'a Pending<'m>>,
-    /// The events' orders, sorted, each once.
-    pub(crate) orders: Vec<String>,
+    /// The events' aggregates, sorted, each once.
+    pub(crate) aggregates: Vec<String>,
 }
 
 type TransactionStartRow = (
@@ -110,10 +110,10 @@ type TransactionStartRow = (
 /// Opens the batches of one or more groups (each given once) in one round trip: checks, with
 /// share locks held until the transaction ends, that this consumer still owns every partition
 /// in the groups' fences, inserts the `processed_message` rows of their events (the dedupe
-/// constraint decides which are new to each group), and locks and reads the progress (in
-/// group and order order) and parked events of their orders. If any partition is no longer
-/// owned, nothing is inserted and the transaction is reported as [`ProcessError::Fenced`]. One
-/// start per group, in the order given.
+/// constraint decides which are new to each group), and locks (in group and aggregate order) and
+/// reads the groups' progress and parked events of the transaction's aggregates. If any partition
+/// is no longer owned, nothing is inserted and the transaction is reported as
+/// [`ProcessError::Fenced`]. One start per group, in the order given.
 pub(crate) async fn start_transaction(
     tx: &mut PgConnection,
     groups: &[GroupOpening<'_, '_>],
@@ -126,7 +126,7 @@ pub(crate) async fn start_transaction(
     }
     let mut rows = EventRows::default();
     let mut fences = FenceRows::default();
-    let (mut key_groups, mut key_orders): (Vec<&str>, Vec<&str>) = (Vec::new(), Vec::new());
+    let mut aggregates: Vec<&str> = Vec::new();
     for g in groups {
         for p in &g.valid {
             rows.groups.push(g.group);
@@ -141,17 +141,15 @@ pub(crate) async fn start_transaction(
             fences.partitions.push(f.partition);
             fences.owners.push(f.owner);
         }
-        for order in &g.orders {
-            key_groups.push(g.group);
-            key_orders.push(order);
-        }
+        aggregates.extend(g.aggregates.iter().map(String::as_str));
     }
     let names: Vec<&str> = groups.iter().map(|g| g.group).collect();
-    // Every key's group and order bound the index scans as well as the join, whichever side the
-    // planner starts from.
-    let mut all_orders: Vec<&str> = key_orders.clone();
-    all_orders.sort_unstable();
-    all_orders.dedup();
+    // Each group's progress and parked events are read for every aggregate of the transaction:
+    // the index scans take both arrays, whatever the batches' size. A group's rows of an
+    // aggregate only another group's batch has are read and locked too, and never consulted (the
+    // groups of one transaction consume the same events, so there are few or none).
+    aggregates.sort_unstable();
+    aggregates.dedup();
     let row: TransactionStartRow = sqlx::query_as(
         "WITH want AS (
                  SELECT * FROM unnest($6::text[], $7::text[], $8::int[], $9::uuid[])
@@ -172,37 +170,31 @@ pub(crate) async fn start_transaction(
                  WHERE (SELECT owned FROM fence)
                  ON CONFLICT (group_name, event_id) DO NOTHING
                  RETURNING group_name, event_id),
-             keys AS (
-                 SELECT * FROM unnest($10::text[], $11::text[]) AS k(group_name, order_id)),
              progress AS (
-                 SELECT p.group_name, p.order_id, p.last_sequence
-                 FROM order_progress p JOIN keys k
-                     ON p.group_name = k.group_name AND p.order_id = k.order_id
-                 WHERE p.group_name = ANY($12) AND p.order_id = ANY($13)
+                 SELECT group_name, aggregate_id, last_sequence FROM aggregate_progress
+                 WHERE group_name = ANY($10) AND aggregate_id = ANY($11)
                        AND (SELECT owned FROM fence)
-                 ORDER BY p.group_name, p.order_id FOR UPDATE OF p),
+                 ORDER BY group_name, aggregate_id FOR UPDATE),
              parked AS (
-                 SELECT e.group_name, e.order_id
-                 FROM parked_event e JOIN keys k
-                     ON e.group_name = k.group_name AND e.order_id = k.order_id
-                 WHERE e.group_name = ANY($12) AND e.order_id = ANY($13))
+                 SELECT group_name, aggregate_id FROM parked_event
+                 WHERE group_name = ANY($10) AND aggregate_id = ANY($11))
          SELECT f.owned,
                 COALESCE(n.groups, '{}'), COALESCE(n.ids, '{}'),
-                COALESCE(p.groups, '{}'), COALESCE(p.orders, '{}'), COALESCE(p.seqs, '{}'),
-                COALESCE(k.groups, '{}'), COALESCE(k.orders, '{}'),
+                COALESCE(p.groups, '{}'), COALESCE(p.aggregates, '{}'), COALESCE(p.seqs, '{}'),
+                COALESCE(k.groups, '{}'), COALESCE(k.aggregates, '{}'),
                 COALESCE(h.groups, '{}'), COALESCE(h.horizons, '{}')
          FROM fence f,
               LATERAL (SELECT array_agg(group_name) AS groups, array_agg(event_id) AS ids
                        FROM new) n,
-              LATERAL (SELECT array_agg(group_name) AS groups, array_agg(order_id) AS orders,
+              LATERAL (SELECT array_agg(group_name) AS groups, array_agg(aggregate_id) AS aggregates,
                               array_agg(last_sequence) AS seqs
                        FROM progress) p,
-              LATERAL (SELECT array_agg(group_name) AS groups, array_agg(order_id) AS orders
+              LATERAL (SELECT array_agg(group_name) AS groups, array_agg(aggregate_id) AS aggregates
                        FROM parked) k,
               LATERAL (SELECT array_agg(group_name) AS groups,
                               array_agg(forgotten_before) AS horizons
                        FROM progress_horizon
-                       WHERE group_name = ANY($12) AND isfinite(forgotten_before)) h",
+                       WHERE group_name = ANY($10) AND isfinite(forgotten_before)) h",
     )
     .bind(&rows.groups)
     .bind(&rows.ids)
@@ -213,15 +205,13 @@ pub(crate) async fn start_transaction(
     .bind(&fences.topics)
     .bind(&fences.partitions)
     .bind(&fences.owners)
-    .bind(&key_groups)
-    .bind(&key_orders)
     .bind(&names)
-    .bind(&all_orders)
+    .bind(&aggregates)
     .fetch_one(&mut *tx)
     .await?;
-    let (owned, new_groups, new_ids, progress_groups, progress_orders, progress_seqs) =
+    let (owned, new_groups, new_ids, progress_groups, progress_aggregates, progress_seqs) =
         (row.0, row.1, row.2, row.3, row.4, row.5);
-    let (parked_groups, parked_orders, horizon_groups, horizons) = (row.6, row.7, row.8, row.9);
+    let (parked_groups, parked_aggregates, horizon_groups, horizons) = (row.6, row.7, row.8, row.9);
     if !owned {
         return Err(ProcessError::Fenced);
     }
@@ -231,13 +221,17 @@ pub(crate) async fn start_transaction(
     }
     for ((group, order), seq) in progress_groups
         .into_iter()
-        .zip(progress_orders)
+        .zip(progress_aggregates)
         .zip(progress_seqs)
     {
         starts.entry(group).or_default().progress.insert(order, seq);
     }
-    for (group, order) in parked_groups.into_iter().zip(parked_orders) {
-        starts.entry(group).or_default().parked_orders.insert(order);
+    for (group, order) in parked_groups.into_iter().zip(parked_aggregates) {
+        starts
+            .entry(group)
+            .or_default()
+            .parked_aggregates
+            .insert(order);
     }
     for (group, horizon) in horizon_groups.into_iter().zip(horizons) {
         starts.entry(group).or_default().horizon = Some(horizon);
@@ -269,7 +263,7 @@ struct FenceRows<'a> {
 
 pub(crate) struct AppliedEffect {
     event_id: Uuid,
-    order_id: String,
+    aggregate_id: String,
     sequence: i64,
     event_type: String,
     pub(crate) occurred_at: DateTime<Utc>,
@@ -279,7 +273,7 @@ impl AppliedEffect {
     pub(crate) fn of(event: &Event) -> Self {
         AppliedEffect {
             event_id: event.envelope.event_id,
-            order_id: event.envelope.aggregate_id.clone(),
+            aggregate_id: event.envelope.aggregate_id.clone(),
             sequence: event.envelope.sequence,
             event_type: event.envelope.event_type.clone(),
             occurred_at: event.envelope.occurred_at,
@@ -287,14 +281,14 @@ impl AppliedEffect {
     }
 }
 
-/// What one group applied in a transaction: its effects and its orders' advanced progress.
+/// What one group applied in a transaction: its effects and its aggregates' advanced progress.
 pub(crate) struct GroupApplied<'a> {
     pub(crate) group: &'a str,
     pub(crate) effects: &'a [AppliedEffect],
     pub(crate) progress: &'a HashMap<String, i64>,
 }
 
-/// Records a group's applied effects and its orders' advanced progress, in one statement.
+/// Records a group's applied effects and its aggregates' advanced progress, in one statement.
 pub(crate) async fn record_applied(
     tx: &mut PgConnection,
     group: &str,
@@ -322,46 +316,46 @@ pub(crate) async fn record_groups_applied(
         return Ok(());
     }
     let mut e = EffectRows::default();
-    let (mut progress_groups, mut progress_orders, mut progress_seqs) =
+    let (mut progress_groups, mut progress_aggregates, mut progress_seqs) =
         (Vec::new(), Vec::new(), Vec::new());
     for g in groups {
         for effect in g.effects {
             e.groups.push(g.group);
             e.ids.push(effect.event_id);
-            e.orders.push(effect.order_id.as_str());
+            e.aggregates.push(effect.aggregate_id.as_str());
             e.seqs.push(effect.sequence);
             e.types.push(effect.event_type.as_str());
             e.at.push(effect.occurred_at);
         }
         for (order, seq) in g.progress {
             progress_groups.push(g.group);
-            progress_orders.push(order.as_str());
+            progress_aggregates.push(order.as_str());
             progress_seqs.push(*seq);
         }
     }
     sqlx::query(
         "WITH effects AS (
-             INSERT INTO applied_effect (group_name, event_id, order_id, sequence, event_type,
+             INSERT INTO applied_effect (group_name, event_id, aggregate_id, sequence, event_type,
                                          occurred_at)
              SELECT g, e, o, s, t, a
              FROM unnest($1::text[], $2::uuid[], $3::text[], $4::bigint[], $5::text[],
                          $6::timestamptz[])
                   WITH ORDINALITY AS u(g, e, o, s, t, a, n)
              ORDER BY n)
-         INSERT INTO order_progress (group_name, order_id, last_sequence)
+         INSERT INTO aggregate_progress (group_name, aggregate_id, last_sequence)
          SELECT * FROM unnest($7::text[], $8::text[], $9::bigint[])
-         ON CONFLICT (group_name, order_id) DO UPDATE
-         SET last_sequence = GREATEST(order_progress.last_sequence, EXCLUDED.last_sequence),
+         ON CONFLICT (group_name, aggregate_id) DO UPDATE
+         SET last_sequence = GREATEST(aggregate_progress.last_sequence, EXCLUDED.last_sequence),
              updated_at = clock_timestamp()",
     )
     .bind(&e.groups)
     .bind(&e.ids)
-    .bind(&e.orders)
+    .bind(&e.aggregates)
     .bind(&e.seqs)
     .bind(&e.types)
     .bind(&e.at)
     .bind(&progress_groups)
-    .bind(&progress_orders)
+    .bind(&progress_aggregates)
     .bind(&progress_seqs)
     .execute(tx)
     .await?;
@@ -373,7 +367,7 @@ pub(crate) async fn record_groups_applied(
 struct EffectRows<'a> {
     groups: Vec<&'a str>,
     ids: Vec<Uuid>,
-    orders: Vec<&'a str>,
+    aggregates: Vec<&'a str>,
     seqs: Vec<i64>,
     types: Vec<&'a str>,
     at: Vec<DateTime<Utc>>,
@@ -393,7 +387,7 @@ pub(crate) async fn record_duplicates(
         .iter()
         .map(|p| p.event.envelope.event_id)
         .collect();
-    let orders: Vec<&str> = duplicates
+    let aggregates: Vec<&str> = duplicates
         .iter()
         .map(|p| p.event.envelope.aggregate_id.as_str())
         .collect();
@@ -409,7 +403,7 @@ pub(crate) async fn record_duplicates(
     let partitions: Vec<i32> = duplicates.iter().map(|p| p.msg.partition).collect();
     let offsets: Vec<i64> = duplicates.iter().map(|p| p.msg.offset).collect();
     sqlx::query(
-        "INSERT INTO group_transition (group_name, event_id, order_id, sequence, event_type,
+        "INSERT INTO group_transition (group_name, event_id, aggregate_id, sequence, event_type,
                                        transition, detail, topic, partition, kafka_offset)
          SELECT $1, e, o, s, y, 'duplicate', 'already processed', t, p, k
          FROM unnest($2::uuid[], $3::text[], $4::bigint[], $5::text[], $6::text[], $7::int[],
@@ -417,7 +411,7 @@ pub(crate) async fn record_duplicates(
     )
     .bind(group)
     .bind(&ids)
-    .bind(&orders)
+    .bind(&aggregates)
     .bind(&seqs)
     .bind(&types)
     .bind(&topics)
@@ -514,12 +508,12 @@ pub(crate) async fn set_outcomes(
              FROM unnest($2::uuid[], $3::text[]) AS u(event_id, outcome)
              WHERE m.group_name = $1 AND m.event_id = u.event_id
              RETURNING m.event_id, m.topic, m.partition, m.kafka_offset)
-         INSERT INTO group_transition (group_name, event_id, order_id, sequence, event_type,
+         INSERT INTO group_transition (group_name, event_id, aggregate_id, sequence, event_type,
                                        transition, detail, topic, partition, kafka_offset)
-         SELECT $1, s.event_id, s.order_id, s.sequence, s.event_type, s.transition, s.detail,
+         SELECT $1, s.event_id, s.aggregate_id, s.sequence, s.event_type, s.transition, s.detail,
                 c.topic, c.partition, c.kafka_offset
          FROM unnest($4::uuid[], $5::text[], $6::bigint[], $7::text[], $8::text[], $9::text[])
-              AS s(event_id, order_id, sequence, event_type, transition, detail)
+              AS s(event_id, aggregate_id, sequence, event_type, transition, detail)
          LEFT JOIN changed c ON c.event_id = s.event_id",
     )
     .bind(group)

@@ -49,7 +49,7 @@ impl HandlerTransaction for KeeperTransaction {
     ) -> BoxFuture<'a, Result<(), HandlerError>> {
         Box::pin(async move {
             sqlx::query(
-                "INSERT INTO kept (event_id, order_id, event_type, sequence, payload)
+                "INSERT INTO kept (event_id, aggregate_id, event_type, sequence, payload)
                  VALUES ($1, $2, $3, $4, $5)",
             )
             .bind(event.envelope.event_id)
@@ -330,8 +330,8 @@ async fn batch_case(pool: &PgPool, records: Vec<Generated>) -> Result<(), TestCa
         };
         let kept: bool = sqlx::query_scalar(
             "SELECT EXISTS (SELECT 1 FROM parked_event
-                            WHERE group_name = $1 AND order_id = $2 AND sequence = $3)
-                 OR EXISTS (SELECT 1 FROM kept WHERE order_id = $2 AND sequence = $3)",
+                            WHERE group_name = $1 AND aggregate_id = $2 AND sequence = $3)
+                 OR EXISTS (SELECT 1 FROM kept WHERE aggregate_id = $2 AND sequence = $3)",
         )
         .bind(GROUP)
         .bind(&env.aggregate_id)
@@ -376,7 +376,7 @@ async fn alone_case(pool: &PgPool, g: Generated) -> Result<(), TestCaseError> {
 fn database(rt: &tokio::runtime::Runtime) -> (PgPool, String) {
     rt.block_on(common::database(
         "hostile",
-        "CREATE TABLE kept (event_id uuid PRIMARY KEY, order_id text NOT NULL,
+        "CREATE TABLE kept (event_id uuid PRIMARY KEY, aggregate_id text NOT NULL,
                             event_type text NOT NULL, sequence bigint NOT NULL,
                             payload jsonb NOT NULL)",
     ))

@@ -5,6 +5,7 @@
 
 mod common;
 mod hostile_records;
+mod migrations;
 mod outside_dependency;
 mod partitions;
 mod plans;

@@ -193,7 +193,7 @@ async fn a_dependency_that_is_down_makes_the_partition_wait_and_resume_by_itself
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let applied: Vec<(String, i64)> = sqlx::query_as(
-        "SELECT order_id, sequence FROM applied_effect WHERE group_name = $1 ORDER BY id",
+        "SELECT aggregate_id, sequence FROM applied_effect WHERE group_name = $1 ORDER BY id",
     )
     .bind(GROUP)
     .fetch_all(&pool)

@@ -35,7 +35,7 @@ fn effects_part(report: Report) -> TableReport {
 /// the migration).
 async fn insert_old_effects(pool: &PgPool, n: i32) {
     sqlx::query(
-        "INSERT INTO applied_effect (group_name, event_id, order_id, sequence, event_type,
+        "INSERT INTO applied_effect (group_name, event_id, aggregate_id, sequence, event_type,
                                      applied_at)
          SELECT 'g', gen_random_uuid(), 'order-' || n, 1, 'order.placed',
                 now() - interval '30 days'
@@ -61,7 +61,7 @@ async fn reader_of_effects(pool: &PgPool) -> sqlx::Transaction<'static, sqlx::Po
 }
 
 /// The consumer's migrations up to `last` (all of them: `i64::MAX`).
-async fn migrate_up_to(pool: &PgPool, last: i64) {
+pub(crate) async fn migrate_up_to(pool: &PgPool, last: i64) {
     let mut migrator = Migrator {
         migrations: consumer::MIGRATOR.migrations.clone(),
         ..Migrator::DEFAULT
@@ -111,7 +111,7 @@ async fn a_database_of_the_old_layout_migrates_without_rewriting_its_history_and
         OLD_ROWS
     );
     sqlx::query(
-        "INSERT INTO applied_effect (group_name, event_id, order_id, sequence, event_type)
+        "INSERT INTO applied_effect (group_name, event_id, aggregate_id, sequence, event_type)
          VALUES ('g', gen_random_uuid(), 'order-new', 1, 'order.placed')",
     )
     .execute(&pool)
@@ -179,7 +179,7 @@ async fn a_database_of_the_old_layout_migrates_without_rewriting_its_history_and
     assert_eq!(
         count(
             &pool,
-            "SELECT count(*) FROM applied_effect_held WHERE order_id <> 'order-7'"
+            "SELECT count(*) FROM applied_effect_held WHERE aggregate_id <> 'order-7'"
         )
         .await,
         0
@@ -197,7 +197,7 @@ async fn a_database_of_the_old_layout_migrates_without_rewriting_its_history_and
     // What is kept still shows in the history; the effect applied since the migration is in a
     // partition whose time has not passed, and stays.
     assert_eq!(
-        count(&pool, "SELECT count(*) FROM group_history WHERE transition = 'applied' AND order_id = 'order-7'").await,
+        count(&pool, "SELECT count(*) FROM group_history WHERE transition = 'applied' AND aggregate_id = 'order-7'").await,
         kept
     );
     assert_eq!(count(&pool, "SELECT count(*) FROM applied_effect").await, 1);
@@ -273,7 +273,7 @@ async fn a_lowered_history_window_narrows_the_partitions_made_ahead() {
     let (pool, name) = common::database("partitions_narrow", "").await;
     // A row already in a partition ahead (a clock that ran ahead, say): that one stays.
     sqlx::raw_sql(
-        "INSERT INTO applied_effect (group_name, event_id, order_id, sequence, event_type,
+        "INSERT INTO applied_effect (group_name, event_id, aggregate_id, sequence, event_type,
                                      applied_at)
          VALUES ('g', gen_random_uuid(), 'order-ahead', 1, 'order.placed',
                  date_trunc('day', now()) + interval '3 days 1 hour')",
@@ -314,14 +314,14 @@ async fn a_lowered_history_window_narrows_the_partitions_made_ahead() {
     assert_eq!(
         count(
             &pool,
-            "SELECT count(*) FROM applied_effect WHERE order_id = 'order-ahead'"
+            "SELECT count(*) FROM applied_effect WHERE aggregate_id = 'order-ahead'"
         )
         .await,
         1
     );
     // The time to come is still covered: the runway of the short window.
     sqlx::raw_sql(
-        "INSERT INTO applied_effect (group_name, event_id, order_id, sequence, event_type,
+        "INSERT INTO applied_effect (group_name, event_id, aggregate_id, sequence, event_type,
                                      applied_at)
          SELECT 'g', gen_random_uuid(), 'order-' || m, 1, 'order.placed',
                 now() + m * interval '1 minute'
@@ -380,11 +380,12 @@ async fn a_detach_waiting_for_a_reader_shows_as_retention_and_the_session_is_nam
 async fn a_detach_cut_short_by_a_long_reader_is_finished_later_and_the_run_goes_on() {
     let (pool, name) = common::database("partitions_cut_short", "").await;
     insert_old_effects(&pool, 100).await;
-    let old_transition = "INSERT INTO group_transition (group_name, event_id, order_id, sequence,
+    let old_transition =
+        "INSERT INTO group_transition (group_name, event_id, aggregate_id, sequence,
                                                        event_type, transition, at)
                           VALUES ('g', gen_random_uuid(), 'order-old', 1, 'order.placed',
                                   'duplicate', now() - interval '30 days')";
-    let old_transitions = "SELECT count(*) FROM group_transition WHERE order_id = 'order-old'";
+    let old_transitions = "SELECT count(*) FROM group_transition WHERE aggregate_id = 'order-old'";
     let pending = "SELECT count(*) FROM pg_inherits
                    WHERE inhparent = 'applied_effect'::regclass AND inhdetachpending";
     let old_effects =

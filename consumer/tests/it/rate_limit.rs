@@ -163,7 +163,7 @@ async fn a_backlog_is_applied_at_the_limit_in_batches_no_larger_than_the_bucket(
         "SELECT (SELECT EXTRACT(EPOCH FROM max(applied_at) - min(applied_at))::float8
                  FROM applied_effect WHERE group_name = $1),
                 (SELECT count(*) FROM (
-                     SELECT sequence, row_number() OVER (PARTITION BY order_id ORDER BY id) AS rn
+                     SELECT sequence, row_number() OVER (PARTITION BY aggregate_id ORDER BY id) AS rn
                      FROM applied_effect WHERE group_name = $1) x WHERE sequence <> rn),
                 (SELECT count(*) - count(DISTINCT event_id) FROM applied_effect
                  WHERE group_name = $1)",

@@ -16,11 +16,11 @@ use pipeline_core::retention::{Backlog, RetentionMetrics, Runner, Window};
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-const GROUP: &str = "ledger";
-const TOPIC: &str = "orders";
+pub(crate) const GROUP: &str = "ledger";
+pub(crate) const TOPIC: &str = "orders";
 
 /// Counts each event it applies, so a second application shows.
-struct Ledger;
+pub(crate) struct Ledger;
 struct LedgerTransaction;
 
 impl Handler for Ledger {
@@ -52,7 +52,7 @@ impl HandlerTransaction for LedgerTransaction {
 }
 
 /// One event of `order` as its Kafka record, at `offset`.
-fn record(
+pub(crate) fn record(
     order: &str,
     sequence: i64,
     event_id: Uuid,
@@ -164,12 +164,15 @@ async fn a_redelivery_after_its_dedupe_row_was_removed_is_stale_not_applied() {
     let removed = |t: &str| run.tables.iter().find(|r| r.table == t).expect(t).removed;
     assert_eq!(removed("processed_message"), 3);
     assert_eq!(removed("applied_effect"), 3);
-    assert_eq!(removed("order_progress"), 0);
+    assert_eq!(removed("aggregate_progress"), 0);
     assert_eq!(
         count(&pool, "SELECT count(*) FROM processed_message").await,
         0
     );
-    assert_eq!(count(&pool, "SELECT count(*) FROM order_progress").await, 1);
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM aggregate_progress").await,
+        1
+    );
 
     // Kafka redelivers the same records (a reprocess, a lost commit): none is applied again.
     let report = process_batch(&pool, &Ledger, &events)
@@ -225,7 +228,10 @@ async fn an_order_whose_progress_was_removed_is_never_applied_again() {
         .run_once(&pool, later, false)
         .await
         .expect("announce");
-    assert_eq!(count(&pool, "SELECT count(*) FROM order_progress").await, 1);
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM aggregate_progress").await,
+        1
+    );
     sqlx::query("UPDATE progress_horizon SET announced_at = announced_at - interval '2 minutes'")
         .execute(&pool)
         .await
@@ -234,7 +240,10 @@ async fn an_order_whose_progress_was_removed_is_never_applied_again() {
         .run_once(&pool, later, false)
         .await
         .expect("remove");
-    assert_eq!(count(&pool, "SELECT count(*) FROM order_progress").await, 0);
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM aggregate_progress").await,
+        0
+    );
     assert_eq!(
         count(&pool, "SELECT count(*) FROM processed_message").await,
         0
@@ -328,7 +337,7 @@ async fn parked_events_open_dead_letters_and_their_history_are_kept() {
     );
     // The history of the orders held back stays; order-x's goes.
     let history: Vec<String> =
-        sqlx::query_scalar("SELECT DISTINCT order_id FROM group_history ORDER BY order_id")
+        sqlx::query_scalar("SELECT DISTINCT aggregate_id FROM group_history ORDER BY aggregate_id")
             .fetch_all(&pool)
             .await
             .expect("history");

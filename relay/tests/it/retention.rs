@@ -24,7 +24,7 @@ async fn published_events_go_and_everything_still_needed_stays() {
     attempt(&pool, ids[1], false).await;
     // ids[3] is published, but a group's open dead letter points to it.
     sqlx::query(
-        "INSERT INTO dead_letter (group_name, event_id, order_id, topic, partition, kafka_offset,
+        "INSERT INTO dead_letter (group_name, event_id, aggregate_id, topic, partition, kafka_offset,
                                   reason)
          SELECT 'billing', event_id, aggregate_id, 'orders', 0, id, 'rejected'
          FROM outbox WHERE id = $1",

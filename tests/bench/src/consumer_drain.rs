@@ -95,7 +95,7 @@ pub async fn run(
 /// Empties every consumer-side table and restocks, so each run starts as the first did.
 async fn reset_consumer_tables(env: &TestEnv, settings: &Settings) -> anyhow::Result<()> {
     sqlx::query(
-        "TRUNCATE processed_message, order_progress, parked_event, parked_record, dead_letter,
+        "TRUNCATE processed_message, aggregate_progress, parked_event, parked_record, dead_letter,
                   applied_effect, inventory_stock, inventory_reservation_line,
                   inventory_reservation, notification",
     )

@@ -214,7 +214,7 @@ async fn group_latency(
         .map(|e| ((e.order_id, e.sequence), e.intended_us + offset_us))
         .collect();
     let rows: Vec<AppliedRow> = sqlx::query_as(
-        "SELECT a.order_id, a.sequence, o.created_at, d.published_at, a.applied_at
+        "SELECT a.aggregate_id, a.sequence, o.created_at, d.published_at, a.applied_at
          FROM applied_effect a JOIN outbox o ON o.event_id = a.event_id
          LEFT JOIN outbox_delivery d ON d.id = o.id
          WHERE a.group_name = $1",

@@ -21,7 +21,7 @@ pub async fn assert_exactly_once_in_order(env: &TestEnv, kinds: &[&str]) -> anyh
         );
         let reordered: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM (
-                 SELECT sequence, row_number() OVER (PARTITION BY order_id ORDER BY id) AS rn
+                 SELECT sequence, row_number() OVER (PARTITION BY aggregate_id ORDER BY id) AS rn
                  FROM applied_effect WHERE group_name = $1) x
              WHERE sequence <> rn",
         )

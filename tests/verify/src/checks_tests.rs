@@ -46,7 +46,7 @@ async fn outbox(pool: &PgPool, e: &Event) -> anyhow::Result<()> {
 
 async fn applied(pool: &PgPool, group: &str, e: &Event) -> anyhow::Result<()> {
     let _ = sqlx::query(
-        "INSERT INTO applied_effect (group_name, event_id, order_id, sequence, event_type)
+        "INSERT INTO applied_effect (group_name, event_id, aggregate_id, sequence, event_type)
          VALUES ($1, $2, $3, $4, $5)",
     )
     .bind(group)
@@ -115,7 +115,7 @@ async fn every_kind_of_failure_is_counted_where_it_happened() -> anyhow::Result<
         applied(&pool, NOTIFICATION, e).await?;
     }
     let _ = sqlx::query(
-        "INSERT INTO dead_letter (group_name, event_id, order_id, sequence, topic, partition,
+        "INSERT INTO dead_letter (group_name, event_id, aggregate_id, sequence, topic, partition,
                                   kafka_offset, reason)
          VALUES ($1, $2, $3, 1, 't', 0, 7, 'test')",
     )

@@ -19,7 +19,7 @@ pub async fn collect(
     let lost = format!(
         "WITH expected AS ({EXPECTED_EVENTS})
          SELECT format('%s: order %s seq %s event %s: outbox %s, processed %s, parked %s',
-            $1, e.order_id, e.sequence, coalesce(e.event_id::text, '(not in outbox)'),
+            $1, e.aggregate_id, e.sequence, coalesce(e.event_id::text, '(not in outbox)'),
             (SELECT format('%s partition %s offset %s attempts %s created %s published %s',
                            o.state, o.kafka_partition, o.kafka_offset, o.attempts,
                            o.created_at, o.published_at)
@@ -29,21 +29,21 @@ pub async fn collect(
                       FROM processed_message p
                       WHERE p.group_name = $1 AND p.event_id = e.event_id), 'no'),
             coalesce((SELECT format('yes (%s, %s)', k.reason, k.parked_at) FROM parked_event k
-                      WHERE k.group_name = $1 AND k.order_id = e.order_id
+                      WHERE k.group_name = $1 AND k.aggregate_id = e.aggregate_id
                         AND k.sequence = e.sequence), 'no'))
          {LOST_EVENTS}
-         ORDER BY e.order_id, e.sequence LIMIT {LIMIT}"
+         ORDER BY e.aggregate_id, e.sequence LIMIT {LIMIT}"
     );
     let duplicates = format!(
         "SELECT format('%s: event %s (order %s seq %s) applied %s times: %s', $1, event_id,
-                min(order_id), min(sequence), count(*),
+                min(aggregate_id), min(sequence), count(*),
                 string_agg(format('effect %s at %s', id, applied_at), ', ' ORDER BY id))
          FROM applied_effect WHERE group_name = $1
          GROUP BY event_id HAVING count(*) > 1 ORDER BY min(id) LIMIT {LIMIT}"
     );
     let reorders = format!(
         "SELECT format('%s: order %s effect %s has seq %s after seq %s (event %s)', $1,
-                x.order_id, x.id, x.sequence, coalesce(x.previous, 0), x.event_id)
+                x.aggregate_id, x.id, x.sequence, coalesce(x.previous, 0), x.event_id)
          {REORDERED_EFFECTS} ORDER BY x.id LIMIT {LIMIT}"
     );
     let mut examples = BTreeMap::new();

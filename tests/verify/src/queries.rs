@@ -4,7 +4,7 @@
 /// The events every group must have applied or dead-lettered: acknowledged ones and those the
 /// outbox holds without an acknowledgement (committed, answer lost).
 pub const EXPECTED_EVENTS: &str = "
-    SELECT coalesce(a.order_id, o.aggregate_id) AS order_id,
+    SELECT coalesce(a.order_id, o.aggregate_id) AS aggregate_id,
            coalesce(a.sequence, o.sequence) AS sequence,
            o.event_id
     FROM verify_acknowledged a
@@ -14,15 +14,15 @@ pub const EXPECTED_EVENTS: &str = "
 pub const LOST_EVENTS: &str = "
     FROM expected e
     WHERE NOT EXISTS (SELECT 1 FROM applied_effect x
-                      WHERE x.group_name = $1 AND x.order_id = e.order_id
+                      WHERE x.group_name = $1 AND x.aggregate_id = e.aggregate_id
                         AND x.sequence = e.sequence)
       AND NOT EXISTS (SELECT 1 FROM dead_letter d
                       WHERE d.group_name = $1 AND (d.event_id = e.event_id
-                            OR (d.order_id = e.order_id AND d.sequence = e.sequence)))";
+                            OR (d.aggregate_id = e.aggregate_id AND d.sequence = e.sequence)))";
 
 /// Effects of `$1` (a group) whose sequence does not follow the order's previous effect.
 pub const REORDERED_EFFECTS: &str = "
-    FROM (SELECT id, order_id, sequence, event_id,
-                 lag(sequence) OVER (PARTITION BY order_id ORDER BY id) AS previous
+    FROM (SELECT id, aggregate_id, sequence, event_id,
+                 lag(sequence) OVER (PARTITION BY aggregate_id ORDER BY id) AS previous
           FROM applied_effect WHERE group_name = $1) x
     WHERE x.sequence <> coalesce(x.previous, 0) + 1";

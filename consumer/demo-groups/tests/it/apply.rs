@@ -75,7 +75,7 @@ async fn stock(pool: &PgPool, available: i32) {
 
 async fn effects(pool: &PgPool, group: &str) -> Vec<(String, i64)> {
     sqlx::query_as(
-        "SELECT order_id, sequence FROM applied_effect WHERE group_name = $1 ORDER BY id",
+        "SELECT aggregate_id, sequence FROM applied_effect WHERE group_name = $1 ORDER BY id",
     )
     .bind(group)
     .fetch_all(pool)
@@ -118,7 +118,7 @@ async fn redelivered_batch_applies_nothing_twice(pool: PgPool) {
     // The redelivered events are in their history as duplicates, with their new offsets.
     let steps: Vec<(String, i64, i64)> = sqlx::query_as(
         "SELECT transition, sequence, kafka_offset FROM group_history
-         WHERE group_name = $1 AND order_id = $2 ORDER BY at, sequence",
+         WHERE group_name = $1 AND aggregate_id = $2 ORDER BY at, sequence",
     )
     .bind(GROUP)
     .bind(order.to_string())
@@ -879,11 +879,12 @@ async fn the_groups_batches_of_the_same_events_share_one_transaction(pool: PgPoo
         (998, 2),
         "the inventory's effects: 2 reserved"
     );
-    let progress: Vec<(String, i64)> =
-        sqlx::query_as("SELECT group_name, last_sequence FROM order_progress ORDER BY group_name")
-            .fetch_all(&pool)
-            .await
-            .expect("progress");
+    let progress: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT group_name, last_sequence FROM aggregate_progress ORDER BY group_name",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("progress");
     assert_eq!(
         progress,
         vec![("inventory".to_owned(), 2), ("notification".to_owned(), 2)],

@@ -21,7 +21,7 @@ fn request(id: i64, how: Resolution, note: &str) -> Request<'_> {
         how,
         actor: "test",
         note,
-        for_order: None,
+        for_aggregate: None,
     }
 }
 
@@ -69,7 +69,7 @@ async fn setup(pool: &PgPool) {
 
 async fn applied(pool: &PgPool, order: Uuid) -> Vec<i64> {
     sqlx::query_scalar(
-        "SELECT sequence FROM applied_effect WHERE group_name = $1 AND order_id = $2 ORDER BY id",
+        "SELECT sequence FROM applied_effect WHERE group_name = $1 AND aggregate_id = $2 ORDER BY id",
     )
     .bind(GROUP)
     .bind(order.to_string())

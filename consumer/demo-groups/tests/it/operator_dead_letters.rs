@@ -25,7 +25,7 @@ fn unreadable(order: Uuid, offset: i64) -> InboundMessage {
 
 async fn applied(pool: &PgPool, order: Uuid) -> Vec<i64> {
     sqlx::query_scalar(
-        "SELECT sequence FROM applied_effect WHERE group_name = $1 AND order_id = $2 ORDER BY id",
+        "SELECT sequence FROM applied_effect WHERE group_name = $1 AND aggregate_id = $2 ORDER BY id",
     )
     .bind(GROUP)
     .bind(order.to_string())

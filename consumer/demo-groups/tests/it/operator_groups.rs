@@ -49,7 +49,7 @@ fn letter_of(run: &common::Run, job: Uuid) -> i64 {
         .as_array()
         .expect("letters")
         .iter()
-        .find(|l| l["order_id"] == serde_json::json!(job.to_string()))
+        .find(|l| l["aggregate_id"] == serde_json::json!(job.to_string()))
         .and_then(|l| l["id"].as_i64())
         .unwrap_or_else(|| panic!("no letter of {job}: {}", run.stdout))
 }

@@ -133,7 +133,7 @@ async fn requeue_refuses_what_is_not_failed_and_changes_nothing(pool: PgPool) {
             "no outbox event",
         ),
         (
-            &["outbox", "requeue", "--order", "order-1", "--note", "n"],
+            &["outbox", "requeue", "--aggregate", "order-1", "--note", "n"],
             "nothing matches",
         ),
         (

@@ -122,7 +122,7 @@ async fn processed(pool: &PgPool, group: &str, topic: &str) -> (Uuid, Uuid) {
 
 async fn progress(pool: &PgPool, group: &str, order: Uuid) -> i64 {
     sqlx::query_scalar(
-        "SELECT last_sequence FROM order_progress WHERE group_name = $1 AND order_id = $2",
+        "SELECT last_sequence FROM aggregate_progress WHERE group_name = $1 AND aggregate_id = $2",
     )
     .bind(group)
     .bind(order.to_string())

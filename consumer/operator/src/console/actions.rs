@@ -223,7 +223,7 @@ async fn dead_letters(console: &Console, fields: &Fields, change: Change) -> Res
         let action = LetterAction {
             filter,
             all,
-            for_order: for_order.clone(),
+            for_aggregate: for_order.clone(),
             change: change.clone(),
         };
         let resolved = match resolve_letters(
@@ -250,7 +250,7 @@ async fn dead_letters(console: &Console, fields: &Fields, change: Change) -> Res
             outcomes.push(serde_json::json!({
                 "group": group,
                 "dead_letter": o.id,
-                "order": o.order_id,
+                "order": o.aggregate_id,
                 "outcome": o.outcome,
                 "parked_events_released": o.released,
             }));
@@ -301,7 +301,7 @@ async fn requeue_events(
     }
     let args = RequeueArgs {
         events,
-        order,
+        aggregate: order,
         error: None,
         all: false,
         change,

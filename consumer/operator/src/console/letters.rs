@@ -90,7 +90,7 @@ impl LetterQuery {
             reason: some(&self.reason),
             since: parse_time("since", &self.since)?,
             until: parse_time("until", &self.until)?,
-            order: some(&self.order),
+            aggregate: some(&self.order),
         })
     }
 
@@ -218,10 +218,10 @@ pub(super) async fn page(
     );
     for GroupLetter { group, letter: l } in &data.letters {
         let order = l
-            .order_id
+            .aggregate_id
             .as_deref()
             .map(|o| escape(o.as_bytes()).into_owned());
-        let order_cell = match (&l.order_id, &order) {
+        let order_cell = match (&l.aggregate_id, &order) {
             (Some(raw), Some(shown)) => format!(
                 r#"<a href="/timeline?id={}">{}</a>"#,
                 url_encode(raw),

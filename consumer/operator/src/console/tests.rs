@@ -753,7 +753,7 @@ async fn a_name_no_user_has_is_throttled_as_a_users_name_is() {
 /// Inserts `count` open dead letters of `group`, one order each.
 async fn letters(pool: &sqlx::PgPool, group: &str, count: i64) -> Vec<i64> {
     sqlx::query_scalar(
-        "INSERT INTO dead_letter (group_name, order_id, sequence, event_type, topic, partition,
+        "INSERT INTO dead_letter (group_name, aggregate_id, sequence, event_type, topic, partition,
                                   kafka_offset, reason)
          SELECT $1, 'order-' || $1 || '-' || lpad(n::text, 4, '0'), 1, 'order.placed', 'orders',
                 0, n, 'test'

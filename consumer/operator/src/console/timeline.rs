@@ -64,7 +64,7 @@ pub(super) async fn page(
 }
 
 fn render(trace: &Trace) -> String {
-    let order = escape(trace.order_id.as_bytes());
+    let order = escape(trace.aggregate_id.as_bytes());
     let mut out = match trace.event_id {
         Some(e) => format!(
             r#"<h2>Event <code>{}</code> of order <code id="order-id">{}</code></h2>"#,
@@ -79,8 +79,8 @@ fn render(trace: &Trace) -> String {
     out.push_str(&format!(
         r#"<p class="muted">{} step(s), oldest first · <a href="/dead-letters?order={}&amp;status=">its dead letters</a> · <a href="/api/timeline?id={}">JSON</a></p>"#,
         trace.steps.len(),
-        url_encode(&trace.order_id),
-        url_encode(&trace.order_id),
+        url_encode(&trace.aggregate_id),
+        url_encode(&trace.aggregate_id),
     ));
     out.push_str(
         r#"<table class="timeline" id="timeline"><thead><tr><th>at</th><th>where</th><th>what</th><th>seq</th><th>event</th><th>partition/offset</th><th>detail</th></tr></thead><tbody>"#,

@@ -48,16 +48,27 @@ const TABLES: [&str; 12] = [
     "outbox_sequence",
     "processed_message",
     "applied_effect",
-    "order_progress",
+    "aggregate_progress",
     "group_transition",
     "dead_letter",
     "parked_event",
     "operator_action",
 ];
 
+/// Each table's rows; `aggregate_progress` under its name before the migration that renamed it
+/// when the database has not run it yet.
 async fn counts(pool: &PgPool) -> Vec<i64> {
+    let renamed: bool = sqlx::query_scalar("SELECT to_regclass('aggregate_progress') IS NOT NULL")
+        .fetch_one(pool)
+        .await
+        .expect("catalog");
     let mut out = Vec::new();
     for t in TABLES {
+        let t = if t == "aggregate_progress" && !renamed {
+            "order_progress"
+        } else {
+            t
+        };
         out.push(count(pool, &format!("SELECT count(*) FROM {t}")).await);
     }
     out

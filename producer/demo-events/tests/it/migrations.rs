@@ -39,7 +39,7 @@ const PIPELINE_TABLES: [&str; 27] = [
     "group_rate_limit",
     "group_transition",
     "operator_action",
-    "order_progress",
+    "aggregate_progress",
     "outbox",
     "outbox_attempt",
     "outbox_delayed",

@@ -245,7 +245,7 @@ impl Cursor {
     ) -> anyhow::Result<()> {
         // Planned with the value: a generic plan would not know the range is the table's tail.
         let rows: Vec<Row> = sqlx::query_as(
-            "/* bench */ SELECT a.id, a.group_name, a.order_id, a.sequence, o.created_at,
+            "/* bench */ SELECT a.id, a.group_name, a.aggregate_id, a.sequence, o.created_at,
                     d.published_at, a.applied_at
              FROM applied_effect a
              LEFT JOIN outbox o ON o.event_id = a.event_id

@@ -95,14 +95,14 @@ INSERT INTO processed_message (group_name, event_id, topic, partition, kafka_off
 SELECT $1, event_id, $2, n % $3, n / $3, 'applied', at + interval '20 milliseconds'
 FROM history_chunk";
 const INSERT_APPLIED: &str = "
-INSERT INTO applied_effect (group_name, event_id, order_id, sequence, event_type, occurred_at,
+INSERT INTO applied_effect (group_name, event_id, aggregate_id, sequence, event_type, occurred_at,
                             applied_at)
-SELECT $1, event_id, order_id, sequence, event_type, at, at + interval '20 milliseconds'
+SELECT $1, event_id, aggregate_id, sequence, event_type, at, at + interval '20 milliseconds'
 FROM history_chunk";
 const INSERT_PROGRESS: &str = "
-INSERT INTO order_progress (group_name, order_id, last_sequence, updated_at)
-SELECT $1, order_id, max(sequence), max(at) + interval '20 milliseconds'
-FROM history_chunk GROUP BY order_id";
+INSERT INTO aggregate_progress (group_name, aggregate_id, last_sequence, updated_at)
+SELECT $1, aggregate_id, max(sequence), max(at) + interval '20 milliseconds'
+FROM history_chunk GROUP BY aggregate_id";
 
 /// Which tables a session writes.
 #[derive(Clone, Copy)]
@@ -163,7 +163,7 @@ const TABLES: [&str; 6] = [
     "outbox_sequence",
     "processed_message",
     "applied_effect",
-    "order_progress",
+    "aggregate_progress",
 ];
 
 /// Loads `total` events for `groups` (their group ids) on `topic`, then vacuums and analyses.

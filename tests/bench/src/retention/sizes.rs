@@ -20,7 +20,7 @@ pub const TABLES: [&str; 9] = [
     "processed_message",
     "applied_effect",
     "group_transition",
-    "order_progress",
+    "aggregate_progress",
     "dead_letter",
 ];
 

@@ -127,7 +127,7 @@ async fn foreign_bad_records_are_dead_lettered_with_their_cause_and_the_rest_flo
             );
         }
         let applied: Vec<i64> = sqlx::query_scalar(
-            "SELECT sequence FROM applied_effect WHERE group_name = $1 AND order_id = $2 ORDER BY id",
+            "SELECT sequence FROM applied_effect WHERE group_name = $1 AND aggregate_id = $2 ORDER BY id",
         )
         .bind(&group)
         .bind(good.to_string())

@@ -101,8 +101,8 @@ async fn the_console_in_a_browser_replays_requeues_pauses_and_refuses() -> anyho
     let inventory = env.group("inventory");
     wait_until("the dead letter and its two parked events", Duration::from_secs(90), || async {
         let (letters, parked): (i64, i64) = sqlx::query_as(
-            "SELECT (SELECT count(*) FROM dead_letter WHERE group_name = $1 AND order_id = $2 AND status = 'open'),
-                    (SELECT count(*) FROM parked_event WHERE group_name = $1 AND order_id = $2)",
+            "SELECT (SELECT count(*) FROM dead_letter WHERE group_name = $1 AND aggregate_id = $2 AND status = 'open'),
+                    (SELECT count(*) FROM parked_event WHERE group_name = $1 AND aggregate_id = $2)",
         )
         .bind(&inventory)
         .bind(&dead)

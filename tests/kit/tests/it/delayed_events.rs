@@ -173,7 +173,7 @@ async fn a_payment_reminder_is_published_when_due_in_order_and_only_for_unpaid_o
     );
     // Applied by both groups in the order's sequence.
     let applied: Vec<(String, i64)> = sqlx::query_as(
-        "SELECT group_name, sequence FROM applied_effect WHERE order_id = $1
+        "SELECT group_name, sequence FROM applied_effect WHERE aggregate_id = $1
          ORDER BY group_name, id",
     )
     .bind(unpaid.to_string())

@@ -116,7 +116,7 @@ async fn the_console_holds_under_login_floods_slow_clients_and_read_floods() -> 
     // Letters to read, in the group the flood asks for.
     let group = env.group("inventory");
     let _ = sqlx::query(
-        "INSERT INTO dead_letter (group_name, order_id, sequence, event_type, topic, partition,
+        "INSERT INTO dead_letter (group_name, aggregate_id, sequence, event_type, topic, partition,
                                   kafka_offset, reason)
          SELECT $1, 'order-' || n, 1, 'order.placed', 'orders', 0, n, 'test'
          FROM generate_series(1, 2000) n",

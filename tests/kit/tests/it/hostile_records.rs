@@ -189,7 +189,7 @@ async fn hostile_bytes_are_dead_lettered_exactly_and_the_partition_moves_on() ->
         let group = env.group(kind);
         for order in &orders {
             let applied: Vec<i64> = sqlx::query_scalar(
-                "SELECT sequence FROM applied_effect WHERE group_name = $1 AND order_id = $2 ORDER BY id",
+                "SELECT sequence FROM applied_effect WHERE group_name = $1 AND aggregate_id = $2 ORDER BY id",
             )
             .bind(&group)
             .bind(order)
@@ -372,7 +372,7 @@ async fn a_record_too_large_for_the_dead_letter_topic_is_still_dead_lettered() -
             "{kind}: the table keeps all 1,040,000 bytes"
         );
         let applied: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM applied_effect WHERE group_name = $1 AND order_id = $2",
+            "SELECT count(*) FROM applied_effect WHERE group_name = $1 AND aggregate_id = $2",
         )
         .bind(env.group(kind))
         .bind(&order)

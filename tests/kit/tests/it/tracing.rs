@@ -60,7 +60,7 @@ async fn the_requests_traceparent_reaches_the_consumers_event_span() -> anyhow::
     .await?;
     let span = &line["span"];
     assert_eq!(span["event_id"], event_id.to_string(), "{line}");
-    assert_eq!(span["order_id"], order_id, "{line}");
+    assert_eq!(span["aggregate_id"], order_id, "{line}");
     assert_eq!(span["traceparent"], traceparent, "{line}");
     Ok(())
 }
