@@ -2,7 +2,7 @@
 //!
 //! Changing actions take one letter (`--id`) or every open letter the filters match, and act on
 //! them one by one in each order's sequence, each in a transaction of its own that also records
-//! who acted and why. They are idempotent: a letter already settled is reported and left as it
+//! who acted and why. They are idempotent: a letter already resolved is reported and left as it
 //! is, so a run that stopped half-way can be run again.
 
 use chrono::{DateTime, Utc};
@@ -47,10 +47,10 @@ pub struct Letter {
     pub status: String,
     /// When it was recorded.
     pub created_at: DateTime<Utc>,
-    /// When it was settled, if it was.
+    /// When it was resolved, if it was.
     pub resolved_at: Option<DateTime<Utc>>,
-    /// The note it was settled with.
-    pub resolution: Option<String>,
+    /// The note it was resolved with.
+    pub note: Option<String>,
     /// Events of its order parked behind it.
     pub parked_behind: i64,
 }
@@ -85,7 +85,7 @@ pub struct Outcome {
     pub id: i64,
     /// Its order, when known.
     pub aggregate_id: Option<String>,
-    /// replayed, skipped, discarded, or already-… when it was settled before.
+    /// replayed, skipped, discarded, or already-… when it was resolved before.
     pub outcome: String,
     /// Parked events applied after it.
     pub released: usize,
@@ -93,7 +93,7 @@ pub struct Outcome {
 
 const LETTER_COLUMNS: &str = "d.id, d.event_id, d.aggregate_id, d.sequence, d.event_type,
     d.topic, d.partition, d.kafka_offset, d.reason, d.attempts, d.status, d.created_at,
-    d.resolved_at, d.resolution,
+    d.resolved_at, d.note,
     (SELECT count(*) FROM parked_event p
      WHERE p.group_name = d.group_name AND p.aggregate_id = d.aggregate_id) AS parked_behind";
 
@@ -325,7 +325,7 @@ pub async fn resolve_letters(
     how: Resolution,
     limit: usize,
 ) -> anyhow::Result<Resolved> {
-    let (verb, settled) = match how {
+    let (verb, resolved) = match how {
         Resolution::Replay => ("replay", "replayed"),
         Resolution::Skip => ("skip", "skipped"),
         Resolution::Discard => ("discard", "discarded"),
@@ -347,7 +347,7 @@ pub async fn resolve_letters(
             dead_letter_topic,
         )?)
     };
-    // An id names one letter, settled or not; filters select the open ones.
+    // An id names one letter, resolved or not; filters select the open ones.
     let status = if action.filter.id.is_some() {
         None
     } else {
@@ -387,7 +387,7 @@ pub async fn resolve_letters(
             Ok(done) => outcomes.push(Outcome {
                 id: letter.id,
                 aggregate_id: done.aggregate_id,
-                outcome: settled.to_owned(),
+                outcome: resolved.to_owned(),
                 released: done.released,
             }),
             Err(e @ ResolveError::Process(_)) => {
@@ -522,8 +522,8 @@ fn print_shown(s: &ShownLetter) {
         ("reason", text_cell(Some(&l.reason))),
         ("attempts", l.attempts.to_string()),
         ("recorded", l.created_at.to_rfc3339()),
-        ("settled", cell(l.resolved_at.map(|t| t.to_rfc3339()))),
-        ("note", text_cell(l.resolution.as_deref())),
+        ("resolved", cell(l.resolved_at.map(|t| t.to_rfc3339()))),
+        ("note", text_cell(l.note.as_deref())),
         ("key", bytes_cell(s.key.as_ref(), s.key_bytes)),
         (
             "headers",

@@ -325,7 +325,7 @@ pub async fn resolve(
         },
     }
     sqlx::query(
-        "UPDATE dead_letter SET status = $2, resolved_at = clock_timestamp(), resolution = $3 WHERE id = $1",
+        "UPDATE dead_letter SET status = $2, resolved_at = clock_timestamp(), note = $3 WHERE id = $1",
     )
     .bind(id)
     .bind(how.status())
