@@ -89,16 +89,16 @@ pub struct ExportSettings {
         value_parser = humantime::parse_duration
     )]
     pub sweep_interval: Duration,
-    /// How long an expired export's job row is kept (its file is already gone), in days: the
-    /// sweep then removes it. Jobs not finished, and finished ones not yet expired, are never
+    /// How long an expired export's job row is kept (its file is already gone), at least a day:
+    /// the sweep then removes it. Jobs not finished, and finished ones not yet expired, are never
     /// removed.
     #[arg(
-        long = "export-retain-days",
-        env = "EXPORT_RETAIN_DAYS",
-        default_value_t = 30,
-        value_parser = clap::value_parser!(u64).range(1..)
+        long = "export-retain",
+        env = "EXPORT_RETAIN",
+        default_value = "30days",
+        value_parser = humantime::parse_duration
     )]
-    pub retain_days: u64,
+    pub retain: Duration,
 }
 
 impl Default for ExportSettings {
@@ -111,7 +111,7 @@ impl Default for ExportSettings {
             statement_timeout: Duration::from_secs(3_600),
             poll: Duration::from_millis(200),
             sweep_interval: Duration::from_secs(10),
-            retain_days: 30,
+            retain: Duration::from_secs(30 * 86_400),
         }
     }
 }
@@ -127,12 +127,11 @@ impl ExportSettings {
             !self.poll.is_zero() && !self.sweep_interval.is_zero(),
             "--export-poll and --export-sweep-interval must be positive"
         );
+        anyhow::ensure!(
+            self.retain >= Duration::from_secs(86_400),
+            "--export-retain must be at least 1day"
+        );
         Ok(())
-    }
-
-    /// How long an expired job's row is kept.
-    pub fn retain(&self) -> Duration {
-        Duration::from_secs(self.retain_days.saturating_mul(86_400))
     }
 }
 

@@ -213,7 +213,7 @@ async fn fail(
 
 /// Removes the files of jobs whose time is up and marks them expired (file first, so a crash in
 /// between leaves a job the next sweep finishes), then the rows of jobs expired for longer than
-/// `--export-retain-days`, then temporary files untouched for longer than a lease. Returns how
+/// `--export-retain`, then temporary files untouched for longer than a lease. Returns how
 /// many jobs expired.
 pub async fn sweep(pool: &PgPool, settings: &ExportSettings) -> anyhow::Result<u64> {
     let mut expired = 0;
@@ -246,7 +246,7 @@ pub async fn sweep(pool: &PgPool, settings: &ExportSettings) -> anyhow::Result<u
         }
     }
     loop {
-        let removed = jobs::remove_expired(pool, settings.retain(), SWEEP_BATCH)
+        let removed = jobs::remove_expired(pool, settings.retain, SWEEP_BATCH)
             .await
             .context("removing expired export jobs")?;
         if removed > 0 {

@@ -78,12 +78,14 @@ pub struct ConsoleArgs {
     /// parked events are published there); empty: publish none.
     #[arg(long, env = "DEAD_LETTER_TOPIC", default_value = "{topic}.dlq")]
     pub dead_letter_topic: String,
-    /// How often the overview reads the status (and samples throughput), in seconds.
-    #[arg(long, env = "PIPELINE_CONSOLE_REFRESH_SECONDS", default_value_t = 3)]
-    pub refresh_seconds: u64,
-    /// How long a login lasts, in hours.
-    #[arg(long, env = "PIPELINE_CONSOLE_SESSION_HOURS", default_value_t = 12)]
-    pub session_hours: u64,
+    /// How often the overview reads the status (and samples throughput), at least a second.
+    #[arg(long, env = "PIPELINE_CONSOLE_REFRESH", default_value = "3s",
+          value_parser = at_least(Duration::from_secs(1)))]
+    pub refresh: Duration,
+    /// How long a login lasts, at least a minute.
+    #[arg(long, env = "PIPELINE_CONSOLE_SESSION_TTL", default_value = "12h",
+          value_parser = at_least(Duration::from_secs(60)))]
+    pub session_ttl: Duration,
     /// Mark the session cookie `Secure` (behind an HTTPS proxy).
     #[arg(long, env = "PIPELINE_CONSOLE_SECURE_COOKIE", default_value_t = false)]
     pub secure_cookie: bool,
@@ -239,8 +241,8 @@ pub async fn run(targets: Targets, groups: Groups, args: &ConsoleArgs) -> anyhow
     )?;
     let settings = ConsoleSettings {
         dead_letter_topic: args.dead_letter_topic.clone(),
-        refresh: Duration::from_secs(args.refresh_seconds.max(1)),
-        session_ttl: Duration::from_secs(args.session_hours.max(1) * 3600),
+        refresh: args.refresh,
+        session_ttl: args.session_ttl,
         secure_cookie: args.secure_cookie,
         limits: args.limits.clone(),
     };
@@ -255,6 +257,20 @@ pub async fn run(targets: Targets, groups: Groups, args: &ConsoleArgs) -> anyhow
     let console = Console::new(targets, groups, users, settings);
     let shutdown = pipeline_core::telemetry::shutdown_on_signals();
     console.serve(listener, shutdown).await
+}
+
+/// A duration flag's parser that refuses one shorter than `min` (or without a unit).
+fn at_least(min: Duration) -> impl Fn(&str) -> Result<Duration, String> + Clone {
+    move |value| {
+        let d = humantime::parse_duration(value).map_err(|e| e.to_string())?;
+        if d < min {
+            return Err(format!(
+                "at least {} (got {value})",
+                humantime::format_duration(min)
+            ));
+        }
+        Ok(d)
+    }
 }
 
 #[cfg(test)]

@@ -921,3 +921,14 @@ fn argon2_hashes_of_any_parameters_verify_in_one_reused_memory() {
         assert_eq!(users.verify_in("ada", "wrong", &mut memory), None);
     }
 }
+
+#[test]
+fn a_duration_flag_below_its_floor_or_without_a_unit_is_refused() {
+    let refresh = super::at_least(Duration::from_secs(1));
+    assert_eq!(refresh("2s"), Ok(Duration::from_secs(2)));
+    assert_eq!(refresh("1m"), Ok(Duration::from_secs(60)));
+    let short = refresh("500ms").expect_err("below the floor");
+    assert!(short.contains("at least 1s"), "{short}");
+    assert!(refresh("3").is_err(), "a bare number has no unit");
+    assert!(refresh("-1s").is_err());
+}

@@ -143,8 +143,8 @@ async fn the_console_in_a_browser_replays_requeues_pauses_and_refuses() -> anyho
             "console",
             "--listen",
             "127.0.0.1:0",
-            "--refresh-seconds",
-            "1",
+            "--refresh",
+            "1s",
         ],
         &[("PIPELINE_CONSOLE_USERS_FILE", &users)],
     )?;
