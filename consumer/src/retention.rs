@@ -395,7 +395,7 @@ SELECT (SELECT count(*) FROM removed),
        (SELECT max(id) FROM batch)::text,
        (SELECT count(*) FROM batch) < $3";
 
-/// The progress of orders whose last event was applied before the cutoff, swept in key order.
+/// The progress of aggregates whose last event was applied before the cutoff, swept in key order.
 /// The cursor is the last key examined, as a JSON array [aggregate_id, group_name].
 ///
 /// Each group's horizon is announced before any progress below it goes: a step raises

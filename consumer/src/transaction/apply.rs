@@ -190,7 +190,7 @@ struct GroupPart<'a> {
     /// Which of `effects` each batch applied.
     applied: Vec<std::ops::Range<usize>>,
     effects: Vec<AppliedEffect>,
-    /// Orders whose last applied sequence moved, with the new value.
+    /// Aggregates whose last applied sequence moved, with the new value.
     advanced: std::collections::HashMap<String, i64>,
     /// Dead letters recorded, to publish before commit.
     letters: Vec<DeadLetter>,

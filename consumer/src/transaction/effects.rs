@@ -16,7 +16,7 @@ use crate::handlers::{Event, HandlerError, HandlerTransaction};
 pub(crate) struct TransactionState {
     /// Last applied sequence per aggregate, as read at the start and advanced since.
     pub(crate) progress: HashMap<String, i64>,
-    /// Orders whose last applied sequence this transaction moved, with the new value.
+    /// Aggregates whose last applied sequence this transaction moved, with the new value.
     pub(crate) advanced: HashMap<String, i64>,
     /// Orders with parked events.
     pub(crate) parked_aggregates: HashSet<String>,

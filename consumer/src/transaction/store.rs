@@ -57,7 +57,7 @@ pub(crate) struct TransactionStart {
     pub(crate) progress: HashMap<String, i64>,
     /// The transaction's aggregates with parked events.
     pub(crate) parked_aggregates: HashSet<String>,
-    /// Orders whose last event was applied before this time may have had their progress
+    /// Aggregates whose last event was applied before this time may have had their progress
     /// removed by retention (`progress_horizon`); None while the group's never was.
     pub(crate) horizon: Option<DateTime<Utc>>,
 }
