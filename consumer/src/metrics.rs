@@ -14,7 +14,7 @@ pub const OUTCOMES: [&str; 7] = [
     "parked",
     "stale",
     "dead_lettered",
-    "released",
+    "unparked",
     "retried",
 ];
 

@@ -7,7 +7,7 @@
 //! The effect history (`applied_effect`) is in time partitions, dropped whole once past the
 //! history window ([`EFFECT_PARTITIONS`]); what an order with an open dead letter or parked events
 //! still needs is copied into `applied_effect_held` first, and removed from there in steps once
-//! released. Other tables in time order (dedupe rows by event id, which the outbox makes
+//! nothing needs them. Other tables in time order (dedupe rows by event id, which the outbox makes
 //! time-ordered; the transitions by id) are removed from their old end in bounded steps. `aggregate_progress` is one row per order, in no
 //! time order: it is swept, a few batches a run.
 //!
@@ -268,7 +268,7 @@ pub fn rules(settings: &RetentionSettings) -> Vec<Rule> {
 ///
 /// The rows go by their physical address (`ctid`), read with them: a join back on the key was
 /// planned as a hash join over the whole table, reading all of it for every step. A row updated
-/// in between (a parked event released) is no longer at that address and stays.
+/// in between (a parked event unparked) is no longer at that address and stays.
 const DEDUPE_STEP: &str = "
 WITH state AS (
     SELECT COALESCE($2::jsonb, '{}'::jsonb) AS c,

@@ -162,14 +162,14 @@ test("a dead-lettered order is found, replayed, and its parked events applied in
   }));
   assert.equal(outcomes.length, 1, JSON.stringify(outcomes));
   assert.equal(outcomes[0].outcome, "replayed");
-  assert.equal(outcomes[0].parked_events_released, "2", "two parked events released");
+  assert.equal(outcomes[0].parked_events_unparked, "2", "two parked events unparked");
 
   await page.goto(`/timeline?id=${order}`);
   const steps = await timelineRows(page, "inventory");
-  // Applied in sequence: the replayed event, then the two it released.
+  // Applied in sequence: the replayed event, then the two it unparked.
   const of = (what) => steps.filter((s) => s.what === what).map((s) => s.seq);
   assert.deepEqual(of("applied"), ["1", "2", "3"], JSON.stringify(steps));
-  assert.deepEqual(of("released"), ["2", "3"], JSON.stringify(steps));
+  assert.deepEqual(of("unparked"), ["2", "3"], JSON.stringify(steps));
   const action = steps.find((s) => s.what === "dead_letter.replay");
   assert.ok(action, JSON.stringify(steps));
   assert.match(action.detail, new RegExp(`by ${env("OPERATOR_USER")}: stale reservation removed`));

@@ -8,7 +8,7 @@ use crate::args::{
     TargetArgs,
 };
 
-/// Operate the pipeline: see where events are, follow one order, release what is stuck.
+/// Operate the pipeline: see where events are, follow one aggregate, unblock what is stuck.
 #[derive(Debug, Parser)]
 #[command(name = "pipeline", version)]
 pub struct Cli {

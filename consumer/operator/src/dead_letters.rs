@@ -88,7 +88,7 @@ pub struct Outcome {
     /// replayed, skipped, discarded, or already-… when it was resolved before.
     pub outcome: String,
     /// Parked events applied after it.
-    pub released: usize,
+    pub unparked: usize,
 }
 
 const LETTER_COLUMNS: &str = "d.id, d.event_id, d.aggregate_id, d.sequence, d.event_type,
@@ -314,7 +314,7 @@ pub struct Resolved {
 /// Replays, skips or discards the letters of `group` (a known name without the prefix) that
 /// `action` selects, at most `limit` of them, one by one in each order's sequence, each recorded
 /// with `action.change`'s actor and note. `dead_letter_topic` is the groups' template (empty: do
-/// not publish letters raised while releasing parked events). The `dead-letters` command and the
+/// not publish letters raised while unparking parked events). The `dead-letters` command and the
 /// web console both act through here.
 pub async fn resolve_letters(
     targets: &Targets,
@@ -372,7 +372,7 @@ pub async fn resolve_letters(
                 id: letter.id,
                 aggregate_id: letter.aggregate_id.clone(),
                 outcome: format!("already {}", letter.status),
-                released: 0,
+                unparked: 0,
             });
             continue;
         }
@@ -388,7 +388,7 @@ pub async fn resolve_letters(
                 id: letter.id,
                 aggregate_id: done.aggregate_id,
                 outcome: resolved.to_owned(),
-                released: done.released,
+                unparked: done.unparked,
             }),
             Err(e @ ResolveError::Process(_)) => {
                 failure = Some(anyhow::Error::from(e));
@@ -448,7 +448,7 @@ async fn act(
     if json {
         crate::output::json(&resolved.outcomes)?;
     } else {
-        let mut t = table(&["dead letter", "order", "outcome", "parked events released"]);
+        let mut t = table(&["dead letter", "order", "outcome", "parked events unparked"]);
         for o in &resolved.outcomes {
             crate::output::row(
                 &mut t,
@@ -456,7 +456,7 @@ async fn act(
                     o.id.to_string(),
                     cell(o.aggregate_id.as_ref()),
                     o.outcome.clone(),
-                    o.released.to_string(),
+                    o.unparked.to_string(),
                 ],
             );
         }

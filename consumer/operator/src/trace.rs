@@ -30,7 +30,7 @@ pub struct Step {
     #[sqlx(default)]
     pub place: String,
     /// What happened: written, attempt_failed, failed, requeued, published; applied, duplicate,
-    /// parked, released, stale, dead_lettered; operator actions by name.
+    /// parked, unparked, stale, dead_lettered; operator actions by name.
     pub transition: String,
     /// The event, when known.
     pub event_id: Option<Uuid>,

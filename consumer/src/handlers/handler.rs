@@ -58,7 +58,7 @@ pub trait HandlerTransaction: Send {
     }
 
     /// Decides one event's effects. `Rejected` must leave no trace: the transaction's view stays
-    /// as it was before the call. May read what `prepare` did not (events released from parking).
+    /// as it was before the call. May read what `prepare` did not (events unparked).
     fn apply<'a>(
         &'a mut self,
         conn: &'a mut PgConnection,

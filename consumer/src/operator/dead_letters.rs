@@ -11,8 +11,8 @@ use uuid::Uuid;
 
 use crate::handlers::{Event, Handler, HandlerTransaction};
 use crate::transaction::{
-    apply_one, record_applied, release_parked, set_outcomes, AppliedEffect, BatchReport,
-    DeadLetterSink, OutcomeChange, ProcessError, TransactionState,
+    apply_one, record_applied, set_outcomes, unpark, AppliedEffect, BatchReport, DeadLetterSink,
+    OutcomeChange, ProcessError, TransactionState,
 };
 
 /// What to do with a dead letter.
@@ -193,7 +193,7 @@ pub struct Resolved {
     /// Whether its event was applied (a replay); false for a discard.
     pub applied: bool,
     /// Parked events applied after it, in sequence order.
-    pub released: usize,
+    pub unparked: usize,
     /// The order's last applied sequence afterwards.
     pub last_sequence: Option<i64>,
 }
@@ -233,7 +233,7 @@ pub async fn resolve(
         id,
         aggregate_id: order.clone(),
         applied: false,
-        released: 0,
+        unparked: 0,
         last_sequence: None,
     };
     // Recorded first, so the steps it causes come after it in the order's history.
@@ -338,7 +338,7 @@ pub async fn resolve(
         dead_letter = id,
         status = how.status(),
         actor = request.actor,
-        released = resolved.released,
+        unparked = resolved.unparked,
         "dead letter resolved"
     );
     Ok(resolved)
@@ -430,7 +430,7 @@ async fn pass(
         .await?;
         resolved.applied = true;
     }
-    release(
+    unpark_after(
         tx,
         effects.as_mut(),
         handler.group(),
@@ -454,7 +454,7 @@ async fn pass_gap(
     resolved: &mut Resolved,
 ) -> Result<(), ResolveError> {
     let mut effects = handler.transaction();
-    release(
+    unpark_after(
         tx,
         effects.as_mut(),
         handler.group(),
@@ -470,7 +470,7 @@ async fn pass_gap(
 /// Applies `order`'s parked events from `last + 1` on, records the effects and the progress, and
 /// publishes dead letters raised on the way.
 #[allow(clippy::too_many_arguments)]
-async fn release(
+async fn unpark_after(
     tx: &mut Transaction<'_, Postgres>,
     effects: &mut dyn HandlerTransaction,
     group: &str,
@@ -481,7 +481,7 @@ async fn release(
     resolved: &mut Resolved,
 ) -> Result<(), ResolveError> {
     let mut report = BatchReport::default();
-    let last = release_parked(tx, effects, group, order, last, &mut state, &mut report).await?;
+    let last = unpark(tx, effects, group, order, last, &mut state, &mut report).await?;
     effects.flush(tx).await.map_err(ProcessError::from)?;
     let _ = state.advanced.insert(order.to_owned(), last);
     record_applied(tx, group, &state.effects, &state.advanced).await?;
@@ -490,7 +490,7 @@ async fn release(
             .await
             .map_err(ProcessError::from)?;
     }
-    resolved.released = report.released;
+    resolved.unparked = report.unparked;
     resolved.last_sequence = Some(last);
     Ok(())
 }

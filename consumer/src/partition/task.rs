@@ -324,10 +324,10 @@ impl PartitionTask {
         for o in &report.outcomes {
             m.messages.with_label_values(&[group, o.label()]).inc();
         }
-        if report.released > 0 {
+        if report.unparked > 0 {
             m.messages
-                .with_label_values(&[group, "released"])
-                .inc_by(report.released as u64);
+                .with_label_values(&[group, "unparked"])
+                .inc_by(report.unparked as u64);
         }
         m.out_of_sequence
             .with_label_values(&[group])

@@ -270,7 +270,7 @@ fn opening<'a, 'm>(group: &'a str, batches: &'a [SortedBatch<'m>]) -> GroupOpeni
 
 /// Applies one group's sorted batches in `tx` once the transaction's opening statement has
 /// run, all but the record of what was applied and the handler's flush: dead letters for
-/// unreadable records, duplicates' steps, the events in order (parked or released as their
+/// unreadable records, duplicates' steps, the events in order (parked or unparked as their
 /// sequence says).
 async fn apply_group<'a>(
     tx: &mut Transaction<'_, Postgres>,

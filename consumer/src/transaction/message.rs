@@ -84,10 +84,10 @@ impl Outcome {
 pub struct BatchReport {
     /// One outcome per input message, in input order.
     pub outcomes: Vec<Outcome>,
-    /// Creation times of every event applied, including parked ones released by this batch.
+    /// Creation times of every event applied, including parked ones unparked by this batch.
     pub applied_occurred_at: Vec<DateTime<Utc>>,
-    /// Parked events released and applied by this batch.
-    pub released: usize,
+    /// Parked events applied by this batch once their gap closed (unparked).
+    pub unparked: usize,
     /// Events whose sequence was not the next one of their order (parked or stale).
     pub out_of_sequence: usize,
     /// Time from BEGIN to the end of COMMIT.

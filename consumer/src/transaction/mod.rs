@@ -28,7 +28,7 @@ pub use dead_letter::{DeadLetter, DeadLetterSink};
 pub(crate) use effects::{apply_one, TransactionState};
 pub use error::ProcessError;
 pub use message::{BatchReport, Fence, InboundMessage, Outcome, RecordHeaders};
-pub(crate) use sequence::release_parked;
+pub(crate) use sequence::unpark;
 pub use sequence::{decide, Decision};
 pub use shared::{SharedResult, SharedTransactionSettings, SharedTransactions};
 pub use store::{claim_partition, CUSTOM_PLANS_UP_TO};

@@ -1,5 +1,5 @@
 //! Events of an aggregate are applied strictly in sequence: the next one is applied, one that is
-//! ahead of its predecessor is parked and released, in order, when the gap closes, and one whose
+//! ahead of its predecessor is parked and unparked, in order, when the gap closes, and one whose
 //! sequence was already applied is flagged stale.
 
 use chrono::{DateTime, Utc};
@@ -80,8 +80,7 @@ pub(crate) async fn handle_event(
                 let mut last = env.sequence;
                 if state.parked_aggregates.contains(&env.aggregate_id) {
                     last =
-                        release_parked(tx, effects, group, &env.aggregate_id, last, state, report)
-                            .await?;
+                        unpark(tx, effects, group, &env.aggregate_id, last, state, report).await?;
                 }
                 let _ = state.progress.insert(env.aggregate_id.clone(), last);
                 let _ = state.advanced.insert(env.aggregate_id.clone(), last);
@@ -174,7 +173,7 @@ async fn stale(
 }
 
 /// Applies parked events of `aggregate` that now follow `last` without a gap. Returns the new last.
-pub(crate) async fn release_parked(
+pub(crate) async fn unpark(
     tx: &mut Transaction<'_, Postgres>,
     effects: &mut dyn HandlerTransaction,
     group: &str,
@@ -213,10 +212,10 @@ pub(crate) async fn release_parked(
         match apply_one(tx, effects, &event).await? {
             Ok(()) => {
                 state.effects.push(AppliedEffect::of(&event));
-                set_outcomes(tx, group, &[OutcomeChange::released(&event.envelope)]).await?;
-                report.released += 1;
+                set_outcomes(tx, group, &[OutcomeChange::unparked(&event.envelope)]).await?;
+                report.unparked += 1;
                 last += 1;
-                tracing::info!(group, event_id = %row.event_id, aggregate_id = order, sequence = last, "parked event released and applied");
+                tracing::info!(group, event_id = %row.event_id, aggregate_id = order, sequence = last, "parked event unparked and applied");
             }
             Err(reason) => {
                 // The record as it arrived (rebuilt from the columns for a row without its bytes).

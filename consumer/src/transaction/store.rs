@@ -459,14 +459,14 @@ impl<'a> OutcomeChange<'a> {
         }
     }
 
-    /// A parked event applied once its gap closed: outcome `applied`, step `released`.
-    pub(crate) fn released(envelope: &'a Envelope) -> Self {
+    /// A parked event applied once its gap closed: outcome `applied`, step `unparked`.
+    pub(crate) fn unparked(envelope: &'a Envelope) -> Self {
         OutcomeChange {
             event_id: envelope.event_id,
             outcome: "applied",
             step: Some(Step {
                 envelope,
-                transition: "released",
+                transition: "unparked",
                 detail: None,
             }),
         }

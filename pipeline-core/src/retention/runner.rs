@@ -73,7 +73,7 @@ const TABLE_SLICE: Duration = Duration::from_secs(60);
 
 /// How often the loop goes over a table in time order from its start again instead of from
 /// where it stopped: rows kept past the cursor because something still needed them (an open dead
-/// letter, a parked event) are removed on such a pass once released.
+/// letter, a parked event) are removed on such a pass once nothing needs them.
 const FULL_PASS_EVERY: Duration = Duration::from_secs(3600);
 
 /// Parses a pause ratio given on a command line (`--retention-pause-ratio`): a number from 0 to

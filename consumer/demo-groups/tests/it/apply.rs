@@ -177,7 +177,7 @@ async fn event_ahead_of_its_predecessor_is_parked_then_applied_in_order(pool: Pg
         .await
         .expect("batch");
     assert_eq!(report.outcomes, vec![Outcome::Applied]);
-    assert_eq!(report.released, 2);
+    assert_eq!(report.unparked, 2);
     let seqs: Vec<i64> = effects(&pool, GROUP)
         .await
         .into_iter()
@@ -649,12 +649,12 @@ async fn batches_of_several_partitions_in_one_transaction_keep_dedupe_and_order(
         reports[0].outcomes,
         vec![Outcome::Applied, Outcome::Applied]
     );
-    // b's sequence 3 came before 2: parked, then released when 2 was applied.
+    // b's sequence 3 came before 2: parked, then unparked when 2 was applied.
     assert_eq!(
         reports[1].outcomes,
         vec![Outcome::Duplicate, Outcome::Parked, Outcome::Applied]
     );
-    assert_eq!(reports[1].released, 1);
+    assert_eq!(reports[1].unparked, 1);
     assert_eq!(reports[0].applied_occurred_at.len(), 2);
     assert_eq!(reports[1].applied_occurred_at.len(), 2);
     // a reserved 2 of the 3 left; b released its 2 (cancelled), then shipped nothing reserved.

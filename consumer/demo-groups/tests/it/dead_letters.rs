@@ -149,7 +149,7 @@ async fn a_dead_letter_parks_its_orders_later_events_and_skip_releases_them(pool
     .await
     .expect("skip");
     assert!(!done.applied);
-    assert_eq!((done.released, done.last_sequence), (2, Some(3)));
+    assert_eq!((done.unparked, done.last_sequence), (2, Some(3)));
     assert_eq!(
         applied(&pool, a).await,
         vec![2, 3],
@@ -209,7 +209,7 @@ async fn replay_after_fixing_the_data_applies_the_event_then_the_parked_ones(poo
     .await
     .expect("replay");
     assert!(done.applied);
-    assert_eq!((done.released, done.last_sequence), (1, Some(2)));
+    assert_eq!((done.unparked, done.last_sequence), (1, Some(2)));
     assert_eq!(applied(&pool, a).await, vec![1, 2]);
     let (available, reserved): (i32, i32) =
         sqlx::query_as("SELECT available, reserved FROM inventory_stock")
@@ -286,7 +286,7 @@ async fn a_consumer_that_lost_its_partition_applies_nothing(pool: PgPool) {
 }
 
 #[sqlx::test(migrator = "demo_events::MIGRATOR")]
-async fn a_parked_event_rejected_when_released_is_dead_lettered_with_its_record_as_it_arrived(
+async fn a_parked_event_rejected_when_unparked_is_dead_lettered_with_its_record_as_it_arrived(
     pool: PgPool,
 ) {
     setup(&pool).await;
@@ -319,7 +319,7 @@ async fn a_parked_event_rejected_when_released_is_dead_lettered_with_its_record_
     )
     .fetch_one(&pool)
     .await
-    .expect("the released event's dead letter");
+    .expect("the unparked event's dead letter");
     assert_eq!(
         payload,
         Some(raw),

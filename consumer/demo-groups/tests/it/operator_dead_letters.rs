@@ -265,7 +265,7 @@ async fn replay_and_skip_release_parked_events_in_order(pool: PgPool) {
     );
     let mut after: Vec<&str> = steps[3..].to_vec();
     after.sort_unstable();
-    assert_eq!(after, ["applied", "released"], "{trace}");
+    assert_eq!(after, ["applied", "unparked"], "{trace}");
 }
 
 #[sqlx::test(migrator = "demo_events::MIGRATOR")]

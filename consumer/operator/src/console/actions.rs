@@ -252,7 +252,7 @@ async fn dead_letters(console: &Console, fields: &Fields, change: Change) -> Res
                 "dead_letter": o.id,
                 "order": o.aggregate_id,
                 "outcome": o.outcome,
-                "parked_events_released": o.released,
+                "parked_events_unparked": o.unparked,
             }));
         }
         if let Some(e) = resolved.failure {

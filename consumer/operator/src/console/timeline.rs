@@ -89,7 +89,7 @@ fn render(trace: &Trace) -> String {
         let class = match s.transition.as_str() {
             "failed" | "attempt_failed" | "dead_lettered" => "bad",
             "parked" => "warn",
-            "applied" | "released" | "published" => "good",
+            "applied" | "unparked" | "published" => "good",
             t if t.contains('.') => "action",
             _ => "",
         };

@@ -109,7 +109,7 @@ pub async fn run(
                 - metric_sum(
                     &page,
                     "consumer_messages_total",
-                    &[&group, "outcome=\"released\""],
+                    &[&group, "outcome=\"unparked\""],
                 );
             if handled > 0.0 {
                 let _ = first.entry(kind).or_insert(t);
