@@ -31,6 +31,8 @@ TOP = len(LAYERS)
 
 TEST_MODULE = re.compile(r"#\[cfg\(test\)\]\s*(?:pub(?:\([^)]*\))?\s+)?mod\s+\w+\s*\{")
 CHILD_DECL = re.compile(r"^\s*(?:pub(?:\([^)]*\))?\s+)?mod\s+(\w+)\s*;", re.M)
+# Modules declared through pipeline-core's `inner_modules!(a, b, …)`.
+INNER_MODULES = re.compile(r"\binner_modules!\s*\(([^)]*)\)")
 PATH = re.compile(r"\b(crate|super|self)((?:::\w+)+)")
 USE_GROUP = re.compile(r"\buse\s+(crate|super|self)((?:::\w+)*)::\{([^;]*)\};", re.S)
 
@@ -61,7 +63,11 @@ def modules_of(root_file):
     def walk(path, file):
         found[path] = file
         here = file.parent if file.name in ("lib.rs", "main.rs", "mod.rs") else file.parent / file.stem
-        for name in CHILD_DECL.findall(code(file)):
+        text = code(file)
+        declared = CHILD_DECL.findall(text)
+        for listed in INNER_MODULES.findall(text):
+            declared += [n.strip() for n in listed.split(",") if n.strip()]
+        for name in declared:
             for candidate in (here / f"{name}.rs", here / name / "mod.rs"):
                 if candidate.exists():
                     walk(path + (name,), candidate)

@@ -70,26 +70,26 @@
 //!
 //! The modules follow the data's path, and each uses only the stages below it:
 //!
-//! - [`kafka`]: this process's member of each Kafka consumer group: a poll thread whose
+//! - `kafka`: this process's member of each Kafka consumer group: a poll thread whose
 //!   rebalance callbacks start and stop the partition tasks, offsets committed only after the
 //!   database commits, leaving the group while the database is out of reach; and the lag
 //!   collector.
-//! - [`partition`]: one task per assigned partition: takes its messages in order, hands them as
+//! - `partition`: one task per assigned partition: takes its messages in order, hands them as
 //!   batches to a transaction, retries, isolates a failing message, reports the offset to commit.
-//! - [`transaction`]: the batch transaction: the message types, dedupe rows, per-aggregate
+//! - `transaction`: the batch transaction: the message types, dedupe rows, per-aggregate
 //!   sequence with parking, dead letters, shared transactions of several partitions' batches.
-//! - [`handlers`]: what a group does with an event ([`Handler`]) and the registry of the groups
+//! - `handlers`: what a group does with an event ([`Handler`]) and the registry of the groups
 //!   a program runs ([`Groups`]).
 //!
-//! Beside the path: [`settings`], what [`run`] takes ([`ConsumerSettings`]) and the database
-//! sessions it needs ([`connect`]); [`runtime`], the composition root that [`run`] starts;
+//! Beside the path: `settings`, what [`run`] takes ([`ConsumerSettings`]) and the database
+//! sessions it needs ([`connect`]); `runtime`, the composition root that [`run`] starts;
 //! [`retention`], the rules that keep the groups' tables flat, run beside the groups;
-//! [`rate_limit`], a group's cap on the events it applies (a token bucket the partition tasks
-//! take from before each batch); [`pause`], an operator's pause of a group (read every second;
+//! `rate_limit`, a group's cap on the events it applies (a token bucket the partition tasks
+//! take from before each batch); `pause`, an operator's pause of a group (read every second;
 //! the partition tasks start no batch and the members pause their partitions' fetch while it
 //! holds);
 //! [`operator`], what the operator command (consumer/operator) needs: dead-letter resolution with
-//! a group's handler; [`metrics`]; and [`backoff`], the retry delays.
+//! a group's handler; `metrics`; and `backoff`, the retry delays.
 //!
 //! # Words
 //!
@@ -104,39 +104,43 @@
 //! - *transaction*: one database transaction applying one or more batches of a group, or of
 //!   several (the batch transaction); a handler's part of it is a [`HandlerTransaction`].
 //! - *shared transaction*: a transaction applying the batches of several partitions, of one
-//!   group or of several groups of the process ([`transaction::SharedTransactions`],
+//!   group or of several groups of the process (`transaction::SharedTransactions`,
 //!   `shared_transactions`, `shared_transaction_gather`).
 //! - *finished offset*: the offset after a batch whose transaction committed, for the member to
 //!   commit to Kafka; an aggregate's *progress* is its last applied sequence (`aggregate_progress`).
-//! - *paused group*: a group an operator paused (`group_pause`, see [`pause`]); a partition's
+//! - *paused group*: a group an operator paused (`group_pause`, see `pause`); a partition's
 //!   *fetch pause* is librdkafka's, set while its group is paused or its task has too much
 //!   queued.
 
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 
-pub mod backoff;
 mod error;
-pub mod handlers;
-pub mod kafka;
-pub mod metrics;
+pipeline_core::inner_modules!(
+    backoff,
+    handlers,
+    kafka,
+    metrics,
+    partition,
+    pause,
+    rate_limit,
+    runtime,
+    settings,
+    transaction,
+);
 pub mod operator;
-pub mod partition;
-pub mod pause;
-pub mod rate_limit;
 pub mod retention;
-pub mod runtime;
-pub mod settings;
-pub mod transaction;
 
 use prometheus::Registry;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
+pub use crate::backoff::backoff;
 pub use crate::error::ConsumerError;
 pub use crate::handlers::{
     Event, Groups, Handler, HandlerError, HandlerTransaction, UnknownGroup, Waiting,
 };
-pub use crate::rate_limit::RateLimit;
+pub use crate::kafka::GroupProtocol;
+pub use crate::rate_limit::{InvalidRateLimit, RateLimit, RatePeriod, MAX_EVENTS_PER_SECOND};
 pub use crate::runtime::Runtime;
 pub use crate::settings::{connect, session_options, ConsumerSettings, InvalidSettings};
 

@@ -9,7 +9,26 @@
 //! [`ops_http`]: axum, hyper, tower) and `telemetry` ([`telemetry`]: tracing-subscriber and
 //! signal handling), which binaries turn on.
 
-#![warn(missing_docs)]
+#![deny(missing_docs)]
+
+/// Declares a library's inner modules: private, so that the library's API is what its root
+/// re-exports, or public with the library's `internals` feature, which the workspace's own tests
+/// and benchmark turn on to drive one step at a time (not part of the API, and not covered by
+/// its versioning). Their items are written `pub` for the second case, so the lints that the first
+/// would raise about them (unreachable `pub`, items and
+/// re-exports only the tests use) are off there.
+#[macro_export]
+macro_rules! inner_modules {
+    ($($name:ident),* $(,)?) => {
+        $(
+            #[cfg(feature = "internals")]
+            pub mod $name;
+            #[cfg(not(feature = "internals"))]
+            #[allow(unreachable_pub, dead_code, unused_imports)]
+            mod $name;
+        )*
+    };
+}
 
 pub mod crash_point;
 pub mod db;

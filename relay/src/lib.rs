@@ -29,41 +29,30 @@
 //! ```
 //!
 //! The modules, along an event's way:
-//! - [`settings`]: [`RelaySettings`] and the database sessions they call for ([`connect`]).
-//! - [`runtime`]: [`Relay`], the whole: standing by, taking turns with other relays, and what
+//! - `settings`: [`RelaySettings`] and the database sessions they call for ([`connect`]).
+//! - `runtime`: [`Relay`], the whole: standing by, taking turns with other relays, and what
 //!   runs beside.
-//! - [`lease`]: the election of the one active relay, and the fence its writes carry.
-//! - [`active`]: the loop while the lease is held, up to `pipeline_depth` batches at once.
-//! - [`wakeup`]: waiting for new events on LISTEN, and telling writers when to notify.
-//! - [`batch`]: one batch's two steps, claim and publish.
-//! - [`claim`]: reading the next due events from the queue.
-//! - [`publish`]: the Kafka producer and one batch's delivery.
-//! - [`mark`]: recording what Kafka did, fenced by the lease.
-//! - [`backoff`]: when a failed event is tried again, and when it is given up.
-//! - [`release`]: moving delayed events that fell due into the outbox.
-//! - [`backlog`]: the queue, lease and delayed-event gauges.
-//! - [`vacuum`]: keeping the queue table small.
-//! - [`metrics`]: the relay's Prometheus metrics.
+//! - `lease`: the election of the one active relay, and the fence its writes carry.
+//! - `active`: the loop while the lease is held, up to `pipeline_depth` batches at once.
+//! - `wakeup`: waiting for new events on LISTEN, and telling writers when to notify.
+//! - `batch`: one batch's two steps, claim and publish.
+//! - `claim`: reading the next due events from the queue.
+//! - `publish`: the Kafka producer and one batch's delivery.
+//! - `mark`: recording what Kafka did, fenced by the lease.
+//! - `backoff`: when a failed event is tried again, and when it is given up.
+//! - `release`: moving delayed events that fell due into the outbox.
+//! - `backlog`: the queue, lease and delayed-event gauges.
+//! - `vacuum`: keeping the queue table small.
+//! - `metrics`: the relay's Prometheus metrics.
 
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 
-pub mod active;
-pub mod backlog;
-pub mod backoff;
-pub mod batch;
-pub mod claim;
 mod error;
-pub mod lease;
-pub mod mark;
-pub mod metrics;
-pub mod publish;
-pub mod release;
+pipeline_core::inner_modules!(
+    active, backlog, backoff, batch, claim, lease, mark, metrics, publish, release, runtime,
+    schedule, settings, vacuum, wakeup,
+);
 pub mod retention;
-pub mod runtime;
-pub mod schedule;
-pub mod settings;
-pub mod vacuum;
-pub mod wakeup;
 
 pub use error::RelayError;
 /// The tables the relay reads and writes: the outbox's. Apply them only where the program is

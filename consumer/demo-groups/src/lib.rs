@@ -13,7 +13,7 @@
 //! [`consumer_command`], what the `consumer` binary runs, and [`report`], `consumer report`'s
 //! summary of a run.
 
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 
 pub mod cli;
 pub mod consumer_command;

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use consumer::backoff::backoff;
+use consumer::backoff;
 use consumer::{Event, Handler, HandlerError, HandlerTransaction};
 use demo_events::order_events::{
     DAILY_DIGEST, ORDER_CANCELLED, ORDER_PAID, ORDER_PAYMENT_REMINDER, ORDER_PLACED, ORDER_SHIPPED,

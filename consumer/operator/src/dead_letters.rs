@@ -342,7 +342,7 @@ pub async fn resolve_letters(
     let sink = if dead_letter_topic.is_empty() {
         None
     } else {
-        Some(consumer::transaction::DeadLetterSink::new(
+        Some(consumer::operator::DeadLetterSink::new(
             &targets.args.kafka,
             dead_letter_topic,
         )?)

@@ -16,12 +16,11 @@
 //! [`pause()`], [`resume`] and [`state`] print nothing, for any caller (the command prints their
 //! results with [`print()`]).
 
-use consumer::pause;
 use pipeline_core::record::escape;
 use serde::Serialize;
 use sqlx::PgPool;
 
-pub use consumer::pause::PausedSince;
+pub use consumer::operator::PausedSince;
 
 use crate::args::GroupAction;
 use crate::error::BadInput;
@@ -85,7 +84,7 @@ pub async fn pause(
             });
         }
         tx.rollback().await?;
-        if let Some(existing) = pause::read(&pool, &name).await? {
+        if let Some(existing) = consumer::operator::pause_state(&pool, &name).await? {
             return Ok(GroupPause {
                 group: group.to_owned(),
                 paused: true,
@@ -143,7 +142,7 @@ pub async fn resume(
 /// The pause of the group whose id is `group_id` (its name with the prefix, as its rows carry it:
 /// [`Targets::qualified`]) in its database `pool`, or `None` while it runs.
 pub async fn state(pool: &PgPool, group_id: &str) -> anyhow::Result<Option<PausedSince>> {
-    Ok(pause::read(pool, group_id).await?)
+    Ok(consumer::operator::pause_state(pool, group_id).await?)
 }
 
 /// Refuses a missing actor or note and an unknown group; returns the group's database and id.

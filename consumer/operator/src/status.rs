@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use consumer::kafka::read_group;
+use consumer::operator::read_group;
 use pipeline_core::kafka::offsets_reader;
 use rdkafka::consumer::BaseConsumer;
 use serde::Serialize;

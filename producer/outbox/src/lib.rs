@@ -64,7 +64,7 @@
 //! This crate brings no HTTP server or client: sqlx, serde, uuid, chrono (with chrono-tz), cron
 //! and thiserror only.
 
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 
 use serde_json::Value;
 use sqlx::{Postgres, Transaction};

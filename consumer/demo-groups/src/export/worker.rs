@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use consumer::backoff::backoff;
+use consumer::backoff;
 use demo_events::export_events::export_file_name;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;

@@ -24,7 +24,7 @@
 //! `tests/end_to_end.rs` runs the service and the group with the relay on the real broker and
 //! PostgreSQL; `tests/tables.rs` checks that the program sets up no table of the demonstration.
 
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 
 pub mod payments;
 pub mod program;
