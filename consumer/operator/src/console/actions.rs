@@ -7,13 +7,14 @@ use std::collections::BTreeSet;
 
 use axum::extract::{Form, Path, State};
 use axum::http::StatusCode;
-use axum::response::{Html, IntoResponse, Response};
+use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use consumer::operator::dead_letters::Resolution;
+use maud::{html, Markup};
 use serde::Serialize;
 use uuid::Uuid;
 
-use super::html::{esc, layout};
+use super::html::{layout, Shown};
 use super::letters::LetterQuery;
 use super::refusal::Refusal;
 use super::session::Session;
@@ -67,9 +68,9 @@ struct Done {
     error: Option<String>,
     #[serde(skip)]
     status: StatusCode,
-    /// Where to look next.
+    /// Where to look next: a page of the console (under its prefix when shown).
     #[serde(skip)]
-    back: String,
+    back: &'static str,
 }
 
 /// `POST /actions/NAME`: the result as a page.
@@ -82,22 +83,19 @@ pub(super) async fn html(
     match act(&console, &session, &action, &Fields(fields)).await {
         Err(refusal) => refusal.into_response(),
         Ok(done) => {
-            let mut body = format!(
-                r#"<h1>{}</h1><p class="muted">as {}</p>"#,
-                esc(&done.action),
-                esc(&session.user)
-            );
-            if let Some(e) = &done.error {
-                body.push_str(&format!(r#"<p class="error" role="alert">{}</p>"#, esc(e)));
-            } else {
-                body.push_str(r#"<p class="ok" role="status">Done.</p>"#);
-            }
-            body.push_str(&table(&done.outcomes));
-            body.push_str(&format!(
-                r#"<p><a href="{}" id="back">Back</a></p>"#,
-                esc(&done.back)
-            ));
-            (done.status, Html(layout("Done", Some(&session), &body))).into_response()
+            let urls = console.urls();
+            let body = html! {
+                h1 { (Shown(&done.action)) }
+                p.muted { "as " (Shown(&session.user)) }
+                @if let Some(e) = &done.error {
+                    p.error role="alert" { (Shown(e)) }
+                } @else {
+                    p.ok role="status" { "Done." }
+                }
+                (table(&done.outcomes))
+                p { a href=(urls.to(done.back)) id="back" { "Back" } }
+            };
+            (done.status, layout(urls, "Done", Some(&session), body)).into_response()
         }
     }
 }
@@ -270,7 +268,7 @@ async fn dead_letters(console: &Console, fields: &Fields, change: Change) -> Res
         outcomes: serde_json::Value::Array(outcomes),
         error,
         status,
-        back: "/dead-letters".to_owned(),
+        back: "/dead-letters",
     })
 }
 
@@ -313,7 +311,7 @@ async fn requeue_events(
         outcomes: serde_json::to_value(&requeued).unwrap_or_default(),
         error: None,
         status: StatusCode::OK,
-        back: "/outbox".to_owned(),
+        back: "/outbox",
     })
 }
 
@@ -344,7 +342,7 @@ async fn delayed_events(
         outcomes: serde_json::to_value(&changed).unwrap_or_default(),
         error: None,
         status: StatusCode::OK,
-        back: "/outbox".to_owned(),
+        back: "/outbox",
     })
 }
 
@@ -383,7 +381,7 @@ async fn reprocess_group(
         outcomes: serde_json::to_value(&done.partitions).unwrap_or_default(),
         error: None,
         status: StatusCode::OK,
-        back: "/groups".to_owned(),
+        back: "/groups",
     })
 }
 
@@ -419,38 +417,34 @@ async fn pause_or_resume(
         }]),
         error: None,
         status: StatusCode::OK,
-        back: "/groups".to_owned(),
+        back: "/groups",
     })
 }
 
 /// An array of objects as a table, its columns from the first object's fields.
-fn table(rows: &serde_json::Value) -> String {
+fn table(rows: &serde_json::Value) -> Markup {
     let Some(rows) = rows.as_array() else {
-        return String::new();
+        return html! {};
     };
     let Some(first) = rows.first().and_then(|r| r.as_object()) else {
-        return "<p>Nothing changed.</p>".to_owned();
+        return html! { p { "Nothing changed." } };
     };
     let columns: Vec<&String> = first.keys().collect();
-    let mut out = r#"<table id="outcomes"><thead><tr>"#.to_owned();
-    for c in &columns {
-        out.push_str(&format!("<th>{}</th>", esc(c)));
-    }
-    out.push_str("</tr></thead><tbody>");
-    for row in rows {
-        out.push_str("<tr>");
-        for c in &columns {
-            let cell = match row.get(c.as_str()) {
-                Some(serde_json::Value::String(s)) => s.clone(),
-                Some(serde_json::Value::Null) | None => "-".to_owned(),
-                Some(v) => v.to_string(),
-            };
-            out.push_str(&format!("<td>{}</td>", esc(&cell)));
+    let cell = |row: &serde_json::Value, column: &str| match row.get(column) {
+        Some(serde_json::Value::String(s)) => s.clone(),
+        Some(serde_json::Value::Null) | None => "-".to_owned(),
+        Some(v) => v.to_string(),
+    };
+    html! {
+        table #outcomes {
+            thead { tr { @for c in &columns { th { (Shown(c)) } } } }
+            tbody {
+                @for row in rows {
+                    tr { @for c in &columns { td { (Shown(&cell(row, c))) } } }
+                }
+            }
         }
-        out.push_str("</tr>");
     }
-    out.push_str("</tbody></table>");
-    out
 }
 
 #[cfg(test)]

@@ -4,13 +4,14 @@
 
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::response::Html;
 use axum::{Extension, Json};
+use maud::{html, Markup};
 use serde::Serialize;
 
-use super::html::{action_footer, esc, layout, unavailable};
+use super::html::{action_footer, layout, unavailable, Shown};
 use super::refusal::{unanswered, Refusal};
 use super::session::Session;
+use super::urls::Urls;
 use super::Console;
 use crate::group::PausedSince;
 use crate::targets::KnownBy;
@@ -53,63 +54,75 @@ pub(super) async fn api(State(console): State<Console>) -> Result<Json<GroupsDat
 pub(super) async fn page(
     State(console): State<Console>,
     Extension(session): Extension<Session>,
-) -> (StatusCode, Html<String>) {
-    let mut status = StatusCode::OK;
-    let mut body =
-        r#"<h1>Groups</h1><p class="muted">Lag and members: see the <a href="/">overview</a>.</p>"#
-            .to_owned();
-    match read(&console).await {
-        Err(e) => {
-            status = StatusCode::SERVICE_UNAVAILABLE;
-            body.push_str(&unavailable(
-                "The groups' databases did not answer",
-                &unanswered(&e),
-            ));
-        }
-        Ok(data) => {
-            for state in &data.groups {
-                body.push_str(&group_section(&session, state));
+) -> (StatusCode, Markup) {
+    let urls = console.urls();
+    let read = read(&console).await;
+    let status = match read {
+        Ok(_) => StatusCode::OK,
+        Err(_) => StatusCode::SERVICE_UNAVAILABLE,
+    };
+    let body = html! {
+        h1 { "Groups" }
+        p.muted { "Lag and members: see the " a href=(urls.to("/")) { "overview" } "." }
+        @match &read {
+            Err(e) => { (unavailable("The groups' databases did not answer", &unanswered(e))) }
+            Ok(data) => {
+                @for state in &data.groups {
+                    (group_section(urls, &session, state))
+                }
+                @if data.groups.is_empty() {
+                    p { "No group has owned a partition yet." }
+                }
             }
-            if data.groups.is_empty() {
-                body.push_str("<p>No group has owned a partition yet.</p>");
+        }
+    };
+    (status, layout(urls, "Groups", Some(&session), body))
+}
+
+fn group_section(urls: Urls<'_>, session: &Session, state: &GroupState) -> Markup {
+    let (verb, class) = match &state.paused {
+        Some(_) => ("Resume", "resume"),
+        None => ("Pause", "pause"),
+    };
+    // The group's name as stored goes back with the forms; it is shown through `Shown`.
+    let group = &state.group;
+    html! {
+        section.group data-group=(Shown(group)) {
+            h2 { (Shown(group)) }
+            @match &state.paused {
+                Some(p) => {
+                    p.state-warn data-state="paused" {
+                        "paused since " (p.since.format("%Y-%m-%d %H:%M:%S"))
+                        " by " (Shown(&p.actor)) ": " (Shown(&p.note))
+                    }
+                }
+                None => { p.state-good data-state="running" { "running" } }
+            }
+            form method="post" action=(urls.to(&format!("/actions/{class}"))) class={ "action " (class) } {
+                input type="hidden" name="group" value=(group);
+                fieldset {
+                    legend {
+                        (verb) " (its members finish and commit the batch in flight, then take no \
+                        new one until resumed)"
+                    }
+                    (action_footer(session, verb))
+                }
+            }
+            form method="post" action=(urls.to("/actions/reprocess")) class="action" {
+                input type="hidden" name="group" value=(group);
+                fieldset {
+                    legend { "Reprocess (stop the group's members first)" }
+                    label {
+                        "From (RFC 3339 time, or an offset for every partition) "
+                        input name="from" required placeholder="2026-11-25T03:00:00Z";
+                    }
+                    label.check {
+                        input type="checkbox" name="clear_dedupe" value="yes";
+                        " also clear the dedupe rows (apply the effects a second time)"
+                    }
+                    (action_footer(session, "Reprocess"))
+                }
             }
         }
     }
-    (status, Html(layout("Groups", Some(&session), &body)))
-}
-
-fn group_section(session: &Session, state: &GroupState) -> String {
-    let g = esc(&state.group);
-    let (now, verb, class) = match &state.paused {
-        Some(p) => (
-            format!(
-                r#"<p class="state-warn" data-state="paused">paused since {} by {}: {}</p>"#,
-                p.since.format("%Y-%m-%d %H:%M:%S"),
-                esc(&p.actor),
-                esc(&p.note)
-            ),
-            "Resume",
-            "resume",
-        ),
-        None => (
-            r#"<p class="state-good" data-state="running">running</p>"#.to_owned(),
-            "Pause",
-            "pause",
-        ),
-    };
-    format!(
-        r#"<section class="group" data-group="{g}"><h2>{g}</h2>{now}
-<form method="post" action="/actions/{class}" class="action {class}">
-<input type="hidden" name="group" value="{g}">
-<fieldset><legend>{verb} (its members finish and commit the batch in flight, then take no new one until resumed)</legend>
-{}</fieldset></form>
-<form method="post" action="/actions/reprocess" class="action">
-<input type="hidden" name="group" value="{g}">
-<fieldset><legend>Reprocess (stop the group's members first)</legend>
-<label>From (RFC 3339 time, or an offset for every partition) <input name="from" required placeholder="2026-11-25T03:00:00Z"></label>
-<label class="check"><input type="checkbox" name="clear_dedupe" value="yes"> also clear the dedupe rows (apply the effects a second time)</label>
-{}</fieldset></form></section>"#,
-        action_footer(session, verb),
-        action_footer(session, "Reprocess")
-    )
 }

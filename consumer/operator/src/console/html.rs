@@ -1,12 +1,18 @@
-//! Pages: escaping, the layout every page shares, the parts of every action form, the static
-//! files (embedded in the binary) and the security headers on every response.
+//! Pages: what a page shows of stored text ([`Shown`]), the layout every page shares, the parts
+//! of every action form, the static files (embedded in the binary) and the security headers on
+//! every response. Pages are maud templates: every value is HTML-escaped unless a template says
+//! otherwise (none does).
+
+use std::fmt::Write;
 
 use axum::extract::Request;
 use axum::http::{header, HeaderValue};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use maud::{html, Escaper, Markup, Render, DOCTYPE};
 
 use super::logged_in::Session;
+use super::urls::Urls;
 
 const CSS: &str = include_str!("static/console.css");
 const JS: &str = include_str!("static/console.js");
@@ -16,98 +22,120 @@ const JS: &str = include_str!("static/console.js");
 const CSP: &str = "default-src 'self'; script-src 'self'; object-src 'none'; \
                    frame-ancestors 'none'; base-uri 'none'; form-action 'self'";
 
-/// `s` escaped for HTML text and attribute values.
 /// Unicode's bidirectional marks, embeddings, overrides and isolates.
 fn is_direction_mark(c: char) -> bool {
     matches!(c, '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
 }
 
-pub(super) fn esc(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            // Control characters, and the direction marks and overrides that would show an id
-            // other than the one stored (`\u{202e}`…), are shown as escapes.
-            c if (c.is_control() && c != '\n' && c != '\t') || is_direction_mark(c) => {
-                out.push_str(&format!("\\u{{{:x}}}", c as u32))
-            }
-            c => out.push(c),
-        }
-    }
-    out
+/// Whether `c` is shown as a `\u{…}` escape: control characters (but newline and tab), and the
+/// direction marks and overrides that would show an id other than the one stored (`\u{202e}`…).
+fn shown_escaped(c: char) -> bool {
+    (c.is_control() && c != '\n' && c != '\t') || is_direction_mark(c)
 }
 
-/// An optional value for a cell: `-` when absent.
-pub(super) fn opt<T: std::fmt::Display>(v: Option<T>) -> String {
-    v.map_or_else(|| "-".to_owned(), |v| esc(&v.to_string()))
+/// Stored or typed text as a page shows it: the characters [`shown_escaped`] picks written as
+/// `\u{…}`, then escaped by maud for HTML text and attribute values. Every value from the
+/// databases, the request or the user that a page displays goes through it, so a hostile id
+/// cannot display as another; a value a form only sends back (a hidden field, an option's or a
+/// check box's value) stays as stored, escaped by maud alone, so the action gets the very group
+/// or filter.
+pub(super) struct Shown<'a>(pub(super) &'a str);
+
+impl Render for Shown<'_> {
+    fn render_to(&self, buffer: &mut String) {
+        let mut out = Escaper::new(buffer);
+        let mut rest = self.0;
+        // Writing into a String never fails.
+        while let Some((at, c)) = rest.char_indices().find(|(_, c)| shown_escaped(*c)) {
+            let _ = out.write_str(&rest[..at]);
+            let _ = write!(out, "\\u{{{:x}}}", c as u32);
+            rest = &rest[at + c.len_utf8()..];
+        }
+        let _ = out.write_str(rest);
+    }
+}
+
+/// An optional value for a cell, [`Shown`]: `-` when absent.
+pub(super) fn opt<T: std::fmt::Display>(v: Option<T>) -> Markup {
+    match v {
+        Some(v) => html! { (Shown(&v.to_string())) },
+        None => html! { "-" },
+    }
 }
 
 /// A whole page: the navigation (with the user and a logout form when logged in) around
-/// `body`.
-pub(super) fn layout(title: &str, session: Option<&Session>, body: &str) -> String {
-    let user = match session {
-        Some(s) => format!(
-            r#"<span class="user">{} <span class="role role-{role}">{role}</span></span>
-<form method="post" action="/logout" class="logout"><input type="hidden" name="csrf" value="{}"><button type="submit">Log out</button></form>"#,
-            esc(&s.user),
-            esc(&s.csrf),
-            role = s.role.as_str(),
-        ),
-        None => String::new(),
-    };
-    let nav = if session.is_some() {
-        r#"<a href="/">Overview</a><a href="/timeline">Order timeline</a><a href="/dead-letters">Dead letters</a><a href="/outbox">Outbox</a><a href="/groups">Groups</a>"#
-    } else {
-        ""
-    };
-    format!(
-        r#"<!doctype html>
-<html lang="en"><head><meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{title} · pipeline console</title>
-<link rel="stylesheet" href="/static/console.css">
-<script src="/static/console.js" defer></script>
-</head><body>
-<header><span class="brand">pipeline console</span><nav>{nav}</nav><span class="who">{user}</span></header>
-<main>
-{body}
-</main></body></html>"#,
-        title = esc(title),
-    )
+/// `body`, every link under the console's prefix.
+pub(super) fn layout(
+    urls: Urls<'_>,
+    title: &str,
+    session: Option<&Session>,
+    body: Markup,
+) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                title { (title) " · pipeline console" }
+                link rel="stylesheet" href=(urls.to("/static/console.css"));
+                script src=(urls.to("/static/console.js")) defer {}
+            }
+            body {
+                header {
+                    span.brand { "pipeline console" }
+                    nav {
+                        @if session.is_some() {
+                            a href=(urls.to("/")) { "Overview" }
+                            a href=(urls.to("/timeline")) { "Order timeline" }
+                            a href=(urls.to("/dead-letters")) { "Dead letters" }
+                            a href=(urls.to("/outbox")) { "Outbox" }
+                            a href=(urls.to("/groups")) { "Groups" }
+                        }
+                    }
+                    span.who {
+                        @if let Some(s) = session {
+                            span.user {
+                                (Shown(&s.user)) " "
+                                span class={ "role role-" (s.role.as_str()) } { (s.role.as_str()) }
+                            }
+                            form method="post" action=(urls.to("/logout")) class="logout" {
+                                input type="hidden" name="csrf" value=(s.csrf);
+                                button type="submit" { "Log out" }
+                            }
+                        }
+                    }
+                }
+                main { (body) }
+            }
+        }
+    }
 }
 
 /// The end of every action form: the CSRF token, the reason, the confirmation and the button;
 /// for a viewer the button is disabled (the server refuses the action anyway).
-pub(super) fn action_footer(session: &Session, verb: &str) -> String {
-    let disabled = if session.may_act() {
-        ""
-    } else {
-        r#" disabled title="read-only: your role is viewer""#
-    };
-    format!(
-        r#"<input type="hidden" name="csrf" value="{csrf}">
-<div class="confirm">
-<label>Reason (kept with the action) <input name="reason" class="reason" required maxlength="1000"{disabled}></label>
-<label class="check"><input type="checkbox" name="confirm" value="yes" required{disabled}> I confirm</label>
-<button type="submit" class="act"{disabled}>{verb}</button>
-</div>"#,
-        csrf = esc(&session.csrf),
-        verb = esc(verb),
-    )
+pub(super) fn action_footer(session: &Session, verb: &str) -> Markup {
+    let read_only = !session.may_act();
+    let why = read_only.then_some("read-only: your role is viewer");
+    html! {
+        input type="hidden" name="csrf" value=(session.csrf);
+        div.confirm {
+            label {
+                "Reason (kept with the action) "
+                input name="reason" class="reason" required maxlength="1000" disabled[read_only] title=[why];
+            }
+            label.check {
+                input type="checkbox" name="confirm" value="yes" required disabled[read_only] title=[why];
+                " I confirm"
+            }
+            button type="submit" class="act" disabled[read_only] title=[why] { (verb) }
+        }
+    }
 }
 
 /// A notice that the page's data could not be read, and why.
-pub(super) fn unavailable(what: &str, error: &str) -> String {
-    format!(
-        r#"<p class="error" role="alert">{}: {}</p>"#,
-        esc(what),
-        esc(error)
-    )
+pub(super) fn unavailable(what: &str, error: &str) -> Markup {
+    html! { p.error role="alert" { (what) ": " (Shown(error)) } }
 }
 
 /// `/static/console.css`.

@@ -3,15 +3,16 @@
 //! filters match (at most [`super::BULK_LIMIT`] at a time).
 
 use axum::extract::{Query, State};
-use axum::response::Html;
 use axum::{Extension, Json};
 use chrono::{DateTime, Utc};
+use maud::{html, Markup};
 use pipeline_core::record::escape;
 use serde::{Deserialize, Serialize};
 
-use super::html::{action_footer, esc, layout, opt};
+use super::html::{action_footer, layout, opt, Shown};
 use super::refusal::Refusal;
-use super::session::{url_encode, Session};
+use super::session::Session;
+use super::urls::{url_encode, Urls};
 use super::Console;
 use super::BULK_LIMIT;
 use crate::args::LetterFilter;
@@ -161,131 +162,159 @@ pub(super) async fn page(
     State(console): State<Console>,
     Extension(session): Extension<Session>,
     Query(q): Query<LetterQuery>,
-) -> Result<Html<String>, Refusal> {
+) -> Result<Markup, Refusal> {
     let data = read(&console, &q).await?;
-    let value = |s: &Option<String>| esc(s.as_deref().unwrap_or(""));
-    let group_options: String = std::iter::once(("".to_owned(), "every group".to_owned()))
-        .chain(data.groups.iter().map(|g| (g.clone(), g.clone())))
-        .map(|(v, label)| {
-            let selected = if some(&q.group).unwrap_or_default() == v {
-                " selected"
-            } else {
-                ""
-            };
-            format!(
-                r#"<option value="{}"{selected}>{}</option>"#,
-                esc(&v),
-                esc(&label)
-            )
-        })
-        .collect();
+    let urls = console.urls();
+    let value = |s: &Option<String>| s.clone().unwrap_or_default();
+    let group = some(&q.group).unwrap_or_default();
+    let groups = std::iter::once(("", "every group"))
+        .chain(data.groups.iter().map(|g| (g.as_str(), g.as_str())));
     let status = q.status().unwrap_or_default();
-    let status_options: String = [
+    let statuses = [
         ("open", "open"),
         ("replayed", "replayed"),
         ("skipped", "skipped"),
         ("discarded", "discarded"),
         ("", "any"),
-    ]
-    .iter()
-    .map(|(v, label)| {
-        let selected = if status == *v { " selected" } else { "" };
-        format!(r#"<option value="{v}"{selected}>{label}</option>"#)
-    })
-    .collect();
-    let mut body = format!(
-        r#"<h1>Dead letters</h1>
-<form method="get" action="/dead-letters" class="filters">
-<label>Group <select name="group">{group_options}</select></label>
-<label>Status <select name="status">{status_options}</select></label>
-<label>Order <input name="order" value="{}"></label>
-<label>Reason contains <input name="reason" value="{}"></label>
-<label>Since <input name="since" value="{}" placeholder="2026-11-25T03:00:00Z"></label>
-<label>Until <input name="until" value="{}" placeholder="RFC 3339"></label>
-<button type="submit">Filter</button></form>
-<p class="muted" id="letters-count">{} letter(s) match; page {} of {}.</p>"#,
-        value(&q.order),
-        value(&q.reason),
-        value(&q.since),
-        value(&q.until),
-        data.total,
-        data.page,
-        data.total.div_ceil(PAGE_SIZE).max(1),
-    );
-    body.push_str(r#"<form method="post" action="/actions/dead-letters" class="action">"#);
-    body.push_str(
-        r#"<table class="letters sortable" id="letters"><thead><tr><th data-nosort>✓</th><th>group</th><th>id</th><th>order</th><th>seq</th><th>type</th><th>partition/offset</th><th>reason</th><th>attempts</th><th>status</th><th>recorded</th><th>parked behind</th></tr></thead><tbody>"#,
-    );
-    for GroupLetter { group, letter: l } in &data.letters {
-        let order = l
-            .aggregate_id
-            .as_deref()
-            .map(|o| escape(o.as_bytes()).into_owned());
-        let order_cell = match (&l.aggregate_id, &order) {
-            (Some(raw), Some(shown)) => format!(
-                r#"<a href="/timeline?id={}">{}</a>"#,
-                url_encode(raw),
-                esc(shown)
-            ),
-            _ => "-".to_owned(),
-        };
-        body.push_str(&format!(
-            r#"<tr data-letter="{id}" data-order="{o}"><td><input type="checkbox" name="letter" value="{g}:{id}" aria-label="select letter {id}"></td><td>{g}</td><td>{id}</td><td>{order_cell}</td><td>{}</td><td>{}</td><td>{}/{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>"#,
-            opt(l.sequence),
-            opt(l.event_type.as_deref().map(|t| escape(t.as_bytes()))),
-            l.partition,
-            l.kafka_offset,
-            esc(&escape(l.reason.as_bytes())),
-            l.attempts,
-            esc(&l.status),
-            l.created_at.format("%Y-%m-%d %H:%M:%S"),
-            l.parked_behind,
-            id = l.id,
-            g = esc(group),
-            o = esc(order.as_deref().unwrap_or("")),
-        ));
-    }
-    body.push_str("</tbody></table>");
-    let mut pager = String::new();
+    ];
+    let pages = data.total.div_ceil(PAGE_SIZE).max(1);
     let link = |page: usize| {
         let mut params = query_pairs(&q);
         params.push(("page".to_owned(), page.to_string()));
-        params
+        let query = params
             .iter()
             .map(|(k, v)| format!("{k}={}", url_encode(v)))
             .collect::<Vec<_>>()
-            .join("&amp;")
+            .join("&");
+        urls.to(&format!("/dead-letters?{query}"))
     };
-    if data.page > 1 {
-        pager.push_str(&format!(
-            r#"<a href="/dead-letters?{}">← previous</a> "#,
-            link(data.page - 1)
-        ));
+    let body = html! {
+        h1 { "Dead letters" }
+        form method="get" action=(urls.to("/dead-letters")) class="filters" {
+            label {
+                "Group "
+                select name="group" {
+                    @for (v, label) in groups {
+                        option value=(v) selected[group == v] { (Shown(label)) }
+                    }
+                }
+            }
+            label {
+                "Status "
+                select name="status" {
+                    @for (v, label) in statuses {
+                        option value=(v) selected[status == v] { (label) }
+                    }
+                }
+            }
+            label { "Order " input name="order" value=(Shown(&value(&q.order))); }
+            label { "Reason contains " input name="reason" value=(Shown(&value(&q.reason))); }
+            label {
+                "Since "
+                input name="since" value=(Shown(&value(&q.since))) placeholder="2026-11-25T03:00:00Z";
+            }
+            label {
+                "Until " input name="until" value=(Shown(&value(&q.until))) placeholder="RFC 3339";
+            }
+            button type="submit" { "Filter" }
+        }
+        p.muted #letters-count {
+            (data.total) " letter(s) match; page " (data.page) " of " (pages) "."
+        }
+        form method="post" action=(urls.to("/actions/dead-letters")) class="action" {
+            table.letters.sortable #letters {
+                thead {
+                    tr {
+                        th data-nosort { "✓" } th { "group" } th { "id" } th { "order" } th { "seq" }
+                        th { "type" } th { "partition/offset" } th { "reason" } th { "attempts" }
+                        th { "status" } th { "recorded" } th { "parked behind" }
+                    }
+                }
+                tbody {
+                    @for GroupLetter { group, letter } in &data.letters {
+                        (letter_row(urls, group, letter))
+                    }
+                }
+            }
+            p.pager {
+                @if data.page > 1 {
+                    a href=(link(data.page - 1)) { "← previous" } " "
+                }
+                @if data.page.saturating_mul(PAGE_SIZE) < data.total {
+                    a href=(link(data.page + 1)) { "next →" }
+                }
+            }
+            // The filters travel with the form, for "every letter that matches".
+            @for (k, v) in query_pairs(&q) {
+                input type="hidden" name={ "filter_" (k) } value=(v);
+            }
+            fieldset {
+                legend { "Act on dead letters" }
+                label {
+                    "Action "
+                    select name="how" {
+                        option value="replay" { "replay (apply again, then the parked events)" }
+                        option value="skip" { "skip (pass over; apply the parked events)" }
+                        option value="discard" { "discard (close a letter that holds nothing back)" }
+                    }
+                }
+                label {
+                    "Which "
+                    select name="scope" {
+                        option value="selected" { "the letters ticked above" }
+                        option value="matching" {
+                            "every open letter the filters match (one group, at most "
+                            (BULK_LIMIT) ")"
+                        }
+                    }
+                }
+                label {
+                    "For order (skip of an unreadable record whose key names no order; optional) "
+                    input name="for_order";
+                }
+                (action_footer(&session, "Apply"))
+            }
+        }
+    };
+    Ok(layout(urls, "Dead letters", Some(&session), body))
+}
+
+/// A letter's row: its box to tick (the group as stored and the id, sent back with the form),
+/// and its fields as shown.
+fn letter_row(urls: Urls<'_>, group: &str, l: &Letter) -> Markup {
+    let order = l
+        .aggregate_id
+        .as_deref()
+        .map(|o| escape(o.as_bytes()).into_owned());
+    let event_type = l.event_type.as_deref().map(|t| escape(t.as_bytes()));
+    html! {
+        tr data-letter=(l.id) data-order=(Shown(order.as_deref().unwrap_or(""))) {
+            td {
+                input type="checkbox" name="letter" value={ (group) ":" (l.id) }
+                    aria-label={ "select letter " (l.id) };
+            }
+            td { (Shown(group)) }
+            td { (l.id) }
+            td {
+                @match (&l.aggregate_id, &order) {
+                    (Some(raw), Some(shown)) => {
+                        a href=(urls.to(&format!("/timeline?id={}", url_encode(raw)))) {
+                            (Shown(shown))
+                        }
+                    }
+                    _ => { "-" }
+                }
+            }
+            td { (opt(l.sequence)) }
+            td { (opt(event_type)) }
+            td { (l.partition) "/" (l.kafka_offset) }
+            td { (Shown(&escape(l.reason.as_bytes()))) }
+            td { (l.attempts) }
+            td { (Shown(&l.status)) }
+            td { (l.created_at.format("%Y-%m-%d %H:%M:%S")) }
+            td { (l.parked_behind) }
+        }
     }
-    if data.page.saturating_mul(PAGE_SIZE) < data.total {
-        pager.push_str(&format!(
-            r#"<a href="/dead-letters?{}">next →</a>"#,
-            link(data.page + 1)
-        ));
-    }
-    body.push_str(&format!(r#"<p class="pager">{pager}</p>"#));
-    // The filters travel with the form, for "every letter that matches".
-    for (k, v) in query_pairs(&q) {
-        body.push_str(&format!(
-            r#"<input type="hidden" name="filter_{}" value="{}">"#,
-            esc(&k),
-            esc(&v)
-        ));
-    }
-    body.push_str(&format!(
-        r#"<fieldset><legend>Act on dead letters</legend>
-<label>Action <select name="how"><option value="replay">replay (apply again, then the parked events)</option><option value="skip">skip (pass over; apply the parked events)</option><option value="discard">discard (close a letter that holds nothing back)</option></select></label>
-<label>Which <select name="scope"><option value="selected">the letters ticked above</option><option value="matching">every open letter the filters match (one group, at most {BULK_LIMIT})</option></select></label>
-<label>For order (skip of an unreadable record whose key names no order; optional) <input name="for_order"></label>
-{}</fieldset></form>"#,
-        action_footer(&session, "Apply")
-    ));
-    Ok(Html(layout("Dead letters", Some(&session), &body)))
 }
 
 /// The query's filled fields, as name and value pairs (for links and hidden fields).

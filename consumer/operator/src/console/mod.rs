@@ -15,7 +15,10 @@
 //!   role, `viewer` (reads everything, acts on nothing) or `operator`;
 //! - `session`: login, the session cookie, the per-session CSRF token, and the layer that
 //!   refuses every request without a session;
-//! - `html`: escaping, the page layout, the security headers;
+//! - `urls`: the console's path prefix, every URL it hands the browser, and where a login may
+//!   go back to;
+//! - `html`: what a page shows of stored text, the page layout (maud templates, which escape
+//!   every value), the security headers;
 //! - `refusal`: bad input as a 4xx with a message, a database or broker that does not answer
 //!   as a 503 that says so (never a 500);
 //! - `busy`: the few places the routes that read or change the databases take at a time;
@@ -36,6 +39,7 @@ mod overview;
 mod refusal;
 mod session;
 mod timeline;
+mod urls;
 pub mod users;
 
 use std::net::SocketAddr;
@@ -44,6 +48,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use axum::response::Redirect;
 use axum::routing::{get, post};
 use axum::Router;
 use consumer::Groups;
@@ -89,6 +94,11 @@ pub struct ConsoleArgs {
     /// Mark the session cookie `Secure` (behind an HTTPS proxy).
     #[arg(long, env = "PIPELINE_CONSOLE_SECURE_COOKIE", default_value_t = false)]
     pub secure_cookie: bool,
+    /// The path the console is served under, e.g. `/ops/console` behind a proxy that passes that
+    /// path on (see [`ConsoleSettings::prefix`]): `/` redirects there, other paths outside it
+    /// are 404. Empty: at the root.
+    #[arg(long, env = "PIPELINE_CONSOLE_PREFIX", default_value = "", value_parser = prefix)]
+    pub prefix: String,
     /// Read a password from standard input, print its Argon2 hash for the users file, and exit.
     #[arg(long)]
     pub hash_password: bool,
@@ -108,6 +118,13 @@ pub struct ConsoleSettings {
     pub session_ttl: Duration,
     /// Mark the session cookie `Secure`.
     pub secure_cookie: bool,
+    /// The path the console is served under: empty (the default) at the root, or `/` and
+    /// segments of letters, digits and `._~-` without a trailing `/` (`/ops/console`);
+    /// [`Console::new`] refuses anything else. Every link, form, redirect, the static files'
+    /// and the script's URLs and the session cookie's `Path` carry it. The routes of
+    /// [`Console::router`] stay at `/…`: a host nests that router at this prefix, and
+    /// [`Console::serve`] does so itself.
+    pub prefix: String,
     /// The HTTP server's bounds on every client.
     pub limits: ServerLimits,
 }
@@ -119,6 +136,7 @@ impl Default for ConsoleSettings {
             refresh: Duration::from_secs(3),
             session_ttl: Duration::from_secs(12 * 3600),
             secure_cookie: false,
+            prefix: String::new(),
             limits: ServerLimits::default(),
         }
     }
@@ -143,10 +161,36 @@ struct Inner {
     database_places: tokio::sync::Semaphore,
 }
 
+/// Settings a console cannot run with.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConsoleError {
+    /// [`ConsoleSettings::prefix`] is not a path the console can be served under.
+    #[error("the console's prefix `{prefix}` is refused: {reason}")]
+    Prefix {
+        /// The prefix given.
+        prefix: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+}
+
 impl Console {
     /// A console over `targets` for the program's `groups`; nothing is read until asked.
-    pub fn new(targets: Targets, groups: Groups, users: Users, settings: ConsoleSettings) -> Self {
-        Console {
+    /// Refuses settings it cannot run with (a prefix that is not a plain absolute path).
+    pub fn new(
+        targets: Targets,
+        groups: Groups,
+        users: Users,
+        settings: ConsoleSettings,
+    ) -> Result<Self, ConsoleError> {
+        if let Some(reason) = urls::refused_prefix(&settings.prefix) {
+            return Err(ConsoleError::Prefix {
+                prefix: settings.prefix,
+                reason,
+            });
+        }
+        Ok(Console {
             inner: Arc::new(Inner {
                 targets,
                 groups,
@@ -157,11 +201,35 @@ impl Console {
                 overview: overview::Board::default(),
                 database_places: tokio::sync::Semaphore::new(busy::PLACES),
             }),
-        }
+        })
+    }
+
+    /// The URLs the console hands the browser, under its prefix.
+    fn urls(&self) -> urls::Urls<'_> {
+        urls::Urls::new(&self.inner.settings.prefix)
     }
 
     /// Every route: `/login` and `/static/` are open, everything else needs a session; every
     /// response carries the security headers.
+    ///
+    /// The routes are at `/…` whatever [`ConsoleSettings::prefix`] is, while the pages link
+    /// under the prefix: a host mounts the router at the prefix,
+    ///
+    /// ```no_run
+    /// # fn mount(console: operator::console::Console, prefix: &str) -> axum::Router {
+    /// // prefix: the settings' `/ops/console`; axum nests at no empty path: merge at the root.
+    /// let app = axum::Router::new().route("/health", axum::routing::get(|| async { "ok" }));
+    /// if prefix.is_empty() {
+    ///     app.merge(console.router())
+    /// } else {
+    ///     app.nest(prefix, console.router())
+    /// }
+    /// # }
+    /// ```
+    ///
+    /// and serves it with the client's address (`into_make_service_with_connect_info`), which
+    /// throttles logins per address. Nested at `/ops/console`, the overview is `/ops/console`
+    /// (axum answers `/ops/console/` from the host's fallback).
     pub fn router(&self) -> Router {
         let reads_and_actions = Router::new()
             .route("/timeline", get(timeline::page))
@@ -194,8 +262,36 @@ impl Console {
             .route("/static/console.js", get(html::js))
             .route("/favicon.ico", get(html::no_icon))
             .merge(protected)
+            .layer(axum::middleware::from_fn_with_state(
+                self.clone(),
+                refusal::draw,
+            ))
             .layer(axum::middleware::from_fn(html::security_headers))
             .with_state(self.clone())
+    }
+
+    /// The router as [`Console::serve`] serves it: [`Console::router`] at the root, or nested
+    /// at the prefix, where `/` and the prefix with a trailing `/` redirect to the overview and
+    /// any other path outside the prefix is a 404 page.
+    fn app(&self) -> Router {
+        let urls = self.urls();
+        let prefix = &self.inner.settings.prefix;
+        if prefix.is_empty() {
+            return self.router();
+        }
+        let overview = urls.overview().to_owned();
+        let to_overview = get(move || async move { Redirect::to(&overview) });
+        Router::new()
+            .route("/", to_overview.clone())
+            .route(&format!("{prefix}/"), to_overview)
+            .fallback(refusal::not_found)
+            .layer(axum::middleware::from_fn_with_state(
+                self.clone(),
+                refusal::draw,
+            ))
+            .layer(axum::middleware::from_fn(html::security_headers))
+            .with_state(self.clone())
+            .nest(prefix, self.router())
     }
 
     /// Reads the status every `refresh` until `shutdown`, for the overview and its chart.
@@ -203,7 +299,9 @@ impl Console {
         overview::sample_until(self, shutdown).await;
     }
 
-    /// Serves on `listener` until `shutdown`, sampling the overview meanwhile.
+    /// Serves on `listener` until `shutdown`, sampling the overview meanwhile. With a prefix,
+    /// the router is nested at it: `/` and the prefix with a trailing `/` redirect to the
+    /// overview (the prefix), any other path outside the prefix is a 404 page.
     pub async fn serve(
         &self,
         listener: tokio::net::TcpListener,
@@ -216,7 +314,7 @@ impl Console {
         });
         // Each request knows its client's address (logins are throttled per address).
         let limits = &self.inner.settings.limits;
-        pipeline_core::http_server::serve(listener, self.router(), limits, shutdown.clone()).await;
+        pipeline_core::http_server::serve(listener, self.app(), limits, shutdown.clone()).await;
         shutdown.cancel();
         let _ = sampler.await;
         Ok(())
@@ -244,19 +342,32 @@ pub async fn run(targets: Targets, groups: Groups, args: &ConsoleArgs) -> anyhow
         refresh: args.refresh,
         session_ttl: args.session_ttl,
         secure_cookie: args.secure_cookie,
+        prefix: args.prefix.clone(),
         limits: args.limits.clone(),
     };
+    let console = Console::new(targets, groups, users, settings)?;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("listening on {}", args.listen))?;
     let addr = listener.local_addr()?;
     println!(
-        "pipeline console listening on {addr} ({} user(s))",
-        users.len()
+        "pipeline console listening on {addr} ({} user(s)){}",
+        console.inner.users.len(),
+        match args.prefix.as_str() {
+            "" => String::new(),
+            prefix => format!(", under {prefix}"),
+        }
     );
-    let console = Console::new(targets, groups, users, settings);
     let shutdown = pipeline_core::telemetry::shutdown_on_signals();
     console.serve(listener, shutdown).await
+}
+
+/// The `--prefix` flag's parser: refuses what [`Console::new`] would.
+fn prefix(value: &str) -> Result<String, String> {
+    match urls::refused_prefix(value) {
+        Some(reason) => Err(reason.to_owned()),
+        None => Ok(value.to_owned()),
+    }
 }
 
 /// A duration flag's parser that refuses one shorter than `min` (or without a unit).

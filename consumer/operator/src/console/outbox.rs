@@ -3,17 +3,18 @@
 
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::response::Html;
 use axum::{Extension, Json};
 use chrono::{DateTime, Utc};
+use maud::{html, Markup};
 use serde::Serialize;
 use sqlx::PgPool;
 use uuid::Uuid;
 
 use super::delayed::{self, DelayedEvent};
-use super::html::{action_footer, esc, layout, opt, unavailable};
+use super::html::{action_footer, layout, opt, unavailable, Shown};
 use super::refusal::{unanswered, Refusal};
-use super::session::{url_encode, Session};
+use super::session::Session;
+use super::urls::{url_encode, Urls};
 use super::Console;
 
 /// Rows a list shows at most.
@@ -75,98 +76,127 @@ pub(super) async fn api(State(console): State<Console>) -> Result<Json<OutboxDat
 pub(super) async fn page(
     State(console): State<Console>,
     Extension(session): Extension<Session>,
-) -> (StatusCode, Html<String>) {
-    let mut status = StatusCode::OK;
-    let mut body = "<h1>Outbox</h1>".to_owned();
-    match read(&console).await {
-        Err(e) => {
-            status = StatusCode::SERVICE_UNAVAILABLE;
-            body.push_str(&unavailable(
-                "The outbox's database did not answer",
-                &unanswered(&e),
-            ));
+) -> (StatusCode, Markup) {
+    let urls = console.urls();
+    let read = read(&console).await;
+    let status = match read {
+        Ok(_) => StatusCode::OK,
+        Err(_) => StatusCode::SERVICE_UNAVAILABLE,
+    };
+    let body = html! {
+        h1 { "Outbox" }
+        @match &read {
+            Err(e) => { (unavailable("The outbox's database did not answer", &unanswered(e))) }
+            Ok(data) => {
+                (failed_section(urls, &session, &data.failed))
+                (delayed_section(urls, &session, &data.delayed))
+            }
         }
-        Ok(data) => {
-            body.push_str(&failed_section(&session, &data.failed));
-            body.push_str(&delayed_section(&session, &data.delayed));
-        }
-    }
-    (status, Html(layout("Outbox", Some(&session), &body)))
+    };
+    (status, layout(urls, "Outbox", Some(&session), body))
 }
 
-fn order_link(order: &str) -> String {
-    format!(
-        r#"<a href="/timeline?id={}">{}</a>"#,
-        url_encode(order),
-        esc(order)
-    )
+fn order_link(urls: Urls<'_>, order: &str) -> Markup {
+    html! {
+        a href=(urls.to(&format!("/timeline?id={}", url_encode(order)))) { (Shown(order)) }
+    }
 }
 
-fn failed_section(session: &Session, failed: &[FailedEvent]) -> String {
-    let mut out = format!(
-        r#"<section><h2>Failed events</h2><p class="muted">{} failed event(s){} hold their orders' later events until requeued.</p>
-<form method="post" action="/actions/requeue" class="action">
-<table class="sortable" id="failed"><thead><tr><th data-nosort>✓</th><th>event</th><th>order</th><th>seq</th><th>type</th><th>attempts</th><th>last error</th><th>written</th></tr></thead><tbody>"#,
-        failed.len(),
-        if failed.len() as i64 >= LIST_LIMIT {
-            format!(" (the first {LIST_LIMIT})")
-        } else {
-            String::new()
+fn failed_section(urls: Urls<'_>, session: &Session, failed: &[FailedEvent]) -> Markup {
+    let capped = failed.len() as i64 >= LIST_LIMIT;
+    html! {
+        section {
+            h2 { "Failed events" }
+            p.muted {
+                (failed.len()) " failed event(s)"
+                @if capped { " (the first " (LIST_LIMIT) ")" }
+                " hold their orders' later events until requeued."
+            }
+            form method="post" action=(urls.to("/actions/requeue")) class="action" {
+                table.sortable #failed {
+                    thead {
+                        tr {
+                            th data-nosort { "✓" } th { "event" } th { "order" } th { "seq" }
+                            th { "type" } th { "attempts" } th { "last error" } th { "written" }
+                        }
+                    }
+                    tbody {
+                        @for f in failed {
+                            tr data-event=(f.event_id) data-order=(Shown(&f.aggregate_id)) {
+                                td {
+                                    input type="checkbox" name="event" value=(f.event_id)
+                                        aria-label={ "select event " (f.event_id) };
+                                }
+                                td { code { (f.event_id) } }
+                                td { (order_link(urls, &f.aggregate_id)) }
+                                td { (f.sequence) }
+                                td { (Shown(&f.event_type)) }
+                                td { (f.attempts) }
+                                td { (opt(f.last_error.as_deref())) }
+                                td { (f.created_at.format("%Y-%m-%d %H:%M:%S")) }
+                            }
+                        }
+                    }
+                }
+                fieldset {
+                    legend {
+                        "Requeue (back to pending: the relay publishes them, then their orders' \
+                         held events, in order)"
+                    }
+                    label { "…or every failed event of order " input name="order"; }
+                    (action_footer(session, "Requeue"))
+                }
+            }
         }
-    );
-    for f in failed {
-        out.push_str(&format!(
-            r#"<tr data-event="{e}" data-order="{o}"><td><input type="checkbox" name="event" value="{e}" aria-label="select event {e}"></td><td><code>{e}</code></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>"#,
-            order_link(&f.aggregate_id),
-            f.sequence,
-            esc(&f.event_type),
-            f.attempts,
-            opt(f.last_error.as_deref()),
-            f.created_at.format("%Y-%m-%d %H:%M:%S"),
-            e = f.event_id,
-            o = esc(&f.aggregate_id),
-        ));
     }
-    out.push_str(&format!(
-        r#"</tbody></table>
-<fieldset><legend>Requeue (back to pending: the relay publishes them, then their orders' held events, in order)</legend>
-<label>…or every failed event of order <input name="order"></label>
-{}</fieldset></form></section>"#,
-        action_footer(session, "Requeue")
-    ));
-    out
 }
 
-fn delayed_section(session: &Session, delayed: &[DelayedEvent]) -> String {
-    let mut out = format!(
-        r#"<section><h2>Delayed events</h2><p class="muted">The next {} by publish time{}.</p>
-<form method="post" action="/actions/delayed" class="action">
-<table class="sortable" id="delayed"><thead><tr><th data-nosort>✓</th><th>event</th><th>order</th><th>type</th><th>topic</th><th>publish at</th><th>due</th><th>appended</th></tr></thead><tbody>"#,
-        delayed.len(),
-        if delayed.len() as i64 >= LIST_LIMIT {
-            " (more wait)"
-        } else {
-            ""
+fn delayed_section(urls: Urls<'_>, session: &Session, delayed: &[DelayedEvent]) -> Markup {
+    let capped = delayed.len() as i64 >= LIST_LIMIT;
+    html! {
+        section {
+            h2 { "Delayed events" }
+            p.muted {
+                "The next " (delayed.len()) " by publish time" @if capped { " (more wait)" } "."
+            }
+            form method="post" action=(urls.to("/actions/delayed")) class="action" {
+                table.sortable #delayed {
+                    thead {
+                        tr {
+                            th data-nosort { "✓" } th { "event" } th { "order" } th { "type" }
+                            th { "topic" } th { "publish at" } th { "due" } th { "appended" }
+                        }
+                    }
+                    tbody {
+                        @for d in delayed {
+                            tr data-event=(d.event_id) {
+                                td {
+                                    input type="checkbox" name="event" value=(d.event_id)
+                                        aria-label={ "select delayed event " (d.event_id) };
+                                }
+                                td { code { (d.event_id) } }
+                                td { (order_link(urls, &d.aggregate_id)) }
+                                td { (Shown(&d.event_type)) }
+                                td { (Shown(&d.topic)) }
+                                td { (d.publish_at.format("%Y-%m-%d %H:%M:%S")) }
+                                td { @if d.due { "yes" } @else { "no" } }
+                                td { (d.delayed_at.format("%Y-%m-%d %H:%M:%S")) }
+                            }
+                        }
+                    }
+                }
+                fieldset {
+                    legend { "Act on the delayed events ticked" }
+                    label {
+                        "Action "
+                        select name="how" {
+                            option value="publish_now" { "publish now" }
+                            option value="cancel" { "cancel (withdraw)" }
+                        }
+                    }
+                    (action_footer(session, "Apply"))
+                }
+            }
         }
-    );
-    for d in delayed {
-        out.push_str(&format!(
-            r#"<tr data-event="{e}"><td><input type="checkbox" name="event" value="{e}" aria-label="select delayed event {e}"></td><td><code>{e}</code></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>"#,
-            order_link(&d.aggregate_id),
-            esc(&d.event_type),
-            esc(&d.topic),
-            d.publish_at.format("%Y-%m-%d %H:%M:%S"),
-            if d.due { "yes" } else { "no" },
-            d.delayed_at.format("%Y-%m-%d %H:%M:%S"),
-            e = d.event_id,
-        ));
     }
-    out.push_str(&format!(
-        r#"</tbody></table>
-<fieldset><legend>Act on the delayed events ticked</legend>
-<label>Action <select name="how"><option value="publish_now">publish now</option><option value="cancel">cancel (withdraw)</option></select></label>
-{}</fieldset></form></section>"#,
-        action_footer(session, "Apply")
-    ));
-    out
 }

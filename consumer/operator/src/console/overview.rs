@@ -7,9 +7,9 @@ use std::sync::RwLock;
 use std::time::Duration;
 
 use axum::extract::State;
-use axum::response::Html;
 use axum::{Extension, Json};
 use chrono::{DateTime, Utc};
+use maud::{html, Markup};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
@@ -180,18 +180,39 @@ pub(super) async fn api(State(console): State<Console>) -> Json<serde_json::Valu
     Json(serde_json::to_value(&data).unwrap_or(serde_json::Value::Null))
 }
 
-/// `GET /`: the frame the script fills.
-pub(super) async fn page(Extension(session): Extension<Session>) -> Html<String> {
-    let body = r#"<h1>Overview</h1>
-<div id="overview" data-api="/api/overview">
-<p id="overview-state" class="muted">Reading the status…</p>
-<noscript><p>This page refreshes with JavaScript; without it, read <a href="/api/overview">/api/overview</a>.</p></noscript>
-<div class="panels">
-<section class="panel" id="panel-relay"><h2>Relay lease</h2><div class="content"></div></section>
-<section class="panel" id="panel-outbox"><h2>Outbox</h2><div class="content"></div></section>
-<section class="panel wide" id="panel-throughput"><h2>Throughput (records per second)</h2><div class="content"></div></section>
-<section class="panel wide" id="panel-groups"><h2>Groups</h2><div class="content"></div></section>
-<section class="panel wide" id="panel-partitions"><h2>Lag per partition</h2><div class="content"></div></section>
-</div></div>"#;
-    Html(layout("Overview", Some(&session), body))
+/// `GET /`: the frame the script fills (from `data-api`; to `data-login` once the session ended).
+pub(super) async fn page(
+    State(console): State<Console>,
+    Extension(session): Extension<Session>,
+) -> Markup {
+    let urls = console.urls();
+    let api = urls.to("/api/overview");
+    let panels = [
+        ("panel-relay", "Relay lease", false),
+        ("panel-outbox", "Outbox", false),
+        ("panel-throughput", "Throughput (records per second)", true),
+        ("panel-groups", "Groups", true),
+        ("panel-partitions", "Lag per partition", true),
+    ];
+    let body = html! {
+        h1 { "Overview" }
+        div #overview data-api=(api) data-login=(urls.login(urls.overview())) {
+            p #overview-state.muted { "Reading the status…" }
+            noscript {
+                p {
+                    "This page refreshes with JavaScript; without it, read "
+                    a href=(api) { (api) } "."
+                }
+            }
+            div.panels {
+                @for (id, title, wide) in panels {
+                    section.panel.wide[wide] id=(id) {
+                        h2 { (title) }
+                        div.content {}
+                    }
+                }
+            }
+        }
+    };
+    layout(urls, "Overview", Some(&session), body)
 }

@@ -2,11 +2,16 @@
 //! letter that does not exist, a missing reason) is a 4xx with the reason; a database or broker
 //! that does not answer is a 503 that says so. Never a 500 page, never a stack trace.
 
+use axum::extract::{Request, State};
 use axum::http::StatusCode;
-use axum::response::{Html, IntoResponse, Response};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use maud::{html, Markup};
 use uuid::Uuid;
 
-use super::html::{esc, layout};
+use super::html::{layout, Shown};
+use super::urls::Urls;
+use super::Console;
 use crate::error::BadInput;
 
 /// A refused request, as a page or as JSON.
@@ -131,7 +136,13 @@ impl From<anyhow::Error> for Refusal {
     }
 }
 
+/// A refusal's message, left on its response for [`draw`] to show on a page.
+#[derive(Clone)]
+struct ToDraw(String);
+
 impl IntoResponse for Refusal {
+    /// JSON at once; a page's refusal is the status and the message, which [`draw`] (a layer of
+    /// the console's router, which knows its prefix) turns into the page.
     fn into_response(self) -> Response {
         if self.json {
             return (
@@ -140,13 +151,37 @@ impl IntoResponse for Refusal {
             )
                 .into_response();
         }
-        let body = format!(
-            r#"<section><h1>{}</h1><p class="error" role="alert">{}</p><p><a href="/">Overview</a></p></section>"#,
-            self.status.as_u16(),
-            esc(&self.message)
-        );
-        (self.status, Html(layout("Refused", None, &body))).into_response()
+        let mut response = self.status.into_response();
+        let _ = response.extensions_mut().insert(ToDraw(self.message));
+        response
     }
+}
+
+/// Draws the page of a refusal the request ended with, its links under the console's prefix.
+pub(super) async fn draw(State(console): State<Console>, request: Request, next: Next) -> Response {
+    let mut response = next.run(request).await;
+    match response.extensions_mut().remove::<ToDraw>() {
+        Some(ToDraw(message)) => {
+            let (mut parts, _) = response.into_parts();
+            let page = page(console.urls(), parts.status, &message).into_response();
+            let (page_parts, body) = page.into_parts();
+            parts.headers.extend(page_parts.headers);
+            Response::from_parts(parts, body)
+        }
+        None => response,
+    }
+}
+
+/// The page of a refusal: its status and message, and the way back to the overview.
+pub(super) fn page(urls: Urls<'_>, status: StatusCode, message: &str) -> Markup {
+    let body = html! {
+        section {
+            h1 { (status.as_u16()) }
+            p.error role="alert" { (Shown(message)) }
+            p { a href=(urls.to("/")) { "Overview" } }
+        }
+    };
+    layout(urls, "Refused", None, body)
 }
 
 /// Any other path.

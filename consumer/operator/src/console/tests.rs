@@ -50,18 +50,28 @@ fn console(database_url: &str) -> Console {
 
 /// A console with more of the command line's target arguments (`--group …`).
 fn console_with(database_url: &str, more: &[&str]) -> Console {
+    console_at(database_url, more, "")
+}
+
+/// A console under `prefix`, with more of the command line's target arguments.
+fn console_at(database_url: &str, more: &[&str], prefix: &str) -> Console {
     let args = TargetsOnly::try_parse_from(
         ["pipeline", "--database-url", database_url]
             .iter()
             .chain(more),
     )
     .expect("arguments");
+    let settings = ConsoleSettings {
+        prefix: prefix.to_owned(),
+        ..ConsoleSettings::default()
+    };
     Console::new(
         Targets::new(args.targets, &Groups::new()),
         Groups::new(),
         users(),
-        ConsoleSettings::default(),
+        settings,
     )
+    .expect("settings")
 }
 
 /// A console whose database does not answer (nothing listens on port 9).
@@ -103,7 +113,7 @@ fn get(path: &str, cookie: Option<&str>) -> Request<Body> {
 fn post(path: &str, cookie: Option<&str>, form: &[(&str, &str)]) -> Request<Body> {
     let body = form
         .iter()
-        .map(|(k, v)| format!("{k}={}", super::session::url_encode(v).replace('/', "%2F")))
+        .map(|(k, v)| format!("{k}={}", super::urls::url_encode(v).replace('/', "%2F")))
         .collect::<Vec<_>>()
         .join("&");
     let mut r =
@@ -116,29 +126,34 @@ fn post(path: &str, cookie: Option<&str>, form: &[(&str, &str)]) -> Request<Body
 
 /// Logs in; returns the cookie to send and the session's CSRF token (read from a page's form).
 async fn login(router: &Router, user: &str, password: &str) -> (String, String) {
+    login_at(router, "", user, password).await
+}
+
+/// Logs in to a console under `prefix`, back to its timeline page; the cookie's `Path` is the
+/// prefix.
+async fn login_at(router: &Router, prefix: &str, user: &str, password: &str) -> (String, String) {
+    let timeline = format!("{prefix}/timeline");
     let reply = send(
         router,
         post(
-            "/login",
+            &format!("{prefix}/login"),
             None,
-            &[
-                ("user", user),
-                ("password", password),
-                ("next", "/timeline"),
-            ],
+            &[("user", user), ("password", password), ("next", &timeline)],
         ),
     )
     .await;
     assert_eq!(reply.status, StatusCode::SEE_OTHER, "{}", reply.body);
-    assert_eq!(reply.headers[header::LOCATION], "/timeline");
+    assert_eq!(reply.headers[header::LOCATION], timeline.as_str());
     let set = reply.headers[header::SET_COOKIE]
         .to_str()
         .expect("cookie")
         .to_owned();
     assert!(set.contains("HttpOnly"), "{set}");
     assert!(set.contains("SameSite=Strict"), "{set}");
+    let path = if prefix.is_empty() { "/" } else { prefix };
+    assert!(set.contains(&format!("; Path={path};")), "{set}");
     let cookie = set.split(';').next().expect("pair").to_owned();
-    let page = send(router, get("/timeline", Some(&cookie))).await;
+    let page = send(router, get(&timeline, Some(&cookie))).await;
     assert_eq!(page.status, StatusCode::OK, "{}", page.body);
     let csrf = page
         .body
@@ -405,8 +420,18 @@ async fn no_answer_shows_the_database_password_wherever_the_url_carries_it() {
 
 #[test]
 fn direction_overrides_are_shown_as_escapes() {
-    let shown = super::html::esc("order-\u{202e}1-redro\u{2066}");
+    use super::html::Shown;
+    let shown = maud::html! { (Shown("order-\u{202e}1-redro\u{2066}")) }.into_string();
     assert_eq!(shown, "order-\\u{202e}1-redro\\u{2066}");
+    // Then escaped for HTML, in text and in attribute values alike.
+    let shown = maud::html! {
+        p title=(Shown("\"><script>x</script>\u{1b}")) { (Shown("<b>&\u{7}\n\t")) }
+    }
+    .into_string();
+    assert_eq!(
+        shown,
+        "<p title=\"&quot;&gt;&lt;script&gt;x&lt;/script&gt;\\u{1b}\">&lt;b&gt;&amp;\\u{7}\n\t</p>"
+    );
 }
 
 #[tokio::test]
@@ -931,4 +956,414 @@ fn a_duration_flag_below_its_floor_or_without_a_unit_is_refused() {
     assert!(short.contains("at least 1s"), "{short}");
     assert!(refresh("3").is_err(), "a bare number has no unit");
     assert!(refresh("-1s").is_err());
+}
+
+#[test]
+fn a_prefix_is_empty_or_a_plain_absolute_path() {
+    #[derive(clap::Parser)]
+    struct ConsoleOnly {
+        #[command(flatten)]
+        console: super::ConsoleArgs,
+    }
+    let parsed = ConsoleOnly::try_parse_from(["console"]).expect("arguments");
+    assert_eq!(parsed.console.prefix, "", "served at the root by default");
+    for fine in ["", "/ops", "/ops/console", "/a.b_c~d-e/F9"] {
+        let parsed = ConsoleOnly::try_parse_from(["console", "--prefix", fine]).expect(fine);
+        assert_eq!(parsed.console.prefix, fine);
+    }
+    for (bad, why) in [
+        ("/", "end with"),
+        ("ops", "start with"),
+        ("/ops/", "end with"),
+        ("/ops//console", "segment"),
+        ("/ops/../admin", "segment"),
+        ("/ops/./console", "segment"),
+        ("/..", "segment"),
+        ("/ops console", "only"),
+        ("/ops?x=1", "only"),
+        ("/ops#x", "only"),
+        ("/ops%2F", "only"),
+        ("/\u{e9}t\u{e9}", "only"),
+        ("/ops\\x", "only"),
+        ("/ops\"x", "only"),
+    ] {
+        let refused = ConsoleOnly::try_parse_from(["console", "--prefix", bad])
+            .err()
+            .unwrap_or_else(|| panic!("{bad:?} accepted by the command line"));
+        assert!(refused.to_string().contains(why), "{bad:?}: {refused}");
+        let settings = ConsoleSettings {
+            prefix: bad.to_owned(),
+            ..ConsoleSettings::default()
+        };
+        let args = TargetsOnly::try_parse_from(["pipeline"]).expect("arguments");
+        let refused = Console::new(
+            Targets::new(args.targets, &Groups::new()),
+            Groups::new(),
+            users(),
+            settings,
+        )
+        .err()
+        .unwrap_or_else(|| panic!("{bad:?} accepted by Console::new"));
+        let super::ConsoleError::Prefix { prefix, reason } = &refused;
+        assert_eq!(prefix, bad);
+        assert!(reason.contains(why), "{bad:?}: {refused}");
+    }
+}
+
+/// Every URL a page hands the browser: its `href`, `src` and `action` attributes, and the
+/// overview's `data-api` and `data-login`, for the script.
+fn urls_in(html: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for attribute in [
+        " href=\"",
+        " src=\"",
+        " action=\"",
+        " data-api=\"",
+        " data-login=\"",
+    ] {
+        for (at, _) in html.match_indices(attribute) {
+            let rest = &html[at + attribute.len()..];
+            let end = rest.find('"').expect("a closed attribute");
+            found.push(rest[..end].replace("&amp;", "&"));
+        }
+    }
+    found
+}
+
+/// Asserts every URL of `html` is under `prefix` (a path of this console at the root); returns
+/// how many there are.
+fn assert_inside(prefix: &str, what: &str, html: &str) -> usize {
+    let urls = urls_in(html);
+    for url in &urls {
+        let inside = match prefix {
+            "" => url.starts_with('/') && !url.starts_with("//"),
+            _ => {
+                url == prefix
+                    || url.starts_with(&format!("{prefix}/"))
+                    || url.starts_with(&format!("{prefix}?"))
+            }
+        };
+        assert!(inside, "{what}: {url} is outside {prefix:?}\n{html}");
+    }
+    urls.len()
+}
+
+fn location(reply: &Reply) -> &str {
+    reply.headers[header::LOCATION].to_str().expect("location")
+}
+
+#[tokio::test]
+async fn under_a_prefix_the_login_its_redirects_and_the_cookie_stay_inside_it() {
+    for prefix in ["", "/ops/console"] {
+        let console = console_at(
+            "postgres://nobody@127.0.0.1:9/none?sslmode=disable&connect_timeout=1",
+            &[],
+            prefix,
+        );
+        // Served as `pipeline console --prefix` serves it: nested at the prefix, as a host does.
+        let router = console.app();
+        let overview = if prefix.is_empty() { "/" } else { prefix };
+
+        // Without a session: to the login form, back to the page asked for.
+        let reply = send(&router, get(overview, None)).await;
+        assert_eq!(reply.status, StatusCode::SEE_OTHER, "{prefix}");
+        assert_eq!(location(&reply), format!("{prefix}/login?next={overview}"));
+        assert_security_headers(&reply);
+        let reply = send(
+            &router,
+            get(&format!("{prefix}/dead-letters?group=a"), None),
+        )
+        .await;
+        assert_eq!(
+            location(&reply),
+            format!("{prefix}/login?next={prefix}/dead-letters%3Fgroup%3Da")
+        );
+        let reply = send(&router, get(&format!("{prefix}/api/overview"), None)).await;
+        assert_eq!(reply.status, StatusCode::UNAUTHORIZED);
+        assert!(
+            reply.body.contains(&format!("POST {prefix}/login")),
+            "{}",
+            reply.body
+        );
+
+        // The login form: every link, the stylesheet, the script and the form under the prefix.
+        let next = format!("{prefix}/outbox");
+        let page = send(&router, get(&format!("{prefix}/login?next={next}"), None)).await;
+        assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+        assert!(
+            assert_inside(prefix, "login", &page.body) >= 3,
+            "{}",
+            page.body
+        );
+        for expected in [
+            format!(r#"href="{prefix}/static/console.css""#),
+            format!(r#"src="{prefix}/static/console.js""#),
+            format!(r#"action="{prefix}/login""#),
+            format!(r#"name="next" value="{next}""#),
+        ] {
+            assert!(page.body.contains(&expected), "{expected}: {}", page.body);
+        }
+        // The static files are served under it, cacheable as at the root (the security layer
+        // sees the path under the prefix); pages are not cached.
+        let css = send(&router, get(&format!("{prefix}/static/console.css"), None)).await;
+        assert_eq!(css.status, StatusCode::OK);
+        assert_eq!(css.headers[header::CACHE_CONTROL], "no-cache");
+        assert_eq!(page.headers[header::CACHE_CONTROL], "no-store");
+
+        // After logging in, only a path under the prefix is followed.
+        let mut open_redirects = vec!["//evil.example", "https://evil", "/\\evil.example"];
+        if !prefix.is_empty() {
+            open_redirects.extend(["/other-app", "/ops/consolex", "/ops/console/../other-app"]);
+        }
+        for next in open_redirects {
+            let reply = send(
+                &router,
+                post(
+                    &format!("{prefix}/login"),
+                    None,
+                    &[("user", "vic"), ("password", VIEWER_TOKEN), ("next", next)],
+                ),
+            )
+            .await;
+            assert_eq!(
+                reply.status,
+                StatusCode::SEE_OTHER,
+                "{next}: {}",
+                reply.body
+            );
+            assert_eq!(location(&reply), overview, "{next}");
+        }
+        let (cookie, csrf) = login_at(&router, prefix, "vic", VIEWER_TOKEN).await;
+
+        // The overview's frame: its script's fetch and its way back to the login under the prefix.
+        let page = send(&router, get(overview, Some(&cookie))).await;
+        assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+        assert!(
+            assert_inside(prefix, "overview", &page.body) >= 10,
+            "{}",
+            page.body
+        );
+        for expected in [
+            format!(r#"data-api="{prefix}/api/overview""#),
+            format!(r#"data-login="{prefix}/login?next={overview}""#),
+            format!(r#"action="{prefix}/logout""#),
+            format!(r#"href="{prefix}/dead-letters""#),
+        ] {
+            assert!(page.body.contains(&expected), "{expected}: {}", page.body);
+        }
+        let api = send(
+            &router,
+            get(&format!("{prefix}/api/overview"), Some(&cookie)),
+        )
+        .await;
+        assert_eq!(api.status, StatusCode::OK, "{}", api.body);
+        // A path the console does not have: its refusal page links under the prefix too.
+        let missing = send(&router, get(&format!("{prefix}/nope"), Some(&cookie))).await;
+        assert_eq!(missing.status, StatusCode::NOT_FOUND);
+        assert!(missing.body.contains("no such page"), "{}", missing.body);
+        assert!(assert_inside(prefix, "404", &missing.body) >= 3);
+        assert_security_headers(&missing);
+
+        // Logging out: back to the login form, the cookie cleared on the same path.
+        let reply = send(
+            &router,
+            post(
+                &format!("{prefix}/logout"),
+                Some(&cookie),
+                &[("csrf", &csrf)],
+            ),
+        )
+        .await;
+        assert_eq!(reply.status, StatusCode::SEE_OTHER);
+        assert_eq!(location(&reply), format!("{prefix}/login"));
+        let cleared = reply.headers[header::SET_COOKIE].to_str().expect("cookie");
+        assert!(
+            cleared.contains(&format!("Path={overview};")) && cleared.contains("Max-Age=0"),
+            "{cleared}"
+        );
+    }
+
+    // Outside the prefix: the root and the prefix with a slash lead to the overview, anything
+    // else is a 404 page that links back into the console.
+    let router = offline_at("/ops/console");
+    for path in ["/", "/ops/console/"] {
+        let reply = send(&router, get(path, None)).await;
+        assert_eq!(reply.status, StatusCode::SEE_OTHER, "{path}");
+        assert_eq!(location(&reply), "/ops/console", "{path}");
+    }
+    for path in ["/login", "/ops/consolex", "/ops", "/static/console.js"] {
+        let reply = send(&router, get(path, None)).await;
+        assert_eq!(reply.status, StatusCode::NOT_FOUND, "{path}");
+        assert_security_headers(&reply);
+        assert!(assert_inside("/ops/console", path, &reply.body) >= 3);
+    }
+}
+
+/// `html` without its hidden fields and check boxes: what a page displays.
+fn without_values_sent_back(html: &str) -> String {
+    let mut out = String::new();
+    let mut rest = html;
+    while let Some(at) = rest.find("<input ") {
+        out.push_str(&rest[..at]);
+        let end = at + rest[at..].find('>').expect("a closed tag") + 1;
+        let tag = &rest[at..end];
+        if !tag.contains(r#"type="hidden""#) && !tag.contains(r#"type="checkbox""#) {
+            out.push_str(tag);
+        }
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// `offline()` under `prefix`, as `pipeline console --prefix` serves it.
+fn offline_at(prefix: &str) -> Router {
+    console_at(
+        "postgres://nobody@127.0.0.1:9/none?sslmode=disable&connect_timeout=1",
+        &[],
+        prefix,
+    )
+    .app()
+}
+
+#[tokio::test]
+async fn every_page_links_inside_the_prefix_and_shows_hostile_data_escaped() {
+    let (name, pool) = migrated_database("operator_console_prefix")
+        .await
+        .expect("database");
+    let url = database_url(&pool);
+    // Enough letters for a second page (its links), a delayed event (the outbox's order links)
+    // and a letter whose order and reason are hostile.
+    let _ = letters(&pool, "ga", 60).await;
+    let hostile_order = "<img src=x onerror=alert(1)>\u{202e}1-redro";
+    let _ = sqlx::query(
+        "INSERT INTO dead_letter (group_name, aggregate_id, sequence, event_type, topic, partition,
+                                  kafka_offset, reason)
+         VALUES ('ga', $1, 1, 'order.placed', 'orders', 0, 999, $2)",
+    )
+    .bind(hostile_order)
+    .bind("\"><script>alert(2)</script>\u{2066}")
+    .execute(&pool)
+    .await
+    .expect("hostile letter");
+    let delayed = uuid::Uuid::new_v4();
+    let _ = sqlx::query(
+        "INSERT INTO outbox_delayed (event_id, business_key, event_type, aggregate_id, topic,
+                                     payload, publish_at)
+         VALUES ($1, 'reminder-1', 'order.payment_reminder', 'order-7', 'orders', '{}',
+                 now() + interval '1 day')",
+    )
+    .bind(delayed)
+    .execute(&pool)
+    .await
+    .expect("delayed event");
+
+    for prefix in ["", "/ops/console"] {
+        let router = console_at(&url, &["--group", "ga"], prefix).app();
+        let (cookie, csrf) = login_at(&router, prefix, "ada", OPERATOR_PASSWORD).await;
+        let hostile = super::urls::url_encode(hostile_order);
+        let pages = [
+            ("/".to_owned(), StatusCode::OK),
+            ("/timeline".to_owned(), StatusCode::OK),
+            ("/timeline?id=order-7".to_owned(), StatusCode::OK),
+            // No step of that order: a refusal, its message naming the id as shown.
+            (format!("/timeline?id={hostile}"), StatusCode::NOT_FOUND),
+            ("/dead-letters".to_owned(), StatusCode::OK),
+            ("/dead-letters?group=ga&page=2".to_owned(), StatusCode::OK),
+            (format!("/dead-letters?order={hostile}"), StatusCode::OK),
+            ("/outbox".to_owned(), StatusCode::OK),
+            ("/groups".to_owned(), StatusCode::OK),
+            (
+                "/dead-letters?since=yesterday".to_owned(),
+                StatusCode::BAD_REQUEST,
+            ),
+        ];
+        for (page, status) in pages {
+            let path = if page == "/" && !prefix.is_empty() {
+                prefix.to_owned()
+            } else {
+                format!("{prefix}{page}")
+            };
+            let reply = send(&router, get(&path, Some(&cookie))).await;
+            assert_eq!(reply.status, status, "{path}: {}", reply.body);
+            // The stylesheet, the script, five links of the navigation and the logout form at
+            // least (none on a refusal's page, which has its way back to the overview).
+            let least = if status == StatusCode::OK { 8 } else { 3 };
+            assert!(assert_inside(prefix, &path, &reply.body) >= least, "{path}");
+            // Hostile text is escaped, never markup; shown, its direction override is an escape
+            // (only a value the form sends back, never displayed, keeps it as stored).
+            for raw in ["<img src=x", "<script>alert"] {
+                assert!(
+                    !reply.body.contains(raw),
+                    "{path}: {raw:?} in\n{}",
+                    reply.body
+                );
+            }
+            let shown = without_values_sent_back(&reply.body);
+            for raw in ["\u{202e}", "\u{2066}"] {
+                assert!(!shown.contains(raw), "{path}: {raw:?} in\n{shown}");
+            }
+        }
+        let letters = send(
+            &router,
+            get(
+                &format!("{prefix}/dead-letters?order={hostile}"),
+                Some(&cookie),
+            ),
+        )
+        .await;
+        for shown in [
+            "&lt;img src=x onerror=alert(1)&gt;\\u{202e}1-redro",
+            "&quot;&gt;&lt;script&gt;alert(2)&lt;/script&gt;\\u{2066}",
+        ] {
+            assert!(letters.body.contains(shown), "{shown}: {}", letters.body);
+        }
+        let first = send(
+            &router,
+            get(&format!("{prefix}/dead-letters"), Some(&cookie)),
+        )
+        .await;
+        let next = format!(r#"href="{prefix}/dead-letters?page=2""#);
+        assert!(first.body.contains(&next), "{next}: {}", first.body);
+        let second = send(
+            &router,
+            get(
+                &format!("{prefix}/dead-letters?group=ga&page=2"),
+                Some(&cookie),
+            ),
+        )
+        .await;
+        let previous = format!(r#"href="{prefix}/dead-letters?group=ga&amp;page=1""#);
+        assert!(
+            second.body.contains(&previous),
+            "{previous}: {}",
+            second.body
+        );
+        let outbox = send(&router, get(&format!("{prefix}/outbox"), Some(&cookie))).await;
+        let order_link = format!(r#"href="{prefix}/timeline?id=order-7""#);
+        assert!(outbox.body.contains(&order_link), "{}", outbox.body);
+
+        // An action's page: its way back under the prefix.
+        let done = send(
+            &router,
+            post(
+                &format!("{prefix}/actions/delayed"),
+                Some(&cookie),
+                &[
+                    ("csrf", &csrf),
+                    ("reason", "customer asked"),
+                    ("confirm", "yes"),
+                    ("how", "publish_now"),
+                    ("event", &delayed.to_string()),
+                ],
+            ),
+        )
+        .await;
+        assert_eq!(done.status, StatusCode::OK, "{}", done.body);
+        assert!(assert_inside(prefix, "action", &done.body) >= 8);
+        let back = format!(r#"href="{prefix}/outbox" id="back""#);
+        assert!(done.body.contains(&back), "{back}: {}", done.body);
+    }
+    drop(pool);
+    drop_database(&server_url(), &name).await.expect("drop");
 }

@@ -3,14 +3,15 @@
 //! with who and why among them.
 
 use axum::extract::{Query, State};
-use axum::response::Html;
 use axum::{Extension, Json};
+use maud::{html, Markup};
 use pipeline_core::record::escape;
 use serde::Deserialize;
 
-use super::html::{esc, layout, opt};
+use super::html::{layout, opt, Shown};
 use super::refusal::Refusal;
-use super::session::{url_encode, Session};
+use super::session::Session;
+use super::urls::{url_encode, Urls};
 use super::Console;
 use crate::trace::{self, Trace};
 
@@ -47,67 +48,89 @@ pub(super) async fn page(
     State(console): State<Console>,
     Extension(session): Extension<Session>,
     Query(q): Query<TimelineQuery>,
-) -> Result<Html<String>, Refusal> {
+) -> Result<Markup, Refusal> {
     let id = wanted(&q)?;
-    let mut body = format!(
-        r#"<h1>Order timeline</h1>
-<form method="get" action="/timeline" class="search">
-<label>Order id, event id or schedule <input name="id" value="{}" size="44" required></label>
-<button type="submit">Show</button></form>"#,
-        esc(id.as_deref().unwrap_or(""))
-    );
-    if let Some(id) = id {
-        let trace = trace::read(&console.inner.targets, &id).await?;
-        body.push_str(&render(&trace));
-    }
-    Ok(Html(layout("Order timeline", Some(&session), &body)))
+    let trace = match &id {
+        Some(id) => Some(trace::read(&console.inner.targets, id).await?),
+        None => None,
+    };
+    let urls = console.urls();
+    let body = html! {
+        h1 { "Order timeline" }
+        form method="get" action=(urls.to("/timeline")) class="search" {
+            label {
+                "Order id, event id or schedule "
+                input name="id" value=(Shown(id.as_deref().unwrap_or(""))) size="44" required;
+            }
+            button type="submit" { "Show" }
+        }
+        @if let Some(trace) = &trace {
+            (render(urls, trace))
+        }
+    };
+    Ok(layout(urls, "Order timeline", Some(&session), body))
 }
 
-fn render(trace: &Trace) -> String {
+fn render(urls: Urls<'_>, trace: &Trace) -> Markup {
     let order = escape(trace.aggregate_id.as_bytes());
-    let mut out = match trace.event_id {
-        Some(e) => format!(
-            r#"<h2>Event <code>{}</code> of order <code id="order-id">{}</code></h2>"#,
-            e,
-            esc(&order)
-        ),
-        None => format!(
-            r#"<h2>Order <code id="order-id">{}</code></h2>"#,
-            esc(&order)
-        ),
-    };
-    out.push_str(&format!(
-        r#"<p class="muted">{} step(s), oldest first · <a href="/dead-letters?order={}&amp;status=">its dead letters</a> · <a href="/api/timeline?id={}">JSON</a></p>"#,
-        trace.steps.len(),
-        url_encode(&trace.aggregate_id),
-        url_encode(&trace.aggregate_id),
-    ));
-    out.push_str(
-        r#"<table class="timeline" id="timeline"><thead><tr><th>at</th><th>where</th><th>what</th><th>seq</th><th>event</th><th>partition/offset</th><th>detail</th></tr></thead><tbody>"#,
-    );
-    for s in &trace.steps {
-        let class = match s.transition.as_str() {
-            "failed" | "attempt_failed" | "dead_lettered" => "bad",
-            "parked" => "warn",
-            "applied" | "unparked" | "published" => "good",
-            t if t.contains('.') => "action",
-            _ => "",
-        };
-        out.push_str(&format!(
-            r#"<tr class="step {class}" data-transition="{t}" data-place="{p}"><td>{}</td><td>{p}</td><td>{t}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>"#,
-            s.at.format("%Y-%m-%d %H:%M:%S%.3f"),
-            opt(s.sequence),
-            esc(&s
-                .event_type
-                .clone()
-                .or_else(|| s.event_id.map(|e| e.to_string()))
-                .unwrap_or_else(|| "-".to_owned())),
-            crate::trace::position(s.kafka_partition, s.kafka_offset),
-            esc(&s.detail.as_deref().map(|d| escape(d.as_bytes()).into_owned()).unwrap_or_default()),
-            t = esc(&s.transition),
-            p = esc(&s.place),
-        ));
+    let encoded = url_encode(&trace.aggregate_id);
+    html! {
+        h2 {
+            @if let Some(event) = trace.event_id {
+                "Event " code { (event) } " of order "
+            } @else {
+                "Order "
+            }
+            code #order-id { (Shown(&order)) }
+        }
+        p.muted {
+            (trace.steps.len()) " step(s), oldest first · "
+            a href=(urls.to(&format!("/dead-letters?order={encoded}&status="))) { "its dead letters" }
+            " · "
+            a href=(urls.to(&format!("/api/timeline?id={encoded}"))) { "JSON" }
+        }
+        table.timeline #timeline {
+            thead {
+                tr {
+                    th { "at" } th { "where" } th { "what" } th { "seq" } th { "event" }
+                    th { "partition/offset" } th { "detail" }
+                }
+            }
+            tbody {
+                @for s in &trace.steps {
+                    @let event = s
+                        .event_type
+                        .clone()
+                        .or_else(|| s.event_id.map(|e| e.to_string()))
+                        .unwrap_or_else(|| "-".to_owned());
+                    @let detail = s
+                        .detail
+                        .as_deref()
+                        .map(|d| escape(d.as_bytes()).into_owned())
+                        .unwrap_or_default();
+                    tr class={ "step " (step_class(&s.transition)) } data-transition=(Shown(&s.transition))
+                        data-place=(Shown(&s.place)) {
+                        td { (s.at.format("%Y-%m-%d %H:%M:%S%.3f")) }
+                        td { (Shown(&s.place)) }
+                        td { (Shown(&s.transition)) }
+                        td { (opt(s.sequence)) }
+                        td { (Shown(&event)) }
+                        td { (crate::trace::position(s.kafka_partition, s.kafka_offset)) }
+                        td { (Shown(&detail)) }
+                    }
+                }
+            }
+        }
     }
-    out.push_str("</tbody></table>");
-    out
+}
+
+/// A step's class: how its row is coloured.
+fn step_class(transition: &str) -> &'static str {
+    match transition {
+        "failed" | "attempt_failed" | "dead_lettered" => "bad",
+        "parked" => "warn",
+        "applied" | "unparked" | "published" => "good",
+        t if t.contains('.') => "action",
+        _ => "",
+    }
 }

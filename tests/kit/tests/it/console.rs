@@ -5,7 +5,8 @@
 //! `tests/console/console.test.mjs`, run with node (playwright-core driving Debian's headless
 //! chromium; `scripts/test.sh` installs both): log in, the overview, find and replay the
 //! dead-lettered order and see its parked events applied in order, requeue the failed event,
-//! pause and resume a group, a read-only user, a POST without the CSRF token, a wrong password.
+//! pause and resume a group, a read-only user, a POST without the CSRF token, a wrong password;
+//! all of it with the console under a path prefix (`--prefix /ops`), every link followed there.
 //!
 //! Screenshots go to `CONSOLE_SCREENSHOT_DIR` (default: the test's log folder); their paths are
 //! printed.
@@ -42,6 +43,9 @@ async fn place(http: &reqwest::Client, url: &str) -> anyhow::Result<String> {
     let order: serde_json::Value = response.json().await?;
     Ok(order["order_id"].as_str().unwrap_or_default().to_owned())
 }
+
+/// The path the console is served under.
+const PREFIX: &str = "/ops";
 
 async fn act(http: &reqwest::Client, url: &str, order: &str, verb: &str) -> anyhow::Result<()> {
     let response = http
@@ -145,6 +149,10 @@ async fn the_console_in_a_browser_replays_requeues_pauses_and_refuses() -> anyho
             "127.0.0.1:0",
             "--refresh",
             "1s",
+            // Under a prefix, as behind a proxy: the browser's scenario follows every link
+            // from there, so each must carry it.
+            "--prefix",
+            PREFIX,
         ],
         &[("PIPELINE_CONSOLE_USERS_FILE", &users)],
     )?;
@@ -157,7 +165,7 @@ async fn the_console_in_a_browser_replays_requeues_pauses_and_refuses() -> anyho
         .unwrap_or_else(|_| env.log_dir.join("screenshots"));
     let script_dir = repo_root().join("tests/console");
     let envs = [
-        ("CONSOLE_URL", format!("http://{addr}")),
+        ("CONSOLE_URL", format!("http://{addr}{PREFIX}")),
         ("ORDER_SERVICE_URL", url.clone()),
         ("OPERATOR_USER", "ada".to_owned()),
         ("OPERATOR_PASSWORD", operator_password.clone()),

@@ -1,7 +1,8 @@
 // The pipeline console's script: fills and refreshes the overview from /api/overview, draws the
 // throughput chart, and sorts tables by a click on a column's header. Served from /static/ (the
 // content security policy allows no inline script); everything it writes goes through
-// textContent or attributes, never innerHTML.
+// textContent or attributes, never innerHTML. It names no URL of its own: the page gives them
+// (data-api, data-login), under the console's prefix.
 "use strict";
 
 (function () {
@@ -224,7 +225,7 @@
     try {
       const response = await fetch(root.dataset.api, { credentials: "same-origin", headers: { Accept: "application/json" } });
       if (response.status === 401) {
-        window.location.assign("/login?next=/");
+        window.location.assign(root.dataset.login);
         return;
       }
       const data = await response.json();
