@@ -1,7 +1,8 @@
 //! The example's program: its own pool (with the sessions the consumer runtime needs), its own
 //! tables, its own Prometheus registry, its own HTTP router with the libraries' `/metrics`,
 //! `/healthz` and `/readyz` merged in, the `shipping` group run by the consumer runtime and,
-//! when configured, the relay, all in one process.
+//! when configured, the relay and the operator's web console (nested in the router under a
+//! prefix of the program's choosing), all in one process.
 
 use std::net::SocketAddr;
 
@@ -12,6 +13,10 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::{Json, Router};
 use consumer::{ConsumerSettings, Groups, Runtime};
+use operator::args::TargetArgs;
+use operator::console::users::{Secret, Users};
+use operator::console::{Console, ConsoleSettings};
+use operator::targets::Targets;
 use pipeline_core::db::DbArgs;
 use pipeline_core::http_server::{self, ServerLimits};
 use pipeline_core::ops_http;
@@ -35,6 +40,18 @@ pub struct Config {
     pub relay: Option<RelaySettings>,
     /// Where the program's HTTP router is served (port 0 picks one).
     pub listen: SocketAddr,
+    /// When set, the operator's web console is part of the program's router, under
+    /// `settings.prefix`.
+    pub console: Option<ConsoleConfig>,
+}
+
+/// The operator's web console in the program: who may log in and its settings.
+#[derive(Debug, Clone)]
+pub struct ConsoleConfig {
+    /// The users, one `name:role:hash` a line, as `pipeline console --users` takes them.
+    pub users: Secret,
+    /// Its settings; `prefix` is the path the program mounts it at (`/ops/console`).
+    pub settings: ConsoleSettings,
 }
 
 impl Default for Config {
@@ -47,6 +64,7 @@ impl Default for Config {
             },
             relay: None,
             listen: SocketAddr::from(([127, 0, 0, 1], 9200)),
+            console: None,
         }
     }
 }
@@ -108,6 +126,10 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         ops_http::database_ready(pool.clone()),
         ops_http::kafka_ready(&config.consumer.kafka)?,
     ]);
+    let console = match &config.console {
+        Some(console) => Some(console_of(console, &config)?),
+        None => None,
+    };
     let relay = match config.relay {
         Some(settings) => {
             // The relay's own pool: its sessions carry the relay's statement timeouts.
@@ -125,11 +147,18 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         shutdown.clone(),
     )
     .await?;
-    // The program's own routes, with the libraries' operations endpoint merged in.
-    let app = Router::new()
+    // The program's own routes, with the libraries' operations endpoint merged in, and the
+    // console's nested under its prefix (its pages link under it).
+    let mut app = Router::new()
         .route("/payments/{id}", get(payment))
         .with_state(pool)
         .merge(ops_http::router(registry, ready));
+    if let Some((console, prefix)) = console {
+        app = app.nest(&prefix, console.router());
+        // The overview's status readings, until shutdown.
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move { console.sample_until(shutdown).await });
+    }
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("binding {}", config.listen))?;
@@ -143,6 +172,29 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         runtime,
         relay,
     })
+}
+
+/// The console over the program's database, groups and cluster, and the prefix to nest it at.
+fn console_of(console: &ConsoleConfig, config: &Config) -> anyhow::Result<(Console, String)> {
+    let prefix = console.settings.prefix.clone();
+    anyhow::ensure!(
+        !prefix.is_empty(),
+        "the console needs a prefix in the program's router (`/ops/console`)"
+    );
+    let users = Users::parse(console.users.expose()).context("the console's users")?;
+    let targets = Targets::new(
+        TargetArgs {
+            database_url: config.db.database_url.clone(),
+            group_databases: Vec::new(),
+            groups: Vec::new(),
+            group_prefix: config.consumer.group_prefix.clone(),
+            topics: config.consumer.topics.clone(),
+            kafka: config.consumer.kafka.clone(),
+        },
+        &groups(),
+    );
+    let console = Console::new(targets, groups(), users, console.settings.clone())?;
+    Ok((console, prefix))
 }
 
 /// [`start`], then [`Program::wait`].

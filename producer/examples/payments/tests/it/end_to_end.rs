@@ -1,20 +1,27 @@
 //! The example end to end, on the real broker (`KAFKA_BROKERS`, default 127.0.0.1:9092) and a
 //! real PostgreSQL (`#[sqlx::test]`, `DATABASE_URL`): the payments service appends events in its
 //! own transactions, the relay publishes them, the `shipping` group applies every one once and
-//! in order per payment.
+//! in order per payment; the operator's console, nested in the program's router under a prefix,
+//! serves and links under it.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use crate::common;
 
+use operator::console::ConsoleSettings;
+use payments_example::program::ConsoleConfig;
 use payments_example::{program, Payments};
 use pipeline_testkit::db::database_url;
 use pipeline_testkit::kafka::{brokers, committed_lag, kafka_args};
+use sha2::{Digest, Sha256};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 const PAYMENTS: usize = 60;
+
+/// Where the program mounts the console.
+const CONSOLE: &str = "/ops/console";
 
 #[sqlx::test(migrations = false)]
 async fn payments_reach_the_shipping_group_once_and_in_order(pool: PgPool) {
@@ -34,6 +41,20 @@ async fn payments_reach_the_shipping_group_once_and_in_order(pool: PgPool) {
         kafka: kafka_args(&brokers()),
         lock_key: rand_key(),
         ..relay::RelaySettings::default()
+    });
+    let token = format!("token-{run_id}");
+    let token_hash: String = Sha256::digest(token.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    config.console = Some(ConsoleConfig {
+        users: format!("ops:operator:sha256:{token_hash}")
+            .parse()
+            .expect("users"),
+        settings: ConsoleSettings {
+            prefix: CONSOLE.to_owned(),
+            ..ConsoleSettings::default()
+        },
     });
     let program = program::start(config, shutdown.clone())
         .await
@@ -145,11 +166,101 @@ async fn payments_reach_the_shipping_group_once_and_in_order(pool: PgPool) {
         assert!(metrics.contains(name), "{name} missing from /metrics");
     }
 
+    console_under_its_prefix(&addr.to_string(), &token).await;
+
     shutdown.cancel();
     running
         .await
         .expect("the program's task")
         .expect("the program stops cleanly");
+}
+
+/// The console in the program's router: its pages, forms, scripts and redirects stay under
+/// [`CONSOLE`], a login there opens a session for that path only, and it shows the program's
+/// group.
+async fn console_under_its_prefix(addr: &str, token: &str) {
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(Duration::from_secs(30))
+        .build()
+        .expect("client");
+    let base = format!("http://{addr}{CONSOLE}");
+    // Without a session: to the login page, under the prefix.
+    let refused = http
+        .get(format!("{base}/groups"))
+        .send()
+        .await
+        .expect("GET groups");
+    assert!(refused.status().is_redirection(), "{}", refused.status());
+    let to = refused.headers()["location"].to_str().expect("location");
+    assert!(to.starts_with(&format!("{CONSOLE}/login")), "{to}");
+    let login = http
+        .get(format!("{base}/login"))
+        .send()
+        .await
+        .expect("GET login");
+    assert_eq!(login.status(), 200);
+    links_under_prefix(&login.text().await.expect("login page"));
+    // A login: the session cookie's path is the prefix, and it leads to the overview.
+    let opened = http
+        .post(format!("{base}/login"))
+        .form(&[("user", "ops"), ("password", token), ("next", "")])
+        .send()
+        .await
+        .expect("POST login");
+    assert!(opened.status().is_redirection(), "{}", opened.status());
+    assert!(
+        opened.headers()["location"]
+            .to_str()
+            .expect("location")
+            .starts_with(CONSOLE),
+        "{:?}",
+        opened.headers()["location"]
+    );
+    let cookie = opened.headers()["set-cookie"].to_str().expect("cookie");
+    assert!(cookie.contains(&format!("Path={CONSOLE};")), "{cookie}");
+    let session = cookie.split(';').next().expect("name=value").to_owned();
+    // The overview is the prefix itself.
+    for page in ["", "/groups", "/dead-letters", "/outbox", "/timeline"] {
+        let answer = http
+            .get(format!("{base}{page}"))
+            .header("cookie", &session)
+            .send()
+            .await
+            .expect("GET page");
+        assert_eq!(answer.status(), 200, "{page}");
+        links_under_prefix(&answer.text().await.expect("page"));
+    }
+    let groups: serde_json::Value = http
+        .get(format!("{base}/api/groups"))
+        .header("cookie", &session)
+        .send()
+        .await
+        .expect("GET api/groups")
+        .json()
+        .await
+        .expect("json");
+    assert!(
+        groups.to_string().contains("shipping"),
+        "the program's group: {groups}"
+    );
+}
+
+/// Every `href`, `src` and `action` of `html` is a path under [`CONSOLE`].
+fn links_under_prefix(html: &str) {
+    let mut links = 0;
+    for attribute in ["href=\"", "src=\"", "action=\""] {
+        for (at, _) in html.match_indices(attribute) {
+            let value = &html[at + attribute.len()..];
+            let value = &value[..value.find('"').expect("closing quote")];
+            assert!(
+                value.starts_with(&format!("{CONSOLE}/")) || value == CONSOLE,
+                "{attribute}{value}\" is outside {CONSOLE}"
+            );
+            links += 1;
+        }
+    }
+    assert!(links > 0, "no link in {html}");
 }
 
 fn rand_key() -> i64 {
