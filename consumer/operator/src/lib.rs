@@ -41,7 +41,7 @@
 //! (processed events, dead letters, partition owners) or, for `status`, a group id Kafka knows.
 //! Any other name is bad input (see [`targets`]).
 
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 
 pub mod args;
 pub mod cli;
