@@ -98,10 +98,10 @@ async function timelineRows(page, place) {
     rows.map((r) => ({ what: r.dataset.transition, seq: r.cells[3].textContent.trim(), detail: r.cells[6].textContent })));
 }
 
-/// Fills the page's first action form: the reason, the confirmation, then its button.
-async function act(page, reason) {
+/// Fills the page's first action form: the note, the confirmation, then its button.
+async function act(page, note) {
   const form = page.locator("form.action").first();
-  await form.locator("input.reason").fill(reason);
+  await form.locator("input.note").fill(note);
   await form.locator('input[name="confirm"]').check();
   await form.locator("button.act").click();
 }
@@ -175,7 +175,7 @@ test("a dead-lettered order is found, replayed, and its parked events applied in
   assert.ok(before.some((s) => s.what === "dead_lettered" && s.seq === "1"), JSON.stringify(before));
   assert.equal(before.filter((s) => s.what === "parked").length, 2, JSON.stringify(before));
 
-  // Replay it: the letters of this order, ticked, with a reason and the confirmation.
+  // Replay it: the letters of this order, ticked, with a note and the confirmation.
   await page.goto(at(`/dead-letters?group=inventory&order=${order}`));
   await page.check(`#letters tr[data-order="${order}"] input[type="checkbox"]`);
   await page.selectOption('select[name="how"]', "replay");
@@ -237,7 +237,7 @@ test("a paused group's lag grows, and it drains once resumed", async (t) => {
     await page.context().close();
     return;
   }
-  await form.locator("input.reason").fill("deploying the mail relay");
+  await form.locator("input.note").fill("deploying the mail relay");
   await form.locator('input[name="confirm"]').check();
   await form.locator("button.act").click();
   await page.waitForSelector("#outcomes");
@@ -266,7 +266,7 @@ test("a paused group's lag grows, and it drains once resumed", async (t) => {
   await shot(page, "overview-paused.png");
   await page.goto(at("/groups"));
   const resume = page.locator(`section.group[data-group="${group}"] form.resume`);
-  await resume.locator("input.reason").fill("mail relay back");
+  await resume.locator("input.note").fill("mail relay back");
   await resume.locator('input[name="confirm"]').check();
   await resume.locator("button.act").click();
   await page.waitForSelector("#outcomes");
@@ -298,7 +298,7 @@ test("a read-only user sees everything and can act on nothing", async () => {
   await page.goto(at("/outbox"));
   const csrf = await page.getAttribute('input[name="csrf"]', "value");
   const status = await page.evaluate(async ([url, csrf]) => {
-    const body = new URLSearchParams({ csrf, reason: "try", confirm: "yes", order: "any" });
+    const body = new URLSearchParams({ csrf, note: "try", confirm: "yes", order: "any" });
     const r = await fetch(url, { method: "POST", body });
     return [r.status, await r.text()];
   }, [at("/actions/requeue"), csrf]);
@@ -328,14 +328,14 @@ test("a POST without the CSRF token is refused", async () => {
   await login(page, env("OPERATOR_USER"), env("OPERATOR_PASSWORD"));
   await page.goto(at("/outbox"));
   const refused = await page.evaluate(async (url) => {
-    const body = new URLSearchParams({ reason: "forged", confirm: "yes", order: "any" });
+    const body = new URLSearchParams({ note: "forged", confirm: "yes", order: "any" });
     const r = await fetch(url, { method: "POST", body });
     return [r.status, await r.text()];
   }, at("/actions/requeue"));
   assert.equal(refused[0], 403);
   assert.match(refused[1], /CSRF/);
   const wrong = await page.evaluate(async (url) => {
-    const body = new URLSearchParams({ csrf: "0".repeat(64), reason: "forged", confirm: "yes", order: "any" });
+    const body = new URLSearchParams({ csrf: "0".repeat(64), note: "forged", confirm: "yes", order: "any" });
     return (await fetch(url, { method: "POST", body })).status;
   }, at("/api/actions/requeue"));
   assert.equal(wrong, 403);

@@ -99,8 +99,32 @@ async fn vacuum_frees_the_rows_of_published_events_and_shrinks_only_a_grown_tabl
     enqueue_orders(&pool, "backlog", 20_000).await;
     publish_all(&pool, &lease).await;
     assert!(queue_pages(&pool).await > SHRINK_ABOVE_PAGES);
-    vacuum_once(&pool).await.expect("vacuum");
-    assert_eq!(queue_pages(&pool).await, 0);
+    // The relay vacuums every round; a round whose vacuum found the table held, or rows a
+    // transaction of this database could still see, gives the pages back on a later one.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    for round in 1.. {
+        vacuum_once(&pool).await.expect("vacuum");
+        let pages = queue_pages(&pool).await;
+        if pages == 0 {
+            if round > 1 {
+                eprintln!("the queue table shrank on vacuum round {round}");
+            }
+            break;
+        }
+        if std::time::Instant::now() >= deadline {
+            // What held the pages: sessions of this database with an old snapshot or a lock.
+            let held: Vec<String> = sqlx::query_scalar(
+                "SELECT format('%s %s xmin=%s %s', pid, state, backend_xmin, left(query, 80))
+                 FROM pg_stat_activity
+                 WHERE datname = current_database() AND pid <> pg_backend_pid()",
+            )
+            .fetch_all(&pool)
+            .await
+            .expect("sessions");
+            panic!("{pages} pages left after 20 s of vacuum rounds; sessions: {held:?}");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
 
     // The queue goes on working: a new event is claimed.
     enqueue_orders(&pool, "later", 1).await;

@@ -1,7 +1,7 @@
 //! The one entry for every change (`POST /actions/NAME`, or `/api/actions/NAME` for JSON):
-//! the session's CSRF token, the operator role, a reason and a confirmation are checked here,
+//! the session's CSRF token, the operator role, a note and a confirmation are checked here,
 //! before anything is read; then the action runs through the same function as its `pipeline`
-//! subcommand, with the logged-in user as the actor and the reason as the note.
+//! subcommand, with the logged-in user as the actor and the form's note.
 
 use std::collections::BTreeSet;
 
@@ -134,17 +134,17 @@ async fn act(
             "refused: tick \"I confirm\" to confirm the action",
         ));
     }
-    let reason = fields
-        .get("reason")
-        .ok_or_else(|| Refusal::bad("refused: say why (the reason is kept with the action)"))?;
-    if reason.len() > 1000 {
-        return Err(Refusal::bad("refused: a reason is at most 1,000 bytes"));
+    let note = fields
+        .get("note")
+        .ok_or_else(|| Refusal::bad("refused: say why (the note is kept with the action)"))?;
+    if note.len() > 1000 {
+        return Err(Refusal::bad("refused: a note is at most 1,000 bytes"));
     }
     let change = Change {
         actor: Some(session.user.clone()),
-        note: reason.to_owned(),
+        note: note.to_owned(),
     };
-    tracing::info!(user = %session.user, action, reason, "console action");
+    tracing::info!(user = %session.user, action, note, "console action");
     match action {
         "dead-letters" => dead_letters(console, fields, change).await,
         "requeue" => requeue_events(console, fields, change).await,

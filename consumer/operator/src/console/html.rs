@@ -112,7 +112,7 @@ pub(super) fn layout(
     }
 }
 
-/// The end of every action form: the CSRF token, the reason, the confirmation and the button;
+/// The end of every action form: the CSRF token, the note, the confirmation and the button;
 /// for a viewer the button is disabled (the server refuses the action anyway).
 pub(super) fn action_footer(session: &Session, verb: &str) -> Markup {
     let read_only = !session.may_act();
@@ -121,8 +121,8 @@ pub(super) fn action_footer(session: &Session, verb: &str) -> Markup {
         input type="hidden" name="csrf" value=(session.csrf);
         div.confirm {
             label {
-                "Reason (kept with the action) "
-                input name="reason" class="reason" required maxlength="1000" disabled[read_only] title=[why];
+                "Note (kept with the action) "
+                input name="note" class="note" required maxlength="1000" disabled[read_only] title=[why];
             }
             label.check {
                 input type="checkbox" name="confirm" value="yes" required disabled[read_only] title=[why];

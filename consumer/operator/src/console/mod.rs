@@ -1,13 +1,13 @@
 //! `pipeline console --listen ADDR`: the operator command as a web console. Server-rendered pages
 //! with a little JavaScript (served from `/static/`, embedded in the binary; no inline script),
 //! each page's data also as JSON under `/api/`, and every action of the `pipeline` subcommands
-//! from a form that asks for a reason and a confirmation.
+//! from a form that asks for a note (why) and a confirmation.
 //!
 //! One code path: pages read through [`crate::status::read`], [`crate::trace::read`] and
 //! [`crate::dead_letters::list`], and act through [`crate::dead_letters::resolve_letters`],
 //! [`crate::requeue::requeue`], [`crate::reprocess::reprocess_group`] and, for delayed events,
 //! [`delayed`] (over the outbox library's `cancel_delayed`). Each change is recorded in
-//! `operator_action` like the command's, with the logged-in user as the actor and the reason
+//! `operator_action` like the command's, with the logged-in user as the actor and the note
 //! typed in the form.
 //!
 //! Layout:

@@ -441,7 +441,7 @@ async fn posts_need_the_csrf_token_and_the_operator_role() {
     let form = |csrf: &'static str| -> Vec<(&'static str, &'static str)> {
         vec![
             ("csrf", csrf),
-            ("reason", "test"),
+            ("note", "test"),
             ("confirm", "yes"),
             ("event", "not-a-uuid"),
         ]
@@ -467,7 +467,7 @@ async fn posts_need_the_csrf_token_and_the_operator_role() {
         "logout needs the token too"
     );
 
-    // With the token: no confirmation, no reason, bad input: 400, and nothing read (the
+    // With the token: no confirmation, no note, bad input: 400, and nothing read (the
     // database is down: a read would be a 503).
     let leaked: &'static str = Box::leak(csrf.clone().into_boxed_str());
     let mut unconfirmed = form(leaked);
@@ -479,13 +479,9 @@ async fn posts_need_the_csrf_token_and_the_operator_role() {
     .await;
     assert_eq!(reply.status, StatusCode::BAD_REQUEST);
     assert!(reply.body.contains("I confirm"), "{}", reply.body);
-    let mut no_reason = form(leaked);
-    no_reason.retain(|(k, _)| *k != "reason");
-    let reply = send(
-        &router,
-        post("/actions/requeue", Some(&operator), &no_reason),
-    )
-    .await;
+    let mut no_note = form(leaked);
+    no_note.retain(|(k, _)| *k != "note");
+    let reply = send(&router, post("/actions/requeue", Some(&operator), &no_note)).await;
     assert_eq!(reply.status, StatusCode::BAD_REQUEST);
     let reply = send(
         &router,
@@ -624,7 +620,7 @@ async fn a_viewer_reads_and_an_operator_acts_on_a_real_database() {
             Some(&operator),
             &[
                 ("csrf", &csrf),
-                ("reason", "r"),
+                ("note", "r"),
                 ("confirm", "yes"),
                 ("event", &event),
             ],
@@ -671,7 +667,7 @@ async fn delayed_events_are_published_now_or_cancelled_and_recorded() {
                     Some(&cookie),
                     &[
                         ("csrf", &csrf),
-                        ("reason", "customer asked"),
+                        ("note", "customer asked"),
                         ("confirm", "yes"),
                         ("how", how),
                         ("event", &event),
@@ -846,7 +842,7 @@ async fn letters_are_paged_in_sql_across_groups_and_only_the_groups_given_are_in
                 Some(&cookie),
                 &[
                     ("csrf", &csrf),
-                    ("reason", "outside"),
+                    ("note", "outside"),
                     ("confirm", "yes"),
                     ("group", "gb"),
                     ("how", "discard"),
@@ -1351,7 +1347,7 @@ async fn every_page_links_inside_the_prefix_and_shows_hostile_data_escaped() {
                 Some(&cookie),
                 &[
                     ("csrf", &csrf),
-                    ("reason", "customer asked"),
+                    ("note", "customer asked"),
                     ("confirm", "yes"),
                     ("how", "publish_now"),
                     ("event", &delayed.to_string()),
