@@ -17,7 +17,7 @@ pub struct RetryPolicy {
     /// Delay between retries once past `slow_after`.
     pub slow_interval: Duration,
     /// Attempts allowed for a permanent error before the row is marked failed.
-    pub permanent_attempts: i32,
+    pub max_attempts: i32,
 }
 
 impl RetryPolicy {
@@ -39,7 +39,7 @@ impl RetryPolicy {
 
     /// Whether a row that failed `attempts` times with a permanent error should stop retrying.
     pub fn gives_up(&self, attempts: i32, permanent: bool) -> bool {
-        permanent && attempts >= self.permanent_attempts
+        permanent && attempts >= self.max_attempts
     }
 }
 
@@ -53,7 +53,7 @@ mod tests {
             max: Duration::from_secs(10),
             slow_after: 5,
             slow_interval: Duration::from_secs(60),
-            permanent_attempts: 3,
+            max_attempts: 3,
         }
     }
 

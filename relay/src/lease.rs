@@ -37,29 +37,29 @@ use uuid::Uuid;
 #[derive(Debug, Clone)]
 pub struct LeaseSettings {
     /// The lease row's key: relays sharing a key elect one active relay among them.
-    pub key: i64,
+    pub lock_key: i64,
     /// How long a lease lasts without renewal: the longest a standby waits for a frozen or cut-off
     /// holder.
-    pub ttl: Duration,
+    pub lease_ttl: Duration,
     /// How often a standby tries to take the lease.
-    pub retry_every: Duration,
+    pub standby_retry: Duration,
 }
 
 impl LeaseSettings {
     /// How often the holder renews: three renewals fit in one time to live.
     pub fn renew_every(&self) -> Duration {
-        self.ttl / 3
+        self.lease_ttl / 3
     }
 
     /// The longest one lease statement (or connecting for one) may take before it counts as
     /// failed: a renewal that hangs must not keep the holder from noticing its lease ran out.
     pub fn op_timeout(&self) -> Duration {
-        (self.ttl / 3).min(Duration::from_secs(5))
+        (self.lease_ttl / 3).min(Duration::from_secs(5))
     }
 
     /// The longest a standby waits before it holds the lease of a frozen or cut-off holder.
     pub fn takeover_bound(&self) -> Duration {
-        self.ttl + self.retry_every
+        self.lease_ttl + self.standby_retry
     }
 }
 
@@ -67,7 +67,7 @@ impl LeaseSettings {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Fence {
     /// The lease's key (`--lock-key`).
-    pub key: i64,
+    pub lock_key: i64,
     /// The epoch the relay holds it under.
     pub epoch: i64,
 }
@@ -225,7 +225,7 @@ impl Elector {
         &self.settings
     }
 
-    /// Waits until this relay holds the lease, trying every `retry_every`, and as soon as the
+    /// Waits until this relay holds the lease, trying every `standby_retry`, and as soon as the
     /// lease seen at the last attempt expires when that comes first; `None` on shutdown.
     pub async fn acquire(&mut self, shutdown: &CancellationToken) -> Option<(Lease, Acquired)> {
         let mut logged_standby = false;
@@ -234,7 +234,7 @@ impl Elector {
                 Ok(Some(held)) => return Some(held),
                 Ok(None) if !logged_standby => {
                     tracing::info!(
-                        key = self.settings.key,
+                        key = self.settings.lock_key,
                         "another relay holds the lease; standing by"
                     );
                     logged_standby = true;
@@ -245,7 +245,7 @@ impl Elector {
                     self.conn = None;
                 }
             }
-            let retry_at = Instant::now() + self.settings.retry_every;
+            let retry_at = Instant::now() + self.settings.standby_retry;
             let next = self.seen_expiring.map_or(retry_at, |at| at.min(retry_at));
             tokio::select! {
                 _ = shutdown.cancelled() => return None,
@@ -256,7 +256,7 @@ impl Elector {
 
     /// One attempt: takes the lease when it is vacant, expired, or its holder's session is gone.
     pub async fn try_acquire(&mut self) -> Result<Option<(Lease, Acquired)>, LeaseError> {
-        let (key, ttl_ms, holder) = (self.settings.key, ttl_ms(&self.settings), self.holder);
+        let (key, ttl_ms, holder) = (self.settings.lock_key, ttl_ms(&self.settings), self.holder);
         self.seen_expiring = None;
         let sent = Instant::now();
         let attempt: Attempt = self
@@ -298,7 +298,7 @@ impl Elector {
                 // Measured from before the look was sent: never later than the database's expiry
                 // plus the time the answer took to come back. The look reads the clock twice, so
                 // a lease expiring between the reads is live with a negative time left: try
-                // again at once then, not after `retry_every`.
+                // again at once then, not after `standby_retry`.
                 self.seen_expiring = Duration::try_from_secs_f64(expires_in.max(0.0))
                     .ok()
                     .map(|d| sent + d);
@@ -314,9 +314,9 @@ impl Elector {
             } else {
                 TakeoverReason::HolderGone
             };
-            let fence = Fence { key, epoch };
+            let fence = Fence { lock_key: key, epoch };
             (
-                Lease::new(fence, sent + self.settings.ttl),
+                Lease::new(fence, sent + self.settings.lease_ttl),
                 Acquired {
                     reason,
                     since_previous_renewal: since,
@@ -350,7 +350,7 @@ impl Elector {
             }
             let sent = Instant::now();
             match self.renew(lease.fence()).await {
-                Ok(true) => lease.extend_to(sent + self.settings.ttl),
+                Ok(true) => lease.extend_to(sent + self.settings.lease_ttl),
                 Ok(false) => {
                     tracing::warn!(
                         epoch = lease.fence().epoch,
@@ -374,7 +374,7 @@ impl Elector {
             .with_conn(move |conn| {
                 Box::pin(async move {
                     sqlx::query(RENEW_SQL)
-                        .bind(fence.key)
+                        .bind(fence.lock_key)
                         .bind(fence.epoch)
                         .bind(holder)
                         .bind(ttl_ms)
@@ -396,7 +396,7 @@ impl Elector {
                         "UPDATE relay_lease SET expires_at = clock_timestamp(), holder = NULL, holder_pid = NULL
                          WHERE lease_key = $1 AND epoch = $2",
                     )
-                    .bind(fence.key)
+                    .bind(fence.lock_key)
                     .bind(fence.epoch)
                     .execute(&mut *conn)
                     .await
@@ -470,7 +470,7 @@ pub enum LeaseError {
 }
 
 fn ttl_ms(settings: &LeaseSettings) -> i64 {
-    i64::try_from(settings.ttl.as_millis()).unwrap_or(i64::MAX)
+    i64::try_from(settings.lease_ttl.as_millis()).unwrap_or(i64::MAX)
 }
 
 /// Looks at lease `$1` without locking it: whether it may be taken (vacant, expired, or its

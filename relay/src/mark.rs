@@ -88,7 +88,7 @@ pub async fn mark_published(
     .bind(&ids)
     .bind(&partitions)
     .bind(&offsets)
-    .bind(fence.key)
+    .bind(fence.lock_key)
     .bind(fence.epoch)
     .fetch_one(pool)
     .await?;
@@ -136,7 +136,7 @@ pub async fn record_failures(
     .bind(&errors)
     .bind(&delays_ms)
     .bind(&give_up)
-    .bind(fence.key)
+    .bind(fence.lock_key)
     .bind(fence.epoch)
     .fetch_one(pool)
     .await?;

@@ -49,7 +49,7 @@ pub async fn release_due(pool: &PgPool, fence: Fence, limit: i64) -> Result<Rele
     let (held, released, next_fire_in): (bool, i64, Option<f64>) = sqlx::query_as(RELEASE_SQL)
         .persistent(false)
         .bind(limit)
-        .bind(fence.key)
+        .bind(fence.lock_key)
         .bind(fence.epoch)
         .fetch_one(&mut *tx)
         .await?;

@@ -23,7 +23,7 @@ pub async fn materialise_step(
         "SELECT clock_timestamp() FROM relay_lease
          WHERE lease_key = $1 AND epoch = $2 FOR KEY SHARE",
     )
-    .bind(fence.key)
+    .bind(fence.lock_key)
     .bind(fence.epoch)
     .fetch_optional(&mut *tx)
     .await?;

@@ -226,16 +226,16 @@ impl RelaySettings {
             max: self.retry_max,
             slow_after: self.slow_retry_after,
             slow_interval: self.slow_retry_interval,
-            permanent_attempts: self.max_attempts,
+            max_attempts: self.max_attempts,
         }
     }
 
     /// How the lease is held and taken over.
     pub fn lease_settings(&self) -> LeaseSettings {
         LeaseSettings {
-            key: self.lock_key,
-            ttl: self.lease_ttl,
-            retry_every: self.standby_retry,
+            lock_key: self.lock_key,
+            lease_ttl: self.lease_ttl,
+            standby_retry: self.standby_retry,
         }
     }
 

@@ -49,8 +49,8 @@ async fn renewed_past_twice_its_ttl(pool: &PgPool, settings: &LeaseSettings) -> 
         "SELECT renewed_at > acquired_at + $2 * interval '1 millisecond'
          FROM relay_lease WHERE lease_key = $1",
     )
-    .bind(settings.key)
-    .bind(2 * i64::try_from(settings.ttl.as_millis()).expect("ttl"))
+    .bind(settings.lock_key)
+    .bind(2 * i64::try_from(settings.lease_ttl.as_millis()).expect("ttl"))
     .fetch_one(pool)
     .await
     .expect("lease row")
@@ -220,7 +220,7 @@ async fn a_holder_whose_renewal_is_refused_is_fenced_and_stands_by(pool: PgPool)
     let (mut holder, lease) = common::hold_lease_with(&pool, settings.clone()).await;
     // Another relay takes the lease over while this one's clock still says it holds it.
     let _ = sqlx::query("UPDATE relay_lease SET epoch = epoch + 1 WHERE lease_key = $1")
-        .bind(settings.key)
+        .bind(settings.lock_key)
         .execute(&pool)
         .await
         .expect("takeover");
@@ -333,7 +333,7 @@ async fn a_slow_write_holds_off_a_takeover_but_not_its_holders_renewals(pool: Pg
 async fn a_standby_tries_again_when_the_lease_it_saw_expires(pool: PgPool) {
     let ttl = Duration::from_millis(2_000);
     let settings = LeaseSettings {
-        retry_every: Duration::from_millis(4_000),
+        standby_retry: Duration::from_millis(4_000),
         ..common::lease_settings(ttl)
     };
     let (_old, old_lease) = common::hold_lease_with(&pool, settings.clone()).await;
@@ -353,7 +353,7 @@ async fn a_standby_tries_again_when_the_lease_it_saw_expires(pool: PgPool) {
         within < ttl + Duration::from_millis(1_000),
         "taken over {within:?} after a lease of {ttl:?} was taken: the standby waited for its \
          next retry (every {:?}) instead of the expiry",
-        settings.retry_every
+        settings.standby_retry
     );
     assert!(new_lease.fence().epoch > old_lease.fence().epoch);
 }
@@ -366,7 +366,7 @@ async fn a_standby_looking_at_a_live_lease_waits_for_no_write_of_the_holder(pool
     let (_holder, lease) = common::hold_lease_with(&pool, settings.clone()).await;
     let mut write = pool.begin().await.expect("begin");
     sqlx::query("SELECT epoch FROM relay_lease WHERE lease_key = $1 AND epoch = $2 FOR KEY SHARE")
-        .bind(lease.fence().key)
+        .bind(lease.fence().lock_key)
         .bind(lease.fence().epoch)
         .execute(&mut *write)
         .await

@@ -37,7 +37,7 @@ fn policy() -> RetryPolicy {
         max: Duration::from_millis(5),
         slow_after: 100,
         slow_interval: Duration::from_millis(5),
-        permanent_attempts: 2,
+        max_attempts: 2,
     }
 }
 
@@ -265,7 +265,7 @@ async fn a_message_too_large_fails_with_its_reason_and_holds_its_order_only(pool
         .with_label_values(&["message_too_large"])
         .get();
     assert_eq!((failed, too_large), (1, 2));
-    refresh_backlog(&pool, lease.fence().key, &metrics)
+    refresh_backlog(&pool, lease.fence().lock_key, &metrics)
         .await
         .expect("backlog");
     assert_eq!(
@@ -534,7 +534,7 @@ async fn an_event_for_a_topic_kafka_refuses_fails_and_holds_its_order(pool: PgPo
         .map(|r| metrics.publish_errors.with_label_values(&[r]).get())
         .sum();
     assert_eq!(topic_errors, 2);
-    refresh_backlog(&pool, lease.fence().key, &metrics)
+    refresh_backlog(&pool, lease.fence().lock_key, &metrics)
         .await
         .expect("backlog");
     assert_eq!((metrics.failed.get(), metrics.held.get()), (1, 1));

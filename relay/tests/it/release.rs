@@ -95,7 +95,7 @@ async fn a_delayed_event_goes_out_when_due_after_what_its_order_committed_before
         max: Duration::from_millis(5),
         slow_after: 100,
         slow_interval: Duration::from_millis(5),
-        permanent_attempts: 2,
+        max_attempts: 2,
     };
 
     let placed = enqueue_now(&pool, &event(&topic, "order-a", "order.placed")).await;

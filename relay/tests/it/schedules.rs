@@ -157,7 +157,7 @@ async fn a_relay_that_lost_its_lease_materialises_nothing(pool: PgPool) {
     let stale = lease.fence();
     // Another relay takes the lease over (the epoch moves on).
     sqlx::query("UPDATE relay_lease SET epoch = epoch + 1 WHERE lease_key = $1")
-        .bind(stale.key)
+        .bind(stale.lock_key)
         .execute(&pool)
         .await
         .expect("takeover");

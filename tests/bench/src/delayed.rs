@@ -105,9 +105,9 @@ async fn measure(delayed: i64, pool: &PgPool) -> anyhow::Result<DelayedResult> {
 
     let mut elector = Elector::new(
         LeaseSettings {
-            key: 1,
-            ttl: Duration::from_secs(600),
-            retry_every: Duration::from_millis(100),
+            lock_key: 1,
+            lease_ttl: Duration::from_secs(600),
+            standby_retry: Duration::from_millis(100),
         },
         (*pool.connect_options()).clone(),
     );

@@ -16,9 +16,9 @@ use sqlx::PgPool;
 async fn fail_for_good(pool: &PgPool, id: i64, error: &str) {
     let mut elector = Elector::new(
         LeaseSettings {
-            key: i64::from(rand::random::<i32>()),
-            ttl: Duration::from_secs(120),
-            retry_every: Duration::from_millis(100),
+            lock_key: i64::from(rand::random::<i32>()),
+            lease_ttl: Duration::from_secs(120),
+            standby_retry: Duration::from_millis(100),
         },
         (*pool.connect_options()).clone(),
     );

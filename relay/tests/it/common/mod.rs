@@ -14,9 +14,9 @@ use sqlx::PgPool;
 /// Lease settings for tests: a random key (tests run side by side) and a long time to live.
 pub(crate) fn lease_settings(ttl: Duration) -> LeaseSettings {
     LeaseSettings {
-        key: i64::from(rand::random::<i32>()),
-        ttl,
-        retry_every: Duration::from_millis(100),
+        lock_key: i64::from(rand::random::<i32>()),
+        lease_ttl: ttl,
+        standby_retry: Duration::from_millis(100),
     }
 }
 
