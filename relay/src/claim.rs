@@ -59,7 +59,7 @@ impl ClaimSessions {
 }
 
 /// One outbox row on its way to Kafka.
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
 pub struct OutboxEvent {
     /// The outbox row's id (its commit order within a writer).
     pub id: i64,

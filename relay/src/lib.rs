@@ -43,6 +43,9 @@
 //! - `release`: moving delayed events that fell due into the outbox.
 //! - `backlog`: the queue, lease and delayed-event gauges.
 //! - `vacuum`: keeping the queue table small.
+//! - `wal`: the outbox's inserts read from PostgreSQL's write-ahead log through a logical
+//!   replication slot (the `outbox_events` publication), each committed transaction with the
+//!   position that confirms it.
 //! - `metrics`: the relay's Prometheus metrics.
 
 #![deny(missing_docs)]
@@ -50,7 +53,7 @@
 mod error;
 pipeline_core::inner_modules!(
     active, backlog, backoff, batch, claim, lease, mark, metrics, publish, release, runtime,
-    schedule, settings, vacuum, wakeup,
+    schedule, settings, vacuum, wakeup, wal,
 );
 pub mod retention;
 

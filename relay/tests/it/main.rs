@@ -13,3 +13,4 @@ mod retention;
 mod schedules;
 mod vacuum;
 mod wakeup;
+mod wal;
