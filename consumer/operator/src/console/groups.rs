@@ -9,7 +9,7 @@ use maud::{html, Markup};
 use serde::Serialize;
 
 use super::html::{action_footer, layout, unavailable, Shown};
-use super::refusal::{unanswered, Refusal};
+use super::refusal::{page_status, unanswered, Refusal};
 use super::session::Session;
 use super::urls::Urls;
 use super::Console;
@@ -57,10 +57,7 @@ pub(super) async fn page(
 ) -> (StatusCode, Markup) {
     let urls = console.urls();
     let read = read(&console).await;
-    let status = match read {
-        Ok(_) => StatusCode::OK,
-        Err(_) => StatusCode::SERVICE_UNAVAILABLE,
-    };
+    let status = page_status(&read);
     let body = html! {
         h1 { "Groups" }
         p.muted { "Lag and members: see the " a href=(urls.to("/")) { "overview" } "." }

@@ -12,7 +12,7 @@ use uuid::Uuid;
 
 use super::delayed::{self, DelayedEvent};
 use super::html::{action_footer, layout, opt, unavailable, Shown};
-use super::refusal::{unanswered, Refusal};
+use super::refusal::{page_status, unanswered, Refusal};
 use super::session::Session;
 use super::urls::{url_encode, Urls};
 use super::Console;
@@ -79,10 +79,7 @@ pub(super) async fn page(
 ) -> (StatusCode, Markup) {
     let urls = console.urls();
     let read = read(&console).await;
-    let status = match read {
-        Ok(_) => StatusCode::OK,
-        Err(_) => StatusCode::SERVICE_UNAVAILABLE,
-    };
+    let status = page_status(&read);
     let body = html! {
         h1 { "Outbox" }
         @match &read {

@@ -188,3 +188,11 @@ pub(super) fn page(urls: Urls<'_>, status: StatusCode, message: &str) -> Markup 
 pub(super) async fn not_found() -> Refusal {
     Refusal::not_found("no such page")
 }
+
+/// A page's status: 200, or 503 when its data could not be read (the page says why).
+pub(super) fn page_status<T, E>(read: &Result<T, E>) -> StatusCode {
+    match read {
+        Ok(_) => StatusCode::OK,
+        Err(_) => StatusCode::SERVICE_UNAVAILABLE,
+    }
+}
