@@ -29,8 +29,9 @@ pub async fn watch_backlog(
 }
 
 /// One reading of [`watch_backlog`]: the relay's queue (events waiting, failed, and held behind
-/// a failed event of their aggregate; the oldest's age), the lease's vacancy and the delayed
-/// events that are due.
+/// a failed event of their aggregate; the oldest's age), the lease's vacancy, the delayed
+/// events that are due, and the write-ahead log's slot (whether it streams, its lag, the WAL it
+/// keeps, and the events past the horizon counted as unpublished).
 pub async fn refresh_backlog(
     pool: &PgPool,
     lease_key: i64,
@@ -41,8 +42,20 @@ pub async fn refresh_backlog(
             .bind(lease_key)
             .fetch_one(pool)
             .await?;
-    metrics.unpublished.set(count);
-    metrics.oldest_unpublished_age.set(age.max(0.0));
+    let wal: Option<(bool, bool, i64, i64, i64, f64)> = sqlx::query_as(WAL_BACKLOG_SQL)
+        .bind(lease_key)
+        .fetch_optional(pool)
+        .await?;
+    let (streaming, slot_active, lag, retained, streamed, streamed_age) =
+        wal.unwrap_or((false, false, 0, 0, 0, 0.0));
+    metrics.wal_streaming.set(i64::from(streaming));
+    metrics.wal_slot_active.set(i64::from(slot_active));
+    metrics.wal_slot_lag.set(lag.max(0));
+    metrics.wal_retained.set(retained.max(0));
+    metrics.unpublished.set(count + streamed);
+    metrics
+        .oldest_unpublished_age
+        .set(age.max(streamed_age).max(0.0));
     metrics.lease_vacant.set(vacant.max(0.0));
     metrics.delayed_due.set(due);
     metrics.delayed_overdue.set(overdue.max(0.0));
@@ -74,3 +87,21 @@ pub const BACKLOG_SQL: &str = "SELECT count(*),
           JOIN outbox_unpublished h ON h.id = o.id AND h.state = 'pending'
           WHERE f.state = 'failed' AND f.attempts > 0)
   FROM outbox_unpublished";
+
+/// The write-ahead log's side of [`refresh_backlog`], for the relay of lease `$1`: no row when it
+/// never streamed. Unpublished: the events past the horizon's last id that are neither queued
+/// nor delivered (the horizon trails the stream by about a second, so a second's worth of
+/// published events is counted too).
+pub const WAL_BACKLOG_SQL: &str = "SELECT w.streaming,
+         COALESCE(r.active, false),
+         COALESCE((pg_current_wal_lsn() - r.confirmed_flush_lsn)::bigint, 0),
+         COALESCE((pg_current_wal_lsn() - r.restart_lsn)::bigint, 0),
+         p.n, COALESCE(EXTRACT(EPOCH FROM clock_timestamp() - p.oldest), 0)::float8
+  FROM outbox_wal_source w
+  LEFT JOIN pg_replication_slots r ON r.slot_name = w.slot
+  CROSS JOIN LATERAL (
+      SELECT count(*) AS n, min(o.created_at) AS oldest FROM outbox o
+      WHERE w.streaming AND o.id > w.horizon_id
+        AND NOT EXISTS (SELECT 1 FROM outbox_delivery d WHERE d.id = o.id)
+        AND NOT EXISTS (SELECT 1 FROM outbox_unpublished u WHERE u.id = o.id)) p
+  WHERE w.lock_key = $1";

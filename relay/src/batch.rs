@@ -164,7 +164,7 @@ impl Batch {
             claimed: events.len(),
             published: delivery.published.len(),
             failed: delivery.failed.len(),
-            held: delivery.held,
+            held: delivery.held.len(),
         })
     }
 }

@@ -26,4 +26,12 @@ pub enum RelayError {
     /// The connection that listens for new events could not be opened.
     #[error("opening the connection that listens for new events")]
     Listen(#[source] sqlx::Error),
+    /// With `--source wal` the relay's role must see when every session's transaction began
+    /// (superuser, or `GRANT pg_read_all_stats TO` the role): what it has published is known
+    /// from that.
+    #[error(
+        "--source wal needs the relay's database role to see every session's transaction \
+         (superuser, or GRANT pg_read_all_stats TO the role)"
+    )]
+    WalPrivileges,
 }

@@ -62,7 +62,9 @@ pub use error::RelayError;
 /// meant to set up the database.
 pub use outbox::MIGRATOR;
 pub use runtime::{run, Relay};
-pub use settings::{connect, session_options, InvalidSettings, RelaySettings};
+pub use settings::{
+    connect, session_options, InvalidSettings, RelaySettings, Source, SourceSettings, DEFAULT_SLOT,
+};
 
 // The relay publishes what the outbox accepted, and consumers read it through the envelope: the
 // two crates' limits must agree (pipeline-core does not depend on the outbox).

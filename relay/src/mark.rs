@@ -145,3 +145,33 @@ pub async fn record_failures(
     }
     Ok(recorded as u64)
 }
+
+/// Puts events read from the write-ahead log into the relay's queue, pending: those Kafka did not
+/// take (their failed attempt is then recorded by [`record_failures`]) and those held behind
+/// them. The queue's claim publishes them with its retries, in each aggregate's order. An event
+/// already queued is left as it is. Fenced like [`mark_published`].
+pub async fn queue_streamed(pool: &PgPool, fence: Fence, ids: &[i64]) -> Result<u64, MarkError> {
+    if ids.is_empty() {
+        return Ok(0);
+    }
+    let (held, queued): (bool, i64) = sqlx::query_as(
+        "WITH lease AS (SELECT epoch FROM relay_lease WHERE lease_key = $2 AND epoch = $3 FOR KEY SHARE),
+              ins AS (INSERT INTO outbox_unpublished (id, aggregate_id, sequence, created_at)
+                      SELECT o.id, o.aggregate_id, o.sequence, o.created_at
+                      FROM outbox o
+                      WHERE o.id = ANY ($1::bigint[]) AND EXISTS (SELECT 1 FROM lease)
+                        AND NOT EXISTS (SELECT 1 FROM outbox_delivery d WHERE d.id = o.id)
+                      ON CONFLICT (id) DO NOTHING
+                      RETURNING 1)
+         SELECT EXISTS (SELECT 1 FROM lease), (SELECT count(*) FROM ins)",
+    )
+    .bind(ids)
+    .bind(fence.lock_key)
+    .bind(fence.epoch)
+    .fetch_one(pool)
+    .await?;
+    if !held {
+        return Err(MarkError::LeaseLost(fence.epoch));
+    }
+    Ok(queued as u64)
+}

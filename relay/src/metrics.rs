@@ -64,6 +64,16 @@ pub struct RelayMetrics {
     pub schedule_occurrences: IntCounterVec,
     /// `outbox_delayed_due`: delayed events that are due and not yet released into the outbox (0 while a relay is active and keeping up).
     pub delayed_due: IntGauge,
+    /// `outbox_wal_streaming`: 1 while the outbox's events are streamed from the write-ahead log (writers queue nothing), by the database.
+    pub wal_streaming: IntGauge,
+    /// `outbox_wal_slot_active`: 1 while a session streams from the relay's replication slot; 0 when none does (or no slot).
+    pub wal_slot_active: IntGauge,
+    /// `outbox_wal_slot_lag_bytes`: write-ahead log between the server's position and the slot's confirmed one: what the relay has not yet confirmed.
+    pub wal_slot_lag: IntGauge,
+    /// `outbox_wal_retained_bytes`: write-ahead log the slot keeps on the server's disk (from its restart position).
+    pub wal_retained: IntGauge,
+    /// `outbox_wal_slot_lost_total`: times this relay found its replication slot lost (invalidated by max_slot_wal_keep_size) and fell back to the queue from the horizon.
+    pub wal_slot_lost: IntCounter,
     /// `outbox_delayed_overdue_seconds`: how long ago the oldest due delayed event still waiting fell due, by the database clock; 0 when none waits.
     pub delayed_overdue: Gauge,
 }
@@ -149,6 +159,35 @@ impl RelayMetrics {
             oldest_unpublished_age: register_gauge_with_registry!(
                 "outbox_oldest_unpublished_age_seconds",
                 "Age of the oldest unpublished outbox event by the database clock, 0 when none",
+                registry
+            )?,
+            wal_streaming: register_int_gauge_with_registry!(
+                "outbox_wal_streaming",
+                "1 while the outbox's events are streamed from the write-ahead log (writers \
+                 queue nothing), by the database",
+                registry
+            )?,
+            wal_slot_active: register_int_gauge_with_registry!(
+                "outbox_wal_slot_active",
+                "1 while a session streams from the relay's replication slot; 0 when none does \
+                 (or no slot)",
+                registry
+            )?,
+            wal_slot_lag: register_int_gauge_with_registry!(
+                "outbox_wal_slot_lag_bytes",
+                "Write-ahead log between the server's position and the slot's confirmed one: \
+                 what the relay has not yet confirmed",
+                registry
+            )?,
+            wal_retained: register_int_gauge_with_registry!(
+                "outbox_wal_retained_bytes",
+                "Write-ahead log the slot keeps on the server's disk (from its restart position)",
+                registry
+            )?,
+            wal_slot_lost: register_int_counter_with_registry!(
+                "outbox_wal_slot_lost_total",
+                "Times this relay found its replication slot lost (invalidated by \
+                 max_slot_wal_keep_size) and fell back to the queue from the horizon",
                 registry
             )?,
             producer_queue: register_int_gauge_with_registry!(
@@ -279,6 +318,7 @@ impl RelayMetrics {
             "producer_fatal",
             "other",
             "database",
+            "wal",
         ] {
             let _ = m.publish_errors.with_label_values(&[reason]);
         }

@@ -8,6 +8,7 @@ use pipeline_core::envelope::Envelope;
 use pipeline_core::kafka::KafkaArgs;
 use pipeline_core::producer::QuietProducer;
 use rdkafka::error::KafkaError;
+use pipeline_core::producer::DeliveryFuture;
 use rdkafka::producer::FutureRecord;
 use rdkafka::statistics::Statistics;
 use rdkafka::types::RDKafkaErrorCode;
@@ -193,8 +194,8 @@ pub struct BatchDelivery {
     pub published: Vec<Published>,
     /// Events that could not be delivered.
     pub failed: Vec<DeliveryFailure>,
-    /// Events not sent because an earlier event of their aggregate failed in this batch.
-    pub held: usize,
+    /// Events not sent because an earlier event of their aggregate failed in this batch (ids).
+    pub held: Vec<i64>,
 }
 
 /// Produces `events` in order (key = aggregate id) and waits for every delivery report.
@@ -206,12 +207,28 @@ pub struct BatchDelivery {
 /// published ahead of it (see [`published_ahead_of_failures`]); consumer groups park them until
 /// the gap closes.
 pub async fn publish_batch(producer: &RelayProducer, events: &[OutboxEvent]) -> BatchDelivery {
+    send_batch(producer, events)
+        .await
+        .delivered(producer, events)
+        .await
+}
+
+/// A batch handed to the producer, its delivery reports to come.
+pub struct SentBatch {
+    outcome: BatchDelivery,
+    in_flight: Vec<(usize, DeliveryFuture)>,
+}
+
+/// The first half of [`publish_batch`]: hands `events` to the producer in order, waiting only
+/// while its local queue is full. Batches sent one after another reach each partition in that
+/// order.
+pub async fn send_batch(producer: &RelayProducer, events: &[OutboxEvent]) -> SentBatch {
     let mut outcome = BatchDelivery::default();
     let mut blocked: HashSet<&str> = HashSet::new();
     let mut in_flight = Vec::with_capacity(events.len());
-    for event in events {
+    for (index, event) in events.iter().enumerate() {
         if blocked.contains(event.aggregate_id.as_str()) {
-            outcome.held += 1;
+            outcome.held.push(event.id);
             continue;
         }
         let extra = event.extra_headers();
@@ -235,7 +252,7 @@ pub async fn publish_batch(producer: &RelayProducer, events: &[OutboxEvent]) -> 
         loop {
             match producer.send_result(record) {
                 Ok(delivery) => {
-                    in_flight.push((event, delivery));
+                    in_flight.push((index, delivery));
                     break;
                 }
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
@@ -251,12 +268,23 @@ pub async fn publish_batch(producer: &RelayProducer, events: &[OutboxEvent]) -> 
             }
         }
     }
-    let reports = join_all(
-        in_flight
-            .into_iter()
-            .map(|(event, fut)| async move { (event, fut.await) }),
-    )
-    .await;
+    SentBatch { outcome, in_flight }
+}
+
+impl SentBatch {
+    /// The second half of [`publish_batch`]: waits for every delivery report of the batch
+    /// `events` that was sent.
+    pub async fn delivered(self, producer: &RelayProducer, events: &[OutboxEvent]) -> BatchDelivery {
+        let SentBatch {
+            mut outcome,
+            in_flight,
+        } = self;
+        let reports = join_all(
+            in_flight
+                .into_iter()
+                .map(|(index, fut)| async move { (&events[index], fut.await) }),
+        )
+        .await;
     // A fatal error fails every message of the instance, whatever code each report carries.
     let fatal = producer.client().fatal_error().is_some();
     for (event, report) in reports {
@@ -281,8 +309,9 @@ pub async fn publish_batch(producer: &RelayProducer, events: &[OutboxEvent]) -> 
                 reason: "canceled",
             }),
         }
+        }
+        outcome
     }
-    outcome
 }
 
 /// The published events of `delivery` that overtook a failed event of their aggregate in the
@@ -434,13 +463,13 @@ mod tests {
         let delivery = BatchDelivery {
             published: vec![published(2), published(3), published(4)],
             failed: vec![failed(1), failed(5)],
-            held: 0,
+            held: Vec::new(),
         };
         assert_eq!(published_ahead_of_failures(&events, &delivery), [(3, 1)]);
         let in_order = BatchDelivery {
             published: vec![published(1), published(2), published(4)],
             failed: vec![failed(3)],
-            held: 0,
+            held: Vec::new(),
         };
         assert!(published_ahead_of_failures(&events, &in_order).is_empty());
     }

@@ -169,16 +169,19 @@ pub async fn groups_here(pool: &PgPool) -> Result<bool, sqlx::Error> {
 }
 
 /// Published events older than the cutoff, with their delivery and attempts, from the oldest
-/// id on. An event that is not published has no delivery row and is passed over. The rows go by
-/// an array of ids, which is always planned as index lookups; a join with the batch may be
-/// planned as a hash join over a whole table.
+/// id on: those with a delivery record, and those published from the write-ahead log (no
+/// delivery record, not queued, older than the streaming relay's horizon). An event that is not
+/// published is passed over. The rows go by an array of ids, which is always planned as index
+/// lookups; a join with the batch may be planned as a hash join over a whole table.
 const PUBLISHED_STEP: &str = "
 WITH batch AS (
     SELECT id, created_at FROM outbox WHERE id > COALESCE($2::bigint, 0) ORDER BY id LIMIT $3),
 old AS (
-    SELECT id FROM batch WHERE created_at < $1),
+    SELECT id, created_at FROM batch WHERE created_at < $1),
 doomed AS (
-    SELECT d.id FROM outbox_delivery d JOIN old USING (id) WHERE d.published_at < $1),
+    SELECT old.id FROM old LEFT JOIN outbox_delivery d USING (id)
+    WHERE d.published_at < $1 OR (d.id IS NULL AND old.created_at < (SELECT max(horizon) FROM outbox_wal_source)
+                                  AND NOT EXISTS (SELECT 1 FROM outbox_unpublished u WHERE u.id = old.id))),
 attempts AS (
     DELETE FROM outbox_attempt a WHERE a.event = ANY (ARRAY(SELECT id FROM doomed))),
 deliveries AS (
@@ -196,10 +199,11 @@ WITH batch AS (
     SELECT id, event_id, created_at FROM outbox
     WHERE id > COALESCE($2::bigint, 0) ORDER BY id LIMIT $3),
 old AS (
-    SELECT id, event_id FROM batch WHERE created_at < $1),
+    SELECT id, event_id, created_at FROM batch WHERE created_at < $1),
 doomed AS (
-    SELECT d.id FROM outbox_delivery d JOIN old USING (id)
-    WHERE d.published_at < $1
+    SELECT old.id FROM old LEFT JOIN outbox_delivery d USING (id)
+    WHERE (d.published_at < $1 OR (d.id IS NULL AND old.created_at < (SELECT max(horizon) FROM outbox_wal_source)
+                                  AND NOT EXISTS (SELECT 1 FROM outbox_unpublished u WHERE u.id = old.id)))
       AND NOT EXISTS (SELECT 1 FROM dead_letter l
                       WHERE l.event_id = old.event_id AND l.status = 'open')
       AND NOT EXISTS (SELECT 1 FROM parked_event p WHERE p.event_id = old.event_id)),

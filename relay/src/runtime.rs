@@ -13,12 +13,15 @@ use tokio_util::sync::CancellationToken;
 use crate::active::run_active;
 use crate::backlog::watch_backlog;
 use crate::error::RelayError;
-use crate::lease::Elector;
+use crate::lease::{Elector, Lease};
+use crate::mark::MarkError;
 use crate::metrics::RelayMetrics;
 use crate::publish::ProducerHandle;
 use crate::release::release_while_active;
-use crate::settings::RelaySettings;
+use crate::settings::{RelaySettings, Source};
 use crate::vacuum::vacuum_queue;
+use crate::wal::source;
+use crate::wal::stream::{run_streaming, StreamEnd};
 
 /// How often the backlog gauges are refreshed.
 const BACKLOG_EVERY: Duration = Duration::from_secs(1);
@@ -162,10 +165,16 @@ async fn take_turns(
         let retaining = retain_while_active(settings, pool, retention, &backlog, &stop_renewing);
         let (outcome, ()) = tokio::join!(
             async {
-                let outcome = run_active(
-                    settings, pool, producer, metrics, &lease, &backlog, shutdown,
-                )
-                .await;
+                let outcome = match settings.source.source {
+                    Source::Queue => {
+                        run_queue(settings, pool, producer, metrics, &lease, &backlog, shutdown)
+                            .await
+                    }
+                    Source::Wal => {
+                        run_wal(settings, pool, producer, metrics, &lease, &backlog, shutdown)
+                            .await
+                    }
+                };
                 stop_renewing.cancel();
                 outcome
             },
@@ -182,6 +191,108 @@ async fn take_turns(
         outcome?;
     }
     Ok(())
+}
+
+/// The relay's turn with `--source queue`: if the relay streamed the write-ahead log before, it
+/// falls back to the queue first (writers queue again, events past the horizon are queued, the
+/// slot is dropped), then claims from the queue.
+async fn run_queue(
+    settings: &RelaySettings,
+    pool: &PgPool,
+    producer: &mut ProducerHandle,
+    metrics: &RelayMetrics,
+    lease: &Lease,
+    backlog: &Backlog,
+    shutdown: &CancellationToken,
+) -> Result<(), RelayError> {
+    let retry = settings.retry_policy();
+    let mut streak = 0;
+    loop {
+        match source::fall_back_to_queue(pool, lease.fence()).await {
+            Ok(None) => break,
+            Ok(Some(queued)) => {
+                tracing::warn!(queued, "the relay streamed the write-ahead log before: writers queue again, and the events past its horizon are queued");
+                drop_unused_slot(pool, &settings.source.slot).await;
+                break;
+            }
+            Err(MarkError::LeaseLost(_)) => {
+                lease.give_up();
+                return Ok(());
+            }
+            Err(e) => {
+                streak += 1;
+                let pause = retry.delay(streak.min(10));
+                tracing::error!(error = %e, "falling back from the write-ahead log to the queue failed; retrying");
+                tokio::select! {
+                    _ = shutdown.cancelled() => return Ok(()),
+                    _ = lease.lost().cancelled() => return Ok(()),
+                    _ = tokio::time::sleep(pause) => {}
+                }
+            }
+        }
+    }
+    run_active(settings, pool, producer, metrics, lease, backlog, shutdown).await
+}
+
+/// A replication slot no relay streams from keeps the server's WAL for ever: dropped once the
+/// relay is back on the queue, if the role may (else said, with the command).
+async fn drop_unused_slot(pool: &PgPool, slot: &str) {
+    let dropped = sqlx::query(
+        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots
+         WHERE slot_name = $1 AND NOT active",
+    )
+    .bind(slot)
+    .execute(pool)
+    .await;
+    if let Err(e) = dropped {
+        tracing::warn!(
+            slot,
+            error = %e,
+            "the replication slot the relay streamed from keeps the server's WAL: drop it with \
+             SELECT pg_drop_replication_slot('{slot}')"
+        );
+    }
+}
+
+/// The relay's turn with `--source wal`: the stream from the slot, and beside it the queue's
+/// claim for the events that are queued anyway (those Kafka refused, requeued ones, a
+/// fall-back's). The producer is replaced when it fails for good, and both go on.
+async fn run_wal(
+    settings: &RelaySettings,
+    pool: &PgPool,
+    producer: &mut ProducerHandle,
+    metrics: &RelayMetrics,
+    lease: &Lease,
+    backlog: &Backlog,
+    shutdown: &CancellationToken,
+) -> Result<(), RelayError> {
+    match source::sees_all_transactions(pool).await {
+        Ok(true) => {}
+        Ok(false) => return Err(RelayError::WalPrivileges),
+        // Said again by the stream's own statements, which it retries.
+        Err(e) => tracing::warn!(error = %e, "cannot read the relay role's privileges"),
+    }
+    loop {
+        let stop_queue = shutdown.child_token();
+        let streaming_producer = producer.producer().clone();
+        let (queue, end) = tokio::join!(
+            run_active(settings, pool, producer, metrics, lease, backlog, &stop_queue),
+            async {
+                let end =
+                    run_streaming(settings, pool, &streaming_producer, metrics, lease, shutdown)
+                        .await;
+                stop_queue.cancel();
+                end
+            },
+        );
+        queue?;
+        match end {
+            StreamEnd::Stopped => return Ok(()),
+            StreamEnd::ProducerFatal => {
+                let _ = producer.renew_if_fatal()?;
+            }
+        }
+    }
 }
 
 /// While this relay is active (until `stop`): runs retention on the outbox's database every

@@ -182,6 +182,78 @@ pub struct RelaySettings {
     /// Retention of published events and operator actions.
     #[cfg_attr(feature = "cli", command(flatten))]
     pub retention: RetentionSettings,
+    /// Where the events are read from: the queue table or the write-ahead log.
+    #[cfg_attr(feature = "cli", command(flatten))]
+    pub source: SourceSettings,
+}
+
+/// Where the relay reads the outbox's events from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
+pub enum Source {
+    /// Claimed from the queue table the outbox's insert trigger fills, each delivery recorded.
+    #[default]
+    Queue,
+    /// Streamed from the write-ahead log through a logical replication slot: writers queue
+    /// nothing and the relay records no delivery per event. The queue table still carries what
+    /// the log cannot: events Kafka refused, requeued ones, and those of a fall-back.
+    Wal,
+}
+
+/// The source of the relay's events, and the replication slot when it is the write-ahead log.
+#[derive(Clone)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
+pub struct SourceSettings {
+    /// Where the relay reads new events: `queue` (the outbox's queue table) or `wal` (the
+    /// write-ahead log, through a logical replication slot; needs `wal_level = logical`).
+    #[cfg_attr(
+        feature = "cli",
+        arg(long = "source", env = "RELAY_SOURCE", value_enum, default_value_t = Source::Queue)
+    )]
+    pub source: Source,
+    /// The logical replication slot the relay streams from in `--source wal` (created when
+    /// missing): lower-case letters, digits and underscores.
+    #[cfg_attr(
+        feature = "cli",
+        arg(long = "slot", env = "RELAY_SLOT", default_value = DEFAULT_SLOT)
+    )]
+    pub slot: String,
+    /// The URL the replication session connects with in `--source wal`: a role with the
+    /// REPLICATION attribute (and `pg_read_all_stats`). Unset: the relay's database URL.
+    #[cfg_attr(
+        feature = "cli",
+        arg(long = "replication-url", env = "RELAY_REPLICATION_URL")
+    )]
+    pub replication_url: Option<String>,
+}
+
+/// The slot of [`SourceSettings::default`].
+pub const DEFAULT_SLOT: &str = "outbox_relay";
+
+impl Default for SourceSettings {
+    fn default() -> Self {
+        SourceSettings {
+            source: Source::Queue,
+            slot: DEFAULT_SLOT.to_owned(),
+            replication_url: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for SourceSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SourceSettings")
+            .field("source", &self.source)
+            .field("slot", &self.slot)
+            .field(
+                "replication_url",
+                &self
+                    .replication_url
+                    .as_deref()
+                    .map(pipeline_core::db::redact_url),
+            )
+            .finish()
+    }
 }
 
 impl Default for RelaySettings {
@@ -209,6 +281,7 @@ impl Default for RelaySettings {
             slow_retry_interval: Duration::from_secs(300),
             max_attempts: 5,
             retention: RetentionSettings::default(),
+            source: SourceSettings::default(),
         }
     }
 }
@@ -303,6 +376,15 @@ impl RelaySettings {
         ensure(
             !self.retry_base.is_zero() && self.retry_base <= self.retry_max,
             "retry_base (--retry-base) must be positive and at most retry_max (--retry-max)",
+        )?;
+        ensure(
+            crate::wal::reader::valid_slot(&self.source.slot),
+            "source.slot (--slot) must be lower-case letters, digits and underscores, at most 63",
+        )?;
+        ensure(
+            self.source.source == Source::Queue || self.source.replication_url.is_some(),
+            "source.replication_url (--replication-url, or the database URL) is needed with \
+             --source wal",
         )?;
         ensure(
             self.retention.batch_size > 0,

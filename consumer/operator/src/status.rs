@@ -56,6 +56,36 @@ pub struct RelayLease {
     pub renewed_seconds_ago: Option<f64>,
 }
 
+/// A relay that streams (or streamed) the outbox from the write-ahead log (`--source wal`).
+#[derive(Debug, Serialize, sqlx::FromRow)]
+pub struct WalStream {
+    /// The relay lease's key.
+    pub lease_key: i64,
+    /// Its replication slot.
+    pub slot: String,
+    /// True while writers queue nothing because the relay streams; false once it fell back to
+    /// the queue.
+    pub streaming: bool,
+    /// Whether the slot exists.
+    pub slot_exists: bool,
+    /// Whether a session streams from it now.
+    pub slot_active: bool,
+    /// PostgreSQL's `wal_status` of the slot: `reserved`, `extended`, `unreserved` (at risk)
+    /// or `lost`.
+    pub wal_status: Option<String>,
+    /// Write-ahead log past the slot's confirmed position, in bytes: what the relay has not
+    /// yet confirmed (Kafka's acknowledgement comes first).
+    pub lag_bytes: Option<i64>,
+    /// Write-ahead log the slot keeps on the server's disk, in bytes.
+    pub retained_bytes: Option<i64>,
+    /// Events past the horizon, neither queued nor delivered (up to [`CAP`]): those not yet
+    /// published, and the last second or so of published ones the horizon has not reached.
+    pub past_horizon: i64,
+    /// How far the horizon trails the database clock, in seconds: every event created before
+    /// it is published.
+    pub horizon_seconds: f64,
+}
+
 /// One group.
 #[derive(Debug, Serialize)]
 pub struct GroupStatus {
@@ -117,6 +147,8 @@ pub struct Status {
     pub outbox: OutboxQueue,
     /// The relay lease(s).
     pub relay: Vec<RelayLease>,
+    /// Relays that stream the outbox from the write-ahead log, or did.
+    pub stream: Vec<WalStream>,
     /// Each group.
     pub groups: Vec<GroupStatus>,
 }
@@ -157,6 +189,32 @@ pub async fn read(targets: &Targets) -> anyhow::Result<Status> {
     )
     .fetch_all(&outbox)
     .await?;
+    // A database whose outbox migrations predate the write-ahead log's relay has no stream.
+    let streams: bool = sqlx::query_scalar("SELECT to_regclass('outbox_wal_source') IS NOT NULL")
+        .fetch_one(&outbox)
+        .await?;
+    let stream: Vec<WalStream> = if !streams {
+        Vec::new()
+    } else {
+        sqlx::query_as(
+        "SELECT w.lock_key AS lease_key, w.slot, w.streaming, r.slot_name IS NOT NULL AS slot_exists,
+                COALESCE(r.active, false) AS slot_active, r.wal_status::text AS wal_status,
+                (pg_current_wal_lsn() - r.confirmed_flush_lsn)::bigint AS lag_bytes,
+                (pg_current_wal_lsn() - r.restart_lsn)::bigint AS retained_bytes,
+                (SELECT count(*) FROM (SELECT 1 FROM outbox o
+                                       WHERE w.streaming AND o.id > w.horizon_id
+                                         AND NOT EXISTS (SELECT 1 FROM outbox_delivery d WHERE d.id = o.id)
+                                         AND NOT EXISTS (SELECT 1 FROM outbox_unpublished u WHERE u.id = o.id)
+                                       LIMIT $1) x) AS past_horizon,
+                EXTRACT(EPOCH FROM clock_timestamp() - w.horizon)::float8 AS horizon_seconds
+         FROM outbox_wal_source w
+         LEFT JOIN pg_replication_slots r ON r.slot_name = w.slot
+         ORDER BY w.lock_key",
+    )
+    .bind(CAP)
+    .fetch_all(&outbox)
+    .await?
+    };
     let mut groups = Vec::new();
     for group in group_names {
         groups.push(group_status(targets, &group).await?);
@@ -172,8 +230,23 @@ pub async fn read(targets: &Targets) -> anyhow::Result<Status> {
             next_delayed_in_seconds: next_delayed,
         },
         relay,
+        stream,
         groups,
     })
+}
+
+/// A size in bytes, in the unit that suits it.
+fn bytes(n: i64) -> String {
+    let n = n.max(0) as f64;
+    if n >= 1024.0 * 1024.0 * 1024.0 {
+        format!("{:.1} GiB", n / (1024.0 * 1024.0 * 1024.0))
+    } else if n >= 1024.0 * 1024.0 {
+        format!("{:.1} MiB", n / (1024.0 * 1024.0))
+    } else if n >= 1024.0 {
+        format!("{:.1} KiB", n / 1024.0)
+    } else {
+        format!("{n} B")
+    }
 }
 
 async fn group_status(targets: &Targets, group: &str) -> anyhow::Result<GroupStatus> {
@@ -361,6 +434,47 @@ pub fn print(status: &Status) {
         );
     }
     println!("{relay}");
+    if !status.stream.is_empty() {
+        let mut stream = table(&[
+            "write-ahead log",
+            "slot",
+            "writers",
+            "session",
+            "lag",
+            "WAL kept",
+            "past horizon",
+            "horizon",
+        ]);
+        for w in &status.stream {
+            let session = match (w.slot_exists, w.slot_active, w.wal_status.as_deref()) {
+                (false, _, _) => "no slot".to_owned(),
+                (true, _, Some("lost")) => {
+                    "slot LOST: the relay falls back to the queue".to_owned()
+                }
+                (true, true, _) => "streaming".to_owned(),
+                (true, false, _) => "none (slot inactive)".to_owned(),
+            };
+            crate::output::row(
+                &mut stream,
+                vec![
+                    w.lease_key.to_string(),
+                    w.slot.clone(),
+                    if w.streaming {
+                        "queue nothing"
+                    } else {
+                        "queue (fell back)"
+                    }
+                    .to_owned(),
+                    session,
+                    cell(w.lag_bytes.map(bytes)),
+                    cell(w.retained_bytes.map(bytes)),
+                    capped(w.past_horizon, CAP),
+                    format!("{} ago", age(w.horizon_seconds.max(0.0))),
+                ],
+            );
+        }
+        println!("{stream}");
+    }
     let mut groups = table(&[
         "group",
         "state",

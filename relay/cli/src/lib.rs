@@ -102,10 +102,13 @@ const KAFKA_ACCESS_CHECK: std::time::Duration = std::time::Duration::from_secs(1
 async fn run(args: RunArgs) -> anyhow::Result<()> {
     let RunArgs {
         db,
-        relay: settings,
+        relay: mut settings,
         metrics_listen,
         http,
     } = args;
+    if settings.source.replication_url.is_none() {
+        settings.source.replication_url = Some(db.database_url.clone());
+    }
     settings.validate()?;
     // Credentials the brokers refuse stop the relay with their reason.
     settings.kafka.check_access(KAFKA_ACCESS_CHECK).await?;

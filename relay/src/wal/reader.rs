@@ -42,6 +42,14 @@ pub enum WalError {
     Decode(#[from] DecodeError),
 }
 
+impl WalError {
+    /// Another session streams from the slot (SQLSTATE 55006): a relay that lost the lease, or
+    /// whose session the server has not noticed is gone.
+    pub fn slot_in_use(&self) -> bool {
+        matches!(self, WalError::Session(PgWireError::Server(m)) if m.contains("SQLSTATE 55006"))
+    }
+}
+
 /// What the session read next.
 #[derive(Debug)]
 pub enum WalRead {
@@ -66,6 +74,7 @@ pub struct WalReader {
     client: ReplicationClient,
     decoder: Decoder,
     pending: Vec<OutboxEvent>,
+    in_transaction: bool,
     confirmed: Lsn,
 }
 
@@ -97,14 +106,47 @@ impl WalReader {
             }
             Some(_) => {}
         }
-        client.start().await?;
-        client.wait_started().await?;
+        let started = async {
+            client.start().await?;
+            client.wait_started().await
+        };
+        if let Err(e) = started.await {
+            // PostgreSQL invalidated the slot between the check and the start.
+            return Err(match e {
+                PgWireError::Server(m) if m.contains("SQLSTATE 55000") => {
+                    WalError::SlotLost(slot.to_owned())
+                }
+                e => WalError::Session(e),
+            });
+        }
         Ok(WalReader {
             client,
             decoder: Decoder::default(),
             pending: Vec::new(),
+            in_transaction: false,
             confirmed: Lsn(0),
         })
+    }
+
+    /// Drops `slot` (a lost one, before the relay makes it anew), if it exists.
+    pub async fn drop_slot(database_url: &str, slot: &str) -> Result<(), WalError> {
+        if !valid_slot(slot) {
+            return Err(WalError::SlotName(slot.to_owned()));
+        }
+        let mut client = ReplicationClient::connect_gated(config_of(database_url, slot)?).await?;
+        let found = client
+            .simple_query(&format!(
+                "SELECT 1 FROM pg_replication_slots WHERE slot_name = '{slot}'"
+            ))
+            .await?;
+        if !found.is_empty() {
+            let _ = client
+                .simple_query(&format!("DROP_REPLICATION_SLOT {slot}"))
+                .await?;
+        }
+        // A session that never started ends when its client is dropped.
+        drop(client);
+        Ok(())
     }
 
     /// The next committed transaction, or the server's position while none is in flight;
@@ -115,21 +157,28 @@ impl WalReader {
                 return Ok(None);
             };
             match event {
-                ReplicationEvent::Begin { .. } => self.pending.clear(),
+                ReplicationEvent::Begin { .. } => {
+                    self.pending.clear();
+                    self.in_transaction = true;
+                }
                 ReplicationEvent::XLogData { data, .. } => {
                     if let Some(event) = self.decoder.decode(&data)? {
                         self.pending.push(event);
                     }
                 }
                 ReplicationEvent::Commit { end_lsn, .. } => {
+                    self.in_transaction = false;
                     return Ok(Some(WalRead::Transaction {
                         events: std::mem::take(&mut self.pending),
                         confirm: end_lsn,
                     }));
                 }
-                ReplicationEvent::KeepAlive { wal_end, .. } => {
+                // Mid-transaction, the server's position may already be past the transaction
+                // being read: only between transactions does it confirm what was read.
+                ReplicationEvent::KeepAlive { wal_end, .. } if !self.in_transaction => {
                     return Ok(Some(WalRead::Idle { wal_end }));
                 }
+                ReplicationEvent::KeepAlive { .. } => {}
                 ReplicationEvent::StoppedAt { .. } => return Ok(None),
                 ReplicationEvent::Message { .. } => {}
             }
@@ -162,7 +211,7 @@ impl WalReader {
 
 /// Whether `slot` is a name PostgreSQL takes for a replication slot: lower-case letters,
 /// digits and underscores, at most 63 bytes.
-fn valid_slot(slot: &str) -> bool {
+pub fn valid_slot(slot: &str) -> bool {
     !slot.is_empty()
         && slot.len() <= 63
         && slot

@@ -14,3 +14,4 @@ mod schedules;
 mod vacuum;
 mod wakeup;
 mod wal;
+mod wal_relay;

@@ -1,0 +1,347 @@
+//! What a relay in `--source wal` does while it holds the lease: stream the outbox's committed
+//! inserts from the slot, hand each transaction's events to the producer in commit order, and
+//! confirm a transaction's position once Kafka has acknowledged it and everything before it.
+//! Events Kafka did not take go to the queue table, whose claim retries them; about once a second
+//! the horizon moves up to what the confirmed position covers.
+//!
+//! The lease comes first, the slot second: only the lease's holder opens the slot, and a session
+//! still streaming from it (a relay that lost the lease while frozen or cut off) is ended. The
+//! slot admits one session at a time, so it fences the stream as the lease's epoch fences the
+//! relay's writes.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use futures::stream::{FuturesOrdered, StreamExt};
+use pgwire_replication::Lsn;
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+use super::reader::{WalError, WalRead, WalReader};
+use super::source::{self, Probe};
+use crate::claim::OutboxEvent;
+use crate::lease::Lease;
+use crate::mark::{queue_streamed, record_failures, FailedAttempt, MarkError};
+use crate::metrics::RelayMetrics;
+use crate::publish::{send_batch, BatchDelivery, RelayProducer};
+use crate::settings::RelaySettings;
+
+/// How often the horizon moves (when something was published since it last did).
+const HORIZON_EVERY: Duration = Duration::from_secs(1);
+
+/// How often, at most, the relay tries to take the slot from a session that holds it.
+const SLOT_RETRY: Duration = Duration::from_millis(500);
+
+/// Why streaming stopped.
+#[derive(Debug, PartialEq, Eq)]
+pub enum StreamEnd {
+    /// Shutdown, or the lease was lost.
+    Stopped,
+    /// The producer hit a fatal error: replace it and stream again.
+    ProducerFatal,
+}
+
+/// Why one session of streaming ended.
+#[derive(Debug, thiserror::Error)]
+enum SessionError {
+    #[error(transparent)]
+    Wal(#[from] WalError),
+    #[error(transparent)]
+    Mark(#[from] MarkError),
+    #[error(transparent)]
+    Database(#[from] sqlx::Error),
+    #[error("the server ended the replication stream")]
+    Ended,
+}
+
+/// Streams under `lease` until it is lost, `stop`, or the producer fails for good. Failures of
+/// the session or the database are retried with the relay's backoff, each time from the slot's
+/// confirmed position: what was sent but not confirmed is sent again (consumers skip it).
+pub async fn run_streaming(
+    settings: &RelaySettings,
+    pool: &PgPool,
+    producer: &RelayProducer,
+    metrics: &RelayMetrics,
+    lease: &Lease,
+    stop: &CancellationToken,
+) -> StreamEnd {
+    let url = settings
+        .source
+        .replication_url
+        .clone()
+        .unwrap_or_default();
+    let slot = settings.source.slot.as_str();
+    let retry = settings.retry_policy();
+    let lost = lease.lost();
+    let mut streak: i32 = 0;
+    loop {
+        if stop.is_cancelled() || !lease.is_live() {
+            return StreamEnd::Stopped;
+        }
+        if producer.client().fatal_error().is_some() {
+            return StreamEnd::ProducerFatal;
+        }
+        let outcome = stream(settings, &url, pool, producer, metrics, lease, stop).await;
+        let pause = match outcome {
+            Ok(()) => {
+                if producer.client().fatal_error().is_some() {
+                    return StreamEnd::ProducerFatal;
+                }
+                return StreamEnd::Stopped;
+            }
+            Err(SessionError::Mark(MarkError::LeaseLost(epoch))) => {
+                tracing::warn!(epoch, "a write of the stream was fenced: another relay holds the lease");
+                metrics.fenced.inc();
+                lease.give_up();
+                return StreamEnd::Stopped;
+            }
+            Err(SessionError::Wal(WalError::SlotLost(_))) => {
+                tracing::error!(
+                    slot,
+                    "the replication slot is lost (PostgreSQL removed WAL it still needed, \
+                     max_slot_wal_keep_size): falling back to the queue from the horizon, then \
+                     streaming from a new slot"
+                );
+                metrics.wal_slot_lost.inc();
+                match recover_lost_slot(&url, slot, pool, lease).await {
+                    Ok(queued) => {
+                        tracing::warn!(slot, queued, "events since the horizon queued again; the slot is made anew");
+                        Duration::ZERO
+                    }
+                    Err(e) => {
+                        tracing::error!(slot, error = %e, "recovering from the lost slot failed; retrying");
+                        streak = streak.saturating_add(1);
+                        retry.delay(streak.min(10))
+                    }
+                }
+            }
+            Err(e) if e_slot_in_use(&e) => {
+                // The lease is this relay's: the session holding the slot belongs to a relay that
+                // lost it. End that session and take the slot.
+                match source::end_other_reader(pool, slot).await {
+                    Ok(ended) => tracing::warn!(
+                        slot,
+                        ended,
+                        "another session streams from the slot; ending it"
+                    ),
+                    Err(e) => tracing::warn!(slot, error = %e, "cannot end the session holding the slot"),
+                }
+                SLOT_RETRY
+            }
+            Err(e) => {
+                streak = streak.saturating_add(1);
+                let pause = retry.delay(streak.min(10));
+                tracing::error!(error = %e, pause_ms = pause.as_millis() as u64, "streaming from the write-ahead log failed; retrying from the confirmed position");
+                metrics.publish_errors.with_label_values(&["wal"]).inc();
+                pause
+            }
+        };
+        tokio::select! {
+            _ = stop.cancelled() => return StreamEnd::Stopped,
+            _ = lost.cancelled() => return StreamEnd::Stopped,
+            _ = tokio::time::sleep(pause) => {}
+        }
+    }
+}
+
+fn e_slot_in_use(e: &SessionError) -> bool {
+    matches!(e, SessionError::Wal(w) if w.slot_in_use())
+}
+
+/// The slot is lost: queue again what the horizon does not cover, and drop the slot, so that
+/// the next session makes it anew (streaming from then on).
+async fn recover_lost_slot(
+    url: &str,
+    slot: &str,
+    pool: &PgPool,
+    lease: &Lease,
+) -> Result<u64, SessionError> {
+    let queued = source::fall_back_to_queue(pool, lease.fence()).await?;
+    WalReader::drop_slot(url, slot).await?;
+    Ok(queued.unwrap_or(0))
+}
+
+/// A transaction on its way to Kafka: its position, and its events once every delivery report is
+/// in.
+type Sending = (Lsn, Vec<OutboxEvent>, BatchDelivery);
+
+/// One session on the slot, until `stop`, the lease's loss (`Ok`) or a failure (`Err`).
+async fn stream(
+    settings: &RelaySettings,
+    url: &str,
+    pool: &PgPool,
+    producer: &RelayProducer,
+    metrics: &RelayMetrics,
+    lease: &Lease,
+    stop: &CancellationToken,
+) -> Result<(), SessionError> {
+    let slot = settings.source.slot.as_str();
+    let fence = lease.fence();
+    if source::slot_missing(pool, fence.lock_key).await? {
+        // Streamed before, from a slot that is gone (dropped by hand, or the server's data
+        // restored without it): what it had not confirmed is queued from the horizon.
+        tracing::error!(slot, "the replication slot the relay streamed from is gone: falling back to the queue from the horizon, then streaming from a new slot");
+        metrics.wal_slot_lost.inc();
+        let queued = source::fall_back_to_queue(pool, fence).await?;
+        tracing::warn!(slot, queued, "events since the horizon queued again");
+    }
+    let mut reader = WalReader::open(url, slot).await?;
+    source::switch_to_wal(pool, fence, slot).await?;
+    tracing::info!(slot, "streaming the outbox from the write-ahead log");
+    let limit = usize::try_from(settings.batch_size)
+        .unwrap_or(usize::MAX)
+        .saturating_mul(settings.pipeline_depth as usize);
+    let retry = settings.retry_policy();
+    let lost = lease.lost();
+    let mut sending: FuturesOrdered<futures::future::BoxFuture<'static, Sending>> =
+        FuturesOrdered::new();
+    let mut events_out: usize = 0;
+    // The position every transaction up to which Kafka has acknowledged, and the horizon's state:
+    // a probe waiting for the confirmed position to pass it, and whether anything was published
+    // since the last probe.
+    let mut confirmed = Lsn(0);
+    let mut probe: Option<Probe> = None;
+    // The horizon this session moved to last, and the newest event it published: a probe is
+    // taken while the one does not cover the other.
+    let mut covered: Option<DateTime<Utc>> = None;
+    let mut newest: Option<DateTime<Utc>> = None;
+    let mut horizon_tick = tokio::time::interval(HORIZON_EVERY);
+    horizon_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let result = loop {
+        if producer.client().fatal_error().is_some() {
+            break Ok(());
+        }
+        tokio::select! {
+            read = reader.next(), if events_out < limit => match read? {
+                None => break Err(SessionError::Ended),
+                Some(WalRead::Transaction { events, confirm }) => {
+                    if events.is_empty() {
+                        if sending.is_empty() {
+                            confirmed = confirm;
+                            reader.confirm(confirm);
+                        } else {
+                            sending.push_back(Box::pin(async move {
+                                (confirm, Vec::new(), BatchDelivery::default())
+                            }));
+                        }
+                        continue;
+                    }
+                    events_out += events.len();
+                    let sent = send_batch(producer, &events).await;
+                    let producer = producer.clone();
+                    sending.push_back(Box::pin(async move {
+                        let delivery = sent.delivered(&producer, &events).await;
+                        (confirm, events, delivery)
+                    }));
+                }
+                Some(WalRead::Idle { wal_end }) => {
+                    if sending.is_empty() {
+                        confirmed = wal_end.max(confirmed);
+                        reader.confirm(confirmed);
+                    }
+                }
+            },
+            Some((confirm, events, delivery)) = sending.next(), if !sending.is_empty() => {
+                events_out -= events.len();
+                if !events.is_empty() {
+                    record(pool, lease, metrics, &retry, &events, &delivery).await?;
+                    newest = newest.max(events.iter().map(|e| e.created_at).max());
+                }
+                confirmed = confirm;
+                reader.confirm(confirm);
+            }
+            _ = horizon_tick.tick() => {
+                let passed = probe.filter(|p| confirmed >= p.position);
+                if let Some(p) = passed {
+                    covered = Some(p.horizon);
+                }
+                let behind = newest.is_some() && newest >= covered;
+                if passed.is_some() || (probe.is_none() && behind) {
+                    let next = source::advance(pool, fence, passed, confirmed).await?;
+                    probe = behind.then_some(next);
+                }
+            }
+            _ = lost.cancelled() => break Ok(()),
+            _ = stop.cancelled() => {
+                // Let what was sent be acknowledged and confirmed before the session ends.
+                while let Some((confirm, events, delivery)) = sending.next().await {
+                    if !events.is_empty() {
+                        record(pool, lease, metrics, &retry, &events, &delivery).await?;
+                    }
+                    reader.confirm(confirm);
+                }
+                break Ok(());
+            }
+        }
+    };
+    // Ends the session only once the server knows the confirmed position.
+    if let Err(e) = reader.close().await {
+        tracing::debug!(error = %e, "closing the replication session");
+    }
+    result
+}
+
+/// Records what Kafka did with a transaction's events: those it did not take, and those held
+/// behind them, join the queue with their failed attempt; the metrics as the queue's batches
+/// count them.
+async fn record(
+    pool: &PgPool,
+    lease: &Lease,
+    metrics: &RelayMetrics,
+    retry: &crate::backoff::RetryPolicy,
+    events: &[OutboxEvent],
+    delivery: &BatchDelivery,
+) -> Result<(), MarkError> {
+    let fence = lease.fence();
+    if !delivery.failed.is_empty() || !delivery.held.is_empty() {
+        let ids: Vec<i64> = delivery
+            .failed
+            .iter()
+            .map(|f| f.id)
+            .chain(delivery.held.iter().copied())
+            .collect();
+        queue_streamed(pool, fence, &ids).await?;
+        let failures: Vec<FailedAttempt> = delivery
+            .failed
+            .iter()
+            .map(|f| FailedAttempt {
+                id: f.id,
+                error: f.error.clone(),
+                retry_in: retry.delay(1),
+                give_up: retry.gives_up(1, f.permanent),
+            })
+            .collect();
+        record_failures(pool, fence, &failures).await?;
+        for f in &delivery.failed {
+            metrics.publish_errors.with_label_values(&[f.reason]).inc();
+            tracing::warn!(outbox_id = f.id, error = %f.error, permanent = f.permanent, "publish attempt failed; the event joins the queue");
+        }
+        let given_up = failures.iter().filter(|f| f.give_up).count();
+        metrics
+            .published
+            .with_label_values(&["retry"])
+            .inc_by((failures.len() - given_up) as u64);
+        metrics
+            .published
+            .with_label_values(&["failed"])
+            .inc_by(given_up as u64);
+    }
+    metrics
+        .published
+        .with_label_values(&["published"])
+        .inc_by(delivery.published.len() as u64);
+    let acked_at = Utc::now();
+    let by_id: HashMap<i64, DateTime<Utc>> =
+        events.iter().map(|e| (e.id, e.created_at)).collect();
+    for p in &delivery.published {
+        if let Some(created) = by_id.get(&p.id) {
+            let delay = (acked_at - *created).num_microseconds().unwrap_or(0).max(0);
+            metrics.publish_delay.observe(delay as f64 / 1e6);
+        }
+    }
+    metrics
+        .last_success
+        .set(acked_at.timestamp_millis() as f64 / 1000.0);
+    Ok(())
+}
