@@ -94,7 +94,8 @@ pub async fn advance(
                 (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint,
                 LEAST(clock_timestamp(),
                       (SELECT min(xact_start) FROM pg_stat_activity
-                       WHERE datname = current_database() AND pid <> pg_backend_pid()))
+                       WHERE datname = current_database() AND backend_type = 'client backend'
+                         AND pid <> pg_backend_pid()))
                 - $5 * interval '1 millisecond',
                 pg_sequence_last_value(pg_get_serial_sequence('outbox', 'id')::regclass)",
     )

@@ -245,6 +245,9 @@ async fn stream(
             Some((confirm, events, delivery)) = sending.next(), if !sending.is_empty() => {
                 events_out -= events.len();
                 if !events.is_empty() {
+                    pipeline_core::crash_point::crash_point(
+                        pipeline_core::crash_point::RELAY_AFTER_DELIVERY,
+                    );
                     record(pool, lease, metrics, &retry, &events, &delivery).await?;
                     newest = newest.max(events.iter().map(|e| e.created_at).max());
                 }

@@ -89,17 +89,23 @@ pub async fn run(
     results.topic_records = scan.records;
     results.kafka_duplicates = scan.duplicates;
     results.topic_records_without_event_id = scan.without_event_id;
-    let published: Vec<(Uuid, i32, Option<i64>)> = sqlx::query_as(
-        "SELECT event_id, d.kafka_partition, d.kafka_offset FROM outbox JOIN outbox_delivery d USING (id)",
-    )
+    // Marked published: with a delivery record (the queue), or streamed past the horizon (no
+    // position recorded: the topic must hold it somewhere).
+    let published: Vec<(Uuid, Option<i32>, Option<i64>)> = sqlx::query_as(&format!(
+        "SELECT o.event_id, d.kafka_partition, d.kafka_offset FROM outbox o
+         LEFT JOIN outbox_delivery d USING (id) WHERE {}",
+        crate::publishing::PUBLISHED
+    ))
     .fetch_all(pool)
     .await?;
     results.published_missing_from_topic = published
         .iter()
         .filter(|(id, ..)| !scan.event_ids.contains(id))
         .count() as i64;
-    results.deliveries_offset_unknown =
-        published.iter().filter(|(.., o)| o.is_none()).count() as i64;
+    results.deliveries_offset_unknown = published
+        .iter()
+        .filter(|(_, p, o)| p.is_some() && o.is_none())
+        .count() as i64;
     // Where the record says the event is, the topic holds it there: at that partition and offset,
     // or in that partition when the offset is unknown (an event the topic does not hold at all is
     // counted above).
@@ -107,11 +113,12 @@ pub async fn run(
         scan.positions.iter().map(|(id, p, _)| (*id, *p)).collect();
     let wrong: Vec<String> = published
         .iter()
+        .filter_map(|(id, p, o)| Some((id, (*p)?, o)))
         .filter(|(id, p, o)| {
             scan.event_ids.contains(id)
                 && match o {
-                    Some(o) => !scan.positions.contains(&(*id, *p, *o)),
-                    None => !partitions.contains(&(*id, *p)),
+                    Some(o) => !scan.positions.contains(&(**id, *p, *o)),
+                    None => !partitions.contains(&(**id, *p)),
                 }
         })
         .map(|(id, p, o)| match o {

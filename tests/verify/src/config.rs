@@ -109,6 +109,28 @@ pub struct VerifyArgs {
     /// Leave out these fault kinds (comma separated), e.g. postgres_restart on a shared server.
     #[arg(long, value_delimiter = ',', value_enum)]
     pub skip_fault: Vec<FaultKind>,
+    /// Where the relays read the outbox's events: `queue` (the queue table) or `wal` (the
+    /// write-ahead log, from a replication slot of the run's own).
+    #[arg(long, env = "VERIFY_RELAY_SOURCE", value_enum, default_value_t = RelaySource::Queue)]
+    pub relay_source: RelaySource,
+}
+
+/// The relays' `--source`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RelaySource {
+    Queue,
+    Wal,
+}
+
+impl RelaySource {
+    /// The relay's flag value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RelaySource::Queue => "queue",
+            RelaySource::Wal => "wal",
+        }
+    }
 }
 
 fn parse_env_pair(s: &str) -> Result<(String, String), String> {
@@ -158,6 +180,7 @@ pub struct Settings {
     pub skip: Vec<FaultKind>,
     pub consumer_fetch_wait_ms: u64,
     pub consumer_env: Vec<(String, String)>,
+    pub relay_source: RelaySource,
     pub timing: Timing,
 }
 
@@ -325,6 +348,7 @@ impl Settings {
             skip: args.skip_fault,
             consumer_fetch_wait_ms: args.consumer_fetch_wait_ms,
             consumer_env: args.consumer_env,
+            relay_source: args.relay_source,
             timing,
         })
     }

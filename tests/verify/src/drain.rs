@@ -66,7 +66,7 @@ pub async fn wait_drained(
 }
 
 async fn pending_events(pool: &PgPool) -> Result<i64, sqlx::Error> {
-    sqlx::query_scalar("SELECT count(*) FROM outbox_unpublished")
+    sqlx::query_scalar(crate::publishing::PENDING_SQL)
         .fetch_one(pool)
         .await
 }

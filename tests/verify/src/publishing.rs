@@ -1,6 +1,7 @@
 //! What the relay publishes while Kafka nodes are down or frozen, read from the outbox: an event
-//! is marked published (a row in `outbox_delivery`, same id as its `outbox` row) only once every
-//! in-sync replica acknowledged it (`acks=all`).
+//! is marked published only once every in-sync replica acknowledged it (`acks=all`): by a row in
+//! `outbox_delivery` (same id as its `outbox` row) from the queue, or, streamed from the
+//! write-ahead log, by the stream's horizon passing it ([`PUBLISHED`]).
 //!
 //! Publishing counts as resumed once an event committed after a fault began is marked published:
 //! an event claimed before the fault may have been acknowledged before it, and marked later.
@@ -11,6 +12,20 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 use tokio::time::Instant;
+
+/// Whether the outbox row `o` is marked published: its delivery recorded, or (streamed from the
+/// write-ahead log) neither queued nor delivered and older than the stream's horizon.
+pub const PUBLISHED: &str = "(EXISTS (SELECT 1 FROM outbox_delivery d WHERE d.id = o.id)
+      OR (NOT EXISTS (SELECT 1 FROM outbox_unpublished u WHERE u.id = o.id)
+          AND o.created_at < (SELECT max(horizon) FROM outbox_wal_source)))";
+
+/// Events the relay has not published yet: queued, or streamed and past the horizon's last id
+/// without a delivery.
+pub const PENDING_SQL: &str = "SELECT (SELECT count(*) FROM outbox_unpublished)
+      + COALESCE((SELECT count(*) FROM outbox o, outbox_wal_source w
+                  WHERE w.streaming AND o.id > w.horizon_id
+                    AND NOT EXISTS (SELECT 1 FROM outbox_delivery d WHERE d.id = o.id)
+                    AND NOT EXISTS (SELECT 1 FROM outbox_unpublished u WHERE u.id = o.id)), 0)";
 
 /// How often the outbox is read while waiting.
 const POLL_EVERY: Duration = Duration::from_millis(100);
@@ -28,11 +43,11 @@ pub struct OutboxMark {
 
 /// Reads the outbox's mark now.
 pub async fn mark(pool: &PgPool) -> Result<OutboxMark, sqlx::Error> {
-    let (last_event, published, at) = sqlx::query_as(
+    let (last_event, published, at) = sqlx::query_as(&format!(
         "SELECT (SELECT coalesce(max(id), 0) FROM outbox),
-                (SELECT count(*) FROM outbox_delivery),
-                clock_timestamp()",
-    )
+                (SELECT count(*) FROM outbox o WHERE {PUBLISHED}),
+                clock_timestamp()"
+    ))
     .fetch_one(pool)
     .await?;
     Ok(OutboxMark {
@@ -61,11 +76,12 @@ pub async fn wait_published_after(
     deadline: Instant,
 ) -> Option<Instant> {
     while Instant::now() < deadline {
-        let published: Result<bool, sqlx::Error> =
-            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM outbox_delivery WHERE id > $1)")
-                .bind(since.last_event)
-                .fetch_one(pool)
-                .await;
+        let published: Result<bool, sqlx::Error> = sqlx::query_scalar(&format!(
+            "SELECT EXISTS (SELECT 1 FROM outbox o WHERE o.id > $1 AND {PUBLISHED})"
+        ))
+        .bind(since.last_event)
+        .fetch_one(pool)
+        .await;
         if published.unwrap_or(false) {
             return Some(Instant::now());
         }
@@ -75,22 +91,28 @@ pub async fn wait_published_after(
 }
 
 /// Events committed after `since` that were marked published before `before` (the database's
-/// clock of a later mark).
+/// clock of a later mark; read just after it: a streamed event's mark, the horizon, has no time
+/// of its own).
 pub async fn published_between(
     pool: &PgPool,
     since: &OutboxMark,
     before: &OutboxMark,
 ) -> Result<i64, sqlx::Error> {
-    sqlx::query_scalar("SELECT count(*) FROM outbox_delivery WHERE id > $1 AND published_at < $2")
-        .bind(since.last_event)
-        .bind(before.at)
-        .fetch_one(pool)
-        .await
+    sqlx::query_scalar(
+        "SELECT count(*) FROM outbox o
+         WHERE o.id > $1
+           AND (EXISTS (SELECT 1 FROM outbox_delivery d WHERE d.id = o.id AND d.published_at < $2)
+                OR (NOT EXISTS (SELECT 1 FROM outbox_delivery d WHERE d.id = o.id)
+                    AND NOT EXISTS (SELECT 1 FROM outbox_unpublished u WHERE u.id = o.id)
+                    AND o.created_at < (SELECT max(horizon) FROM outbox_wal_source)))",
+    )
+    .bind(since.last_event)
+    .bind(before.at)
+    .fetch_one(pool)
+    .await
 }
 
-/// Events waiting in the outbox (pending or failed).
+/// Events waiting in the outbox (pending or failed; streamed ones past the horizon too).
 pub async fn unpublished(pool: &PgPool) -> Result<i64, sqlx::Error> {
-    sqlx::query_scalar("SELECT count(*) FROM outbox_unpublished")
-        .fetch_one(pool)
-        .await
+    sqlx::query_scalar(PENDING_SQL).fetch_one(pool).await
 }

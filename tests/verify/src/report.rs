@@ -40,6 +40,8 @@ pub struct RunSettings {
     pub skipped_kinds: Vec<FaultKind>,
     pub consumer_session_timeout_ms: u64,
     pub consumer_fetch_wait_max_ms: u64,
+    /// Where the relays read the outbox's events (`--source`).
+    pub relay_source: crate::config::RelaySource,
     /// The consumers' dedupe window (`--retain-dedupe`) and how often they run retention.
     pub consumer_retain_dedupe: &'static str,
     pub consumer_retention_interval: &'static str,
@@ -141,6 +143,7 @@ impl Report {
                 skipped_kinds: settings.skip.clone(),
                 consumer_session_timeout_ms: SESSION_TIMEOUT_MS,
                 consumer_fetch_wait_max_ms: settings.consumer_fetch_wait_ms,
+                relay_source: settings.relay_source,
                 consumer_retain_dedupe: crate::topology::RETAIN_DEDUPE,
                 consumer_retention_interval: crate::topology::RETENTION_INTERVAL,
                 consumer_groups: group_protocols(settings.seed)

@@ -212,6 +212,10 @@ impl Topology {
                     &format!("{RELAY_LEASE_TTL_MS}ms"),
                     "--standby-retry",
                     &format!("{RELAY_STANDBY_RETRY_MS}ms"),
+                    "--source",
+                    settings.relay_source.as_str(),
+                    "--slot",
+                    &env.slot(),
                 ]),
                 env: topology.pipeline_env(
                     &relay.label,
