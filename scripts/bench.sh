@@ -13,6 +13,11 @@
 # JSON report to --out (default $RUN_DIR/bench.json) and prints a table with PASS/FAIL against the
 # targets.
 #
+# Then, unless BENCH_WAL=0 or the flags choose --relay-source, it runs the relay's other source,
+# the write-ahead log (--relay-source wal), on the phases BENCH_WAL_PHASES (idle,relay,latency)
+# at the rates BENCH_WAL_RATES (100,1000), writes that report beside the first (<out>-wal.json)
+# and prints the two sources side by side (scripts/bench-sources.py).
+#
 # --quick: smaller backlogs and shorter phases (a few minutes). --keep: leave the benchmark's
 # databases, topics and logs (target/release/test-logs) in place. All flags, each with its
 # environment fallback: target/release/bench --help.
@@ -60,9 +65,37 @@ env DATABASE_URL="postgres://postgres@${PG_HOST}:${PG_PORT}/postgres?sslmode=dis
     KAFKA_BROKERS="${KAFKA_BROKERS:-${BROKER_HOST}:${BROKER_PORT}}" \
     PIPELINE_BIN_DIR="$TARGET_DIR/release" \
     "$TARGET_DIR/release/bench" "$@" || rc=$?
-if ((rc == 0)); then
+# The relay's other source, the write-ahead log, on the phases that tell the two apart, unless
+# the caller chose a source or turned it off (BENCH_WAL=0).
+wal_rc=0
+if ((rc == 0)) && [[ ${BENCH_WAL:-1} != 0 && " $* " != *" --relay-source"* ]]; then
+    section "bench --relay-source wal (${BENCH_WAL_PHASES:-idle,relay,latency}, rates ${BENCH_WAL_RATES:-100,1000})"
+    wal_out="${BENCH_OUT%.json}-wal.json"
+    args=()
+    skip=0
+    for a in "$@"; do
+        if ((skip)); then skip=0; continue; fi
+        case $a in
+            --out|--phases|--rates) skip=1 ;;
+            --out=*|--phases=*|--rates=*) ;;
+            *) args+=("$a") ;;
+        esac
+    done
+    env DATABASE_URL="postgres://postgres@${PG_HOST}:${PG_PORT}/postgres?sslmode=disable" \
+        KAFKA_BROKERS="${KAFKA_BROKERS:-${BROKER_HOST}:${BROKER_PORT}}" \
+        PIPELINE_BIN_DIR="$TARGET_DIR/release" \
+        "$TARGET_DIR/release/bench" "${args[@]}" --relay-source wal \
+        --phases "${BENCH_WAL_PHASES:-idle,relay,latency}" --rates "${BENCH_WAL_RATES:-100,1000}" \
+        --out "$wal_out" || wal_rc=$?
+    if ((wal_rc == 0)); then
+        section "the relay's sources side by side ($BENCH_OUT, $wal_out)"
+        python3 scripts/bench-sources.py "$BENCH_OUT" "$wal_out"
+    fi
+fi
+if ((rc == 0 && wal_rc == 0)); then
     log "benchmark done in $(human_duration $((SECONDS - started)))"
 else
-    warn "benchmark finished with status $rc after $(human_duration $((SECONDS - started)))"
+    warn "benchmark finished with status $rc/$wal_rc after $(human_duration $((SECONDS - started)))"
+    ((rc != 0)) || rc=$wal_rc
 fi
 exit "$rc"

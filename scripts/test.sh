@@ -31,9 +31,12 @@ STAGE=start
 # The test binaries' whole output, kept so the end of the run can repeat what failed.
 TEST_LOG="$RUN_DIR/cargo-test.log"
 : >"$TEST_LOG"
-# The short verification's output, kept so the end of the run can repeat why it failed.
+# The short verifications' output (the relay on its queue, then on the write-ahead log), kept so
+# the end of the run can repeat why one failed.
 VERIFY_LOG="$RUN_DIR/verify-short.log"
+VERIFY_WAL_LOG="$RUN_DIR/verify-short-wal.log"
 : >"$VERIFY_LOG"
+: >"$VERIFY_WAL_LOG"
 # What the background set-up printed.
 SETUP_LOG="$RUN_DIR/setup.log"
 SETUP_PID=
@@ -70,7 +73,8 @@ finish() {
         log "${_BOLD}all steps passed${_RESET} in $(human_duration "$SECONDS")"
     else
         repeat_test_failures
-        repeat_verify_failure
+        repeat_verify_failure "$VERIFY_LOG"
+        repeat_verify_failure "$VERIFY_WAL_LOG"
         if ((${#FAILED[@]})); then
             local list
             list=$(printf '%s, ' "${FAILED[@]}")
@@ -103,6 +107,7 @@ repeat_test_failures() {
 }
 # The short verification's seed, errors and verdict, when it did not pass.
 repeat_verify_failure() {
+    local VERIFY_LOG=$1
     [[ -s $VERIFY_LOG ]] || return 0
     grep -qE '^  result +PASSED$' "$VERIFY_LOG" && return 0
     echo >&2
@@ -305,7 +310,7 @@ step "tests" run_tests
 # Under load and faults (it restarts PostgreSQL, so it runs once the tests are done with it);
 # skipped when extra arguments narrow the run.
 if ((!NARROWED)); then
-    stage "[5/8] the short verification run (a three-node Kafka cluster of its own, every fault kind)"
+    stage "[5/8] the short verification runs (a three-node Kafka cluster of their own, every fault kind; the relay on its queue, then on the write-ahead log)"
     # The single broker's work is done: its memory and CPU go to the run's three nodes.
     stop_broker
     verify_short() {
@@ -313,6 +318,13 @@ if ((!NARROWED)); then
         return "${PIPESTATUS[0]}"
     }
     step "verify (short)" verify_short
+    # The same faults with the relays streaming the write-ahead log (--source wal).
+    verify_short_wal() {
+        scripts/verify.sh --short --relay-source wal --report "$RUN_DIR/verify-short-wal.json" 2>&1 |
+            tee "$VERIFY_WAL_LOG"
+        return "${PIPESTATUS[0]}"
+    }
+    step "verify (short, --relay-source wal)" verify_short_wal
 fi
 
 stage "[6/8] monitoring and deployment files: promtool checks, alert unit tests, dashboard queries; compose, Kubernetes, Dockerfile, systemd"

@@ -32,8 +32,7 @@ pub struct Probe {
 /// `pg_read_all_stats`): the horizon depends on it.
 pub async fn sees_all_transactions(pool: &PgPool) -> Result<bool, sqlx::Error> {
     sqlx::query_scalar(
-        "SELECT (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)
-             OR pg_has_role(current_user, 'pg_read_all_stats', 'MEMBER')",
+        "SELECT pg_has_role(current_user, 'pg_read_all_stats', 'USAGE')",
     )
     .fetch_one(pool)
     .await
@@ -199,4 +198,26 @@ pub async fn slot_missing(pool: &PgPool, lock_key: i64) -> Result<bool, sqlx::Er
     .bind(lock_key)
     .fetch_one(pool)
     .await
+}
+
+/// Waits, up to `within`, until no session streams from `slot` (an ended session lets go of it
+/// a moment later).
+pub async fn until_slot_free(
+    pool: &PgPool,
+    slot: &str,
+    within: std::time::Duration,
+) -> Result<(), sqlx::Error> {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let active: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND active)",
+        )
+        .bind(slot)
+        .fetch_one(pool)
+        .await?;
+        if !active || tokio::time::Instant::now() >= deadline {
+            return Ok(());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 }

@@ -178,6 +178,7 @@ async fn stream(
 ) -> Result<(), SessionError> {
     let slot = settings.source.slot.as_str();
     let fence = lease.fence();
+    let opening = std::time::Instant::now();
     if source::slot_missing(pool, fence.lock_key).await? {
         // Streamed before, from a slot that is gone (dropped by hand, or the server's data
         // restored without it): what it had not confirmed is queued from the horizon.
@@ -186,9 +187,19 @@ async fn stream(
         let queued = source::fall_back_to_queue(pool, fence).await?;
         tracing::warn!(slot, queued, "events since the horizon queued again");
     }
+    // Only the lease's holder streams: a session on the slot is a former holder's. End it
+    // before opening, so that the slot is free once this relay asks for it.
+    if source::end_other_reader(pool, slot).await? {
+        tracing::warn!(slot, "a former holder of the lease still streamed from the slot; its session is ended");
+        source::until_slot_free(pool, slot, SLOT_RETRY * 10).await?;
+    }
     let mut reader = WalReader::open(url, slot).await?;
     source::switch_to_wal(pool, fence, slot).await?;
-    tracing::info!(slot, "streaming the outbox from the write-ahead log");
+    tracing::info!(
+        slot,
+        opened_in_ms = opening.elapsed().as_millis() as u64,
+        "streaming the outbox from the write-ahead log"
+    );
     let limit = usize::try_from(settings.batch_size)
         .unwrap_or(usize::MAX)
         .saturating_mul(settings.pipeline_depth as usize);

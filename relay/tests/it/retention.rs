@@ -112,3 +112,61 @@ async fn published_events_go_and_everything_still_needed_stays() {
     pool.close().await;
     drop_database(&server_url(), &name).await.expect("drop");
 }
+
+/// Events streamed from the write-ahead log have no delivery record: they go once they are older
+/// than the window and the stream's horizon has passed them, and not before.
+#[tokio::test]
+async fn streamed_events_go_once_the_horizon_has_passed_them() {
+    let (name, pool) = migrated_database("relay_retention_wal")
+        .await
+        .expect("database");
+    // A relay streams: writers queue nothing. Its horizon is still before the events.
+    sqlx::query(
+        "INSERT INTO outbox_wal_source (lock_key, slot, streaming, horizon)
+         VALUES (1, 'relay_retention_test', true, now() - interval '30 days')",
+    )
+    .execute(&pool)
+    .await
+    .expect("stream");
+    let streamed = append(&pool, 3, 20).await;
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM outbox_unpublished").await,
+        0,
+        "nothing queued while a relay streams"
+    );
+    let runner = Runner::new(rules(&RetentionSettings::default(), false), "test");
+    let run = runner
+        .run_once(&pool, Utc::now(), false)
+        .await
+        .expect("run");
+    assert_eq!(
+        run.tables[0].removed, 0,
+        "not published yet: the horizon is before them"
+    );
+
+    // One of them did not go out and waits in the queue; the horizon passes all three.
+    sqlx::query(
+        "INSERT INTO outbox_unpublished (id, aggregate_id, sequence, created_at)
+         SELECT id, aggregate_id, sequence, created_at FROM outbox WHERE id = $1",
+    )
+    .bind(streamed[2])
+    .execute(&pool)
+    .await
+    .expect("queue one");
+    sqlx::query("UPDATE outbox_wal_source SET horizon = now() - interval '10 days'")
+        .execute(&pool)
+        .await
+        .expect("horizon");
+    let run = runner
+        .run_once(&pool, Utc::now(), false)
+        .await
+        .expect("run");
+    assert_eq!(run.tables[0].removed, 2);
+    let left: Vec<i64> = sqlx::query_scalar("SELECT id FROM outbox ORDER BY id")
+        .fetch_all(&pool)
+        .await
+        .expect("left");
+    assert_eq!(left, vec![streamed[2]], "the queued one stays");
+    pool.close().await;
+    drop_database(&server_url(), &name).await.expect("drop");
+}

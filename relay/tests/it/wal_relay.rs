@@ -425,3 +425,47 @@ async fn an_event_kafka_refuses_for_good_joins_the_queue_as_failed_and_holds_its
     })
     .await;
 }
+
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn a_delayed_event_released_while_the_relay_streams_is_published_from_the_log(pool: PgPool) {
+    let outer = pool.clone();
+    with_slot(&outer, |slot| async move {
+        let topic = topic().await;
+        let lock_key = i64::from(rand::random::<i32>());
+        let relay = start(&pool, settings(&pool, Source::Wal, &slot, lock_key));
+        until("the relay streams", Duration::from_secs(20), || async {
+            streaming(&pool, lock_key).await == Some(true)
+        })
+        .await;
+        let mut tx = pool.begin().await.expect("begin");
+        let delayed = outbox::enqueue_at(
+            &mut tx,
+            &NewEvent {
+                business_key: "reminder:1".to_owned(),
+                event_type: "payment.reminder".to_owned(),
+                aggregate_id: "order-r".to_owned(),
+                topic: topic.clone(),
+                payload: json!({ "remind": true }),
+                headers: Vec::new(),
+            },
+            outbox::PublishAt::After(Duration::from_secs(1)),
+        )
+        .await
+        .expect("delay");
+        tx.commit().await.expect("commit");
+        let on_topic = records(&topic, 1).await;
+        let ids: Vec<Uuid> = on_topic.iter().map(|r| envelope(r).0.event_id).collect();
+        assert_eq!(
+            ids,
+            vec![delayed.event_id()],
+            "released when due, then streamed"
+        );
+        assert_eq!(
+            count(&pool, "SELECT count(*) FROM outbox_unpublished").await,
+            0,
+            "released into the outbox without a queue row"
+        );
+        stop(relay).await;
+    })
+    .await;
+}

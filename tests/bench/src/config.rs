@@ -70,6 +70,11 @@ pub struct BenchArgs {
     /// `relay run --poll-interval`, in milliseconds.
     #[arg(long, env = "BENCH_RELAY_POLL_INTERVAL_MS", default_value_t = 5)]
     pub relay_poll_interval_ms: u64,
+    /// `relay run --source`: where the relay reads new events, `queue` or `wal` (the
+    /// write-ahead log, from a replication slot of each phase's database).
+    #[arg(long, env = "BENCH_RELAY_SOURCE", default_value = "queue",
+          value_parser = ["queue", "wal"])]
+    pub relay_source: String,
     /// `consumer run --max-batch` of the default mode (the per-message mode uses 1).
     #[arg(long, env = "BENCH_CONSUMER_MAX_BATCH", default_value_t = 500)]
     pub consumer_max_batch: u32,
@@ -200,6 +205,7 @@ pub struct Settings {
     pub relay_batch_size: u32,
     pub relay_linger_ms: u64,
     pub relay_poll_interval_ms: u64,
+    pub relay_source: String,
     pub consumer_max_batch: u32,
     #[serde(serialize_with = "as_seconds")]
     pub consumer_max: Duration,
@@ -272,6 +278,7 @@ impl Settings {
             backlog: pick(args.backlog, 200_000, 20_000),
             relay_batch_size: args.relay_batch_size,
             relay_linger_ms: args.relay_linger_ms,
+            relay_source: args.relay_source,
             relay_poll_interval_ms: args.relay_poll_interval_ms,
             consumer_max_batch: args.consumer_max_batch,
             consumer_max: secs(args.consumer_max_seconds, 300, 60),

@@ -138,9 +138,23 @@ async fn measure(
     let consumer_args = pipeline.consumer_args.clone();
     notes.extend(pipeline.stop().await);
 
+    // Streamed from the write-ahead log, an event has no delivery record: its publish time is
+    // its Kafka record's (the producer's send time, in milliseconds).
+    let kafka_times = if settings.relay_source == "wal" {
+        kafka_record_times(env).await?
+    } else {
+        HashMap::new()
+    };
     let mut groups = BTreeMap::new();
     for group in GROUPS {
-        let latency = group_latency(env, &env.group(group), &outcome.measured, offset_us).await?;
+        let latency = group_latency(
+            env,
+            &env.group(group),
+            &outcome.measured,
+            offset_us,
+            &kafka_times,
+        )
+        .await?;
         if latency.missing > 0 {
             notes.push(format!(
                 "{rate}/s: {group} never applied {} measured events: {}",
@@ -200,7 +214,39 @@ type AppliedRow = (
     DateTime<Utc>,
     Option<DateTime<Utc>>,
     DateTime<Utc>,
+    Uuid,
 );
+
+/// Each event's Kafka record timestamp on `env`'s topic (µs since the epoch), by event id.
+async fn kafka_record_times(env: &TestEnv) -> anyhow::Result<HashMap<Uuid, i64>> {
+    let events: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox WHERE topic = $1")
+        .bind(&env.topic)
+        .fetch_one(&env.pool)
+        .await?;
+    let kafka = pipeline_core::kafka::KafkaArgs {
+        kafka_brokers: env.brokers.clone(),
+        kafka_options: env.kafka_options.clone(),
+    };
+    let topic = env.topic.clone();
+    let records = tokio::task::spawn_blocking(move || {
+        pipeline_testkit::kafka::read_topic(
+            &kafka,
+            &topic,
+            usize::try_from(events).unwrap_or(0),
+            std::time::Duration::from_secs(60),
+        )
+    })
+    .await??;
+    use rdkafka::message::Message;
+    Ok(records
+        .iter()
+        .filter_map(|r| {
+            let envelope =
+                pipeline_core::envelope::Envelope::from_record(r.key(), r.headers()).ok()?;
+            Some((envelope.event_id, r.timestamp().to_millis()? * 1000))
+        })
+        .collect())
+}
 
 /// Latencies of `group_id` for the `measured` events.
 async fn group_latency(
@@ -208,13 +254,14 @@ async fn group_latency(
     group_id: &str,
     measured: &[SentEvent],
     offset_us: i64,
+    kafka_times: &HashMap<Uuid, i64>,
 ) -> anyhow::Result<GroupLatency> {
     let intended: HashMap<(Uuid, i64), i64> = measured
         .iter()
         .map(|e| ((e.order_id, e.sequence), e.intended_us + offset_us))
         .collect();
     let rows: Vec<AppliedRow> = sqlx::query_as(
-        "SELECT a.aggregate_id, a.sequence, o.created_at, d.published_at, a.applied_at
+        "SELECT a.aggregate_id, a.sequence, o.created_at, d.published_at, a.applied_at, o.event_id
          FROM applied_effect a JOIN outbox o ON o.event_id = a.event_id
          LEFT JOIN outbox_delivery d ON d.id = o.id
          WHERE a.group_name = $1",
@@ -232,7 +279,7 @@ async fn group_latency(
         h.saturating_record(u64::try_from(us).unwrap_or(0));
     };
     let mut seen: HashSet<(Uuid, i64)> = HashSet::new();
-    for (order_id, sequence, created, published, applied) in rows {
+    for (order_id, sequence, created, published, applied, event_id) in rows {
         let Ok(order_id) = Uuid::parse_str(&order_id) else {
             continue;
         };
@@ -244,8 +291,11 @@ async fn group_latency(
         record(&mut e2e, applied - due);
         record(&mut service, created - due);
         record(&mut to_applied, applied - created);
+        let published = published
+            .map(|p| p.timestamp_micros())
+            .or_else(|| kafka_times.get(&event_id).copied());
         if let Some(published) = published {
-            record(&mut relay, published.timestamp_micros() - created);
+            record(&mut relay, published - created);
         }
     }
     let missing: Vec<(Uuid, i64)> = intended

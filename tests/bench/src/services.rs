@@ -45,7 +45,28 @@ pub fn relay_args(settings: &Settings) -> Vec<String> {
     .map(str::to_owned)
     .to_vec();
     args.extend(timing);
+    if settings.relay_source != "queue" {
+        // The slot is the database's own (`RELAY_SLOT`, set where the relay starts).
+        args.extend(["--source".to_owned(), settings.relay_source.clone()]);
+    }
     args
+}
+
+/// The replication slot of the relay on `env`'s database (`--source wal`): one per database,
+/// dropped with it.
+fn relay_slot(env: &TestEnv) -> String {
+    let name = super::envs::database_name(&env.database_url);
+    let slot: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("s_{}", &slot[..slot.len().min(60)])
 }
 
 /// Whether the relay in `--bin-dir` names its durations in milliseconds (`--linger-ms`).
@@ -94,10 +115,15 @@ pub async fn start(
         }
         _ => None,
     };
-    let svc = match &role_url {
-        Some(url) => env.spawn_with_env(bin, label, &args, &[("DATABASE_URL", url)])?,
-        None => env.spawn(bin, label, &args)?,
-    };
+    let slot = relay_slot(env);
+    let mut extra: Vec<(&str, &str)> = Vec::new();
+    if let Some(url) = &role_url {
+        extra.push(("DATABASE_URL", url));
+    }
+    if bin == "relay" {
+        extra.push(("RELAY_SLOT", &slot));
+    }
+    let svc = env.spawn_with_env(bin, label, &args, &extra)?;
     let addr = svc.wait_for_log_value(listening, START_TIMEOUT).await?;
     Ok((svc, addr))
 }

@@ -82,7 +82,9 @@ async fn set_up() -> anyhow::Result<()> {
                      CREATE ROLE {role} LOGIN;
                  END IF;
              END $$;
-             GRANT {admin} TO {role};",
+             GRANT {admin} TO {role};
+             GRANT pg_read_all_stats TO {role};
+             ALTER ROLE {role} REPLICATION;",
             admin = current_user(&mut admin).await?
         ))
         .execute(&mut admin)

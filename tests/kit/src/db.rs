@@ -39,6 +39,15 @@ pub fn database_url(pool: &PgPool) -> String {
     with_database(&server_url(), db)
 }
 
+/// Events the relay has not published yet: queued (pending or failed), or, streamed from the
+/// write-ahead log, past the stream's horizon without a delivery (the horizon trails the stream
+/// by a second or two, so the last published ones count a moment longer).
+pub const UNPUBLISHED_SQL: &str = "SELECT (SELECT count(*) FROM outbox_unpublished)
+      + COALESCE((SELECT count(*) FROM outbox o, outbox_wal_source w
+                  WHERE w.streaming AND o.id > w.horizon_id
+                    AND NOT EXISTS (SELECT 1 FROM outbox_delivery d WHERE d.id = o.id)
+                    AND NOT EXISTS (SELECT 1 FROM outbox_unpublished u WHERE u.id = o.id)), 0)";
+
 /// Makes database `name` on `server` (a URL of the server); returns the new database's URL.
 pub async fn create_database(server: &str, name: &str) -> anyhow::Result<String> {
     let mut admin = PgConnection::connect(server)
@@ -52,11 +61,36 @@ pub async fn create_database(server: &str, name: &str) -> anyhow::Result<String>
     Ok(with_database(server, name))
 }
 
-/// Drops database `name` on `server`, if it exists, ending its sessions.
+/// Drops database `name` on `server`, if it exists, ending its sessions, and its replication
+/// slots (a relay's with `--source wal`: a slot keeps its database from being dropped).
 pub async fn drop_database(server: &str, name: &str) -> anyhow::Result<()> {
     let mut admin = PgConnection::connect(server)
         .await
         .context("connecting to PostgreSQL")?;
+    for _ in 0..50 {
+        let _ = sqlx::query(
+            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots
+             WHERE database = $1 AND active_pid IS NOT NULL",
+        )
+        .bind(name)
+        .execute(&mut admin)
+        .await;
+        let dropped = sqlx::query(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots
+             WHERE database = $1",
+        )
+        .bind(name)
+        .execute(&mut admin)
+        .await;
+        match dropped {
+            // A terminated session lets go of its slot a moment later.
+            Err(e) if e.to_string().contains("is active") => {
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await
+            }
+            Err(e) => return Err(e).with_context(|| format!("dropping the slots of {name}")),
+            Ok(_) => break,
+        }
+    }
     let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
         .execute(&mut admin)
         .await

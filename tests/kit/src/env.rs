@@ -382,7 +382,7 @@ impl TestEnv {
     /// everything on the topic.
     pub async fn wait_drained(&self, kinds: &[&str], timeout: Duration) -> anyhow::Result<()> {
         wait_until("outbox drained and groups caught up", timeout, || async {
-            let pending: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_unpublished")
+            let pending: i64 = sqlx::query_scalar(crate::db::UNPUBLISHED_SQL)
                 .fetch_one(&self.pool)
                 .await?;
             if pending > 0 {

@@ -92,25 +92,8 @@ impl Environment {
     }
 
     /// Drops the run's databases, closing whatever sessions remain, and the replication slot
-    /// of its relays (a slot keeps WAL, and its database from being dropped).
+    /// of its relays.
     pub async fn drop_databases(&self) -> anyhow::Result<()> {
-        for _ in 0..50 {
-            let dropped = sqlx::query(
-                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots
-                 WHERE slot_name = $1",
-            )
-            .bind(self.slot())
-            .execute(&self.pool)
-            .await;
-            match dropped {
-                // Its session ends a moment after the relay.
-                Err(e) if e.to_string().contains("is active") => {
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await
-                }
-                Err(e) => return Err(e.into()),
-                Ok(_) => break,
-            }
-        }
         self.pool.close().await;
         for db in self.databases() {
             drop_database(&self.server_url, &db).await?;

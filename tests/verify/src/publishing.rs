@@ -19,13 +19,8 @@ pub const PUBLISHED: &str = "(EXISTS (SELECT 1 FROM outbox_delivery d WHERE d.id
       OR (NOT EXISTS (SELECT 1 FROM outbox_unpublished u WHERE u.id = o.id)
           AND o.created_at < (SELECT max(horizon) FROM outbox_wal_source)))";
 
-/// Events the relay has not published yet: queued, or streamed and past the horizon's last id
-/// without a delivery.
-pub const PENDING_SQL: &str = "SELECT (SELECT count(*) FROM outbox_unpublished)
-      + COALESCE((SELECT count(*) FROM outbox o, outbox_wal_source w
-                  WHERE w.streaming AND o.id > w.horizon_id
-                    AND NOT EXISTS (SELECT 1 FROM outbox_delivery d WHERE d.id = o.id)
-                    AND NOT EXISTS (SELECT 1 FROM outbox_unpublished u WHERE u.id = o.id)), 0)";
+/// Events the relay has not published yet.
+pub use pipeline_testkit::db::UNPUBLISHED_SQL as PENDING_SQL;
 
 /// How often the outbox is read while waiting.
 const POLL_EVERY: Duration = Duration::from_millis(100);

@@ -262,14 +262,10 @@ async fn report_progress(
             () = stop.cancelled() => return,
             () = tokio::time::sleep(Duration::from_secs(10)) => {}
         }
-        let counts: Result<(i64, i64), sqlx::Error> = sqlx::query_as(
-            "SELECT (SELECT count(*) FROM outbox_unpublished WHERE state = 'pending')
-                    + COALESCE((SELECT count(*) FROM outbox o, outbox_wal_source w
-                                WHERE w.streaming AND o.id > w.horizon_id
-                                  AND NOT EXISTS (SELECT 1 FROM outbox_delivery d WHERE d.id = o.id)
-                                  AND NOT EXISTS (SELECT 1 FROM outbox_unpublished u WHERE u.id = o.id)), 0),
-                    (SELECT coalesce(max(id), 0) FROM applied_effect)",
-        )
+        let counts: Result<(i64, i64), sqlx::Error> = sqlx::query_as(&format!(
+            "SELECT ({}), (SELECT coalesce(max(id), 0) FROM applied_effect)",
+            crate::publishing::PENDING_SQL
+        ))
         .fetch_one(&pool)
         .await;
         say(&format!(

@@ -7,3 +7,4 @@ mod group_pause;
 mod known_groups;
 mod retention;
 mod schedules;
+mod wal_status;

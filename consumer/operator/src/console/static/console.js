@@ -87,7 +87,30 @@
       ["next delayed due", next === null ? "-" : next >= 0 ? "in " + age(next) : "overdue " + age(-next)],
       ["dead letters open", capped(status.groups.reduce((s, g) => s + g.dead_letters_open, 0)), null],
       ["orders parked", capped(status.groups.reduce((s, g) => s + g.orders_parked, 0)), null],
-    ]));
+    ].concat((status.stream || []).flatMap(streamRows))));
+  }
+
+  // A relay streaming the outbox from the write-ahead log (--source wal): its slot and how far
+  // behind it is.
+  function streamRows(w) {
+    const session = !w.slot_exists ? ["no slot", "state-bad"]
+      : w.wal_status === "lost" ? ["slot lost: falling back to the queue", "state-bad"]
+      : w.slot_active ? ["streaming", "state-good"]
+      : [w.streaming ? "no session: nothing is published" : "no session", "state-bad"];
+    return [
+      ["write-ahead log (slot " + w.slot + ")", session[0] + (w.streaming ? "" : "; writers queue (fell back)"), session[1]],
+      ["slot lag", bytes(w.lag_bytes) + ", " + capped(w.past_horizon) + " events past the horizon (" + age(w.horizon_seconds) + " ago)"],
+      ["WAL the slot keeps", bytes(w.retained_bytes)],
+    ];
+  }
+
+  function bytes(n) {
+    if (n === null || n === undefined) return "-";
+    const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let i = 0;
+    let v = Math.max(0, n);
+    while (v >= 1024 && i < units.length - 1) { v /= 1024; i++; }
+    return (i ? v.toFixed(1) : String(v)) + " " + units[i];
   }
 
   function groupsPanel(status) {
