@@ -59,6 +59,15 @@ cargo build --release --workspace --bins
 
 section "bench"
 export BENCH_OUT="${BENCH_OUT:-$RUN_DIR/bench.json}"
+# The report's path as the flags give it (the bench reads --out before BENCH_OUT).
+prev=
+for a in "$@"; do
+    case $a in
+        --out=*) BENCH_OUT=${a#--out=} ;;
+        *) [[ $prev == --out ]] && BENCH_OUT=$a ;;
+    esac
+    prev=$a
+done
 started=$SECONDS
 rc=0
 env DATABASE_URL="postgres://postgres@${PG_HOST}:${PG_PORT}/postgres?sslmode=disable" \
