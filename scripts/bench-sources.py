@@ -31,6 +31,15 @@ def get(d, *keys):
     return d
 
 
+def relay_sessions(phase):
+    """The server CPU of the relay's connections (its pool's and, streaming, the walsender's)
+    over the phase, % of a core."""
+    by = get(phase, "db_activity", "cpu_by_client")
+    if by is None:
+        return None
+    return sum(v for k, v in by.items() if k.startswith("relay"))
+
+
 def idle_rows(report):
     idle = report.get("idle")
     if not idle:
@@ -57,6 +66,7 @@ def drain_rows(report):
     by = get(relay, "cpu", "per_event", "by_process_us") or {}
     return {
         "drain: events a second": fmt(relay.get("relay_drain_eps"), ",.0f"),
+        "drain: PostgreSQL CPU of the relay's sessions, %": fmt(relay_sessions(relay), ".1f"),
         "drain: × the broker's relay-like produce": fmt(
             relay.get("relay_vs_broker_batched"), ".2f"
         ),
@@ -81,6 +91,7 @@ def latency_rows(report, rate):
         f"{r}: CPU µs an event, pipeline + PostgreSQL": fmt(pe.get("pipeline_us"), ",.0f"),
         f"{r}: CPU µs an event, PostgreSQL / relay": "%s / %s"
         % (fmt(by.get("postgres"), ",.0f"), fmt(by.get("relay"), ",.0f")),
+        f"{r}: PostgreSQL CPU of the relay's sessions, %": fmt(relay_sessions(run), ".1f"),
         f"{r}: relay statements an event": fmt(
             None if relay_calls is None or not events else relay_calls / events, ".2f"
         ),

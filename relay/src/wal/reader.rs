@@ -15,6 +15,9 @@ use crate::claim::OutboxEvent;
 /// The publication the outbox's migrations create: the outbox table's inserts.
 pub const PUBLICATION: &str = "outbox_events";
 
+/// Most events of one transaction held before they are handed over ([`WalRead::Events`]).
+const CHUNK_EVENTS: usize = 1000;
+
 /// How often the session tells PostgreSQL the confirmed position.
 const STATUS_INTERVAL: Duration = Duration::from_millis(500);
 
@@ -60,6 +63,13 @@ pub enum WalRead {
         events: Vec<OutboxEvent>,
         /// The end of its commit record.
         confirm: Lsn,
+    },
+    /// The first events of a large transaction still being read (committed: pgoutput sends a
+    /// transaction once it committed), handed over before its end so that they are produced
+    /// while the rest arrives; its [`WalRead::Transaction`] follows with the rest.
+    Events {
+        /// Events in the order the transaction inserted them.
+        events: Vec<OutboxEvent>,
     },
     /// No transaction in flight: the server's WAL has reached `wal_end`, so once everything
     /// read before is confirmed, `wal_end` may be too (it holds no more outbox events).
@@ -164,6 +174,11 @@ impl WalReader {
                 ReplicationEvent::XLogData { data, .. } => {
                     if let Some(event) = self.decoder.decode(&data)? {
                         self.pending.push(event);
+                        if self.pending.len() >= CHUNK_EVENTS {
+                            return Ok(Some(WalRead::Events {
+                                events: std::mem::take(&mut self.pending),
+                            }));
+                        }
                     }
                 }
                 ReplicationEvent::Commit { end_lsn, .. } => {
@@ -257,6 +272,6 @@ fn config_of(database_url: &str, slot: &str) -> Result<ReplicationConfig, WalErr
             .with_start_lsn(Lsn(0))
             .with_status_interval(STATUS_INTERVAL)
             .with_options("-c TimeZone=UTC -c DateStyle=ISO")
-            .with_application_name("outbox-relay-wal"),
+            .with_application_name("relay-wal"),
     )
 }

@@ -162,9 +162,10 @@ async fn recover_lost_slot(
     Ok(queued.unwrap_or(0))
 }
 
-/// A transaction on its way to Kafka: its position, and its events once every delivery report is
-/// in.
-type Sending = (Lsn, Vec<OutboxEvent>, BatchDelivery);
+/// Events on their way to Kafka: the position that confirms them (a transaction's end; `None`
+/// for the first events of a transaction still being read), and its events once every delivery
+/// report is in.
+type Sending = (Option<Lsn>, Vec<OutboxEvent>, BatchDelivery);
 
 /// One session on the slot, until `stop`, the lease's loss (`Ok`) or a failure (`Err`).
 async fn stream(
@@ -233,18 +234,17 @@ async fn stream(
                             reader.confirm(confirm);
                         } else {
                             sending.push_back(Box::pin(async move {
-                                (confirm, Vec::new(), BatchDelivery::default())
+                                (Some(confirm), Vec::new(), BatchDelivery::default())
                             }));
                         }
                         continue;
                     }
                     events_out += events.len();
-                    let sent = send_batch(producer, &events).await;
-                    let producer = producer.clone();
-                    sending.push_back(Box::pin(async move {
-                        let delivery = sent.delivered(&producer, &events).await;
-                        (confirm, events, delivery)
-                    }));
+                    sending.push_back(send(producer, events, Some(confirm)).await);
+                }
+                Some(WalRead::Events { events }) => {
+                    events_out += events.len();
+                    sending.push_back(send(producer, events, None).await);
                 }
                 Some(WalRead::Idle { wal_end }) => {
                     if sending.is_empty() {
@@ -262,8 +262,10 @@ async fn stream(
                     record(pool, lease, metrics, &retry, &events, &delivery).await?;
                     newest = newest.max(events.iter().map(|e| e.created_at).max());
                 }
-                confirmed = confirm;
-                reader.confirm(confirm);
+                if let Some(confirm) = confirm {
+                    confirmed = confirm;
+                    reader.confirm(confirm);
+                }
             }
             _ = horizon_tick.tick() => {
                 let passed = probe.filter(|p| confirmed >= p.position);
@@ -283,7 +285,9 @@ async fn stream(
                     if !events.is_empty() {
                         record(pool, lease, metrics, &retry, &events, &delivery).await?;
                     }
-                    reader.confirm(confirm);
+                    if let Some(confirm) = confirm {
+                        reader.confirm(confirm);
+                    }
                 }
                 break Ok(());
             }
@@ -294,6 +298,20 @@ async fn stream(
         tracing::debug!(error = %e, "closing the replication session");
     }
     result
+}
+
+/// Hands `events` to the producer in order, and returns the wait for their delivery reports.
+async fn send(
+    producer: &RelayProducer,
+    events: Vec<OutboxEvent>,
+    confirm: Option<Lsn>,
+) -> futures::future::BoxFuture<'static, Sending> {
+    let sent = send_batch(producer, &events).await;
+    let producer = producer.clone();
+    Box::pin(async move {
+        let delivery = sent.delivered(&producer, &events).await;
+        (confirm, events, delivery)
+    })
 }
 
 /// Records what Kafka did with a transaction's events: those it did not take, and those held

@@ -469,3 +469,65 @@ async fn a_delayed_event_released_while_the_relay_streams_is_published_from_the_
     })
     .await;
 }
+
+/// A transaction larger than the reader hands over at once goes out in pieces as it arrives, in
+/// each aggregate's order, and is confirmed once: a restart sends none of it again.
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn a_large_transaction_is_published_in_order_as_it_arrives(pool: PgPool) {
+    let outer = pool.clone();
+    with_slot(&outer, |slot| async move {
+        let topic = topic().await;
+        let lock_key = i64::from(rand::random::<i32>());
+        let relay = start(&pool, settings(&pool, Source::Wal, &slot, lock_key));
+        until("the relay streams", Duration::from_secs(20), || async {
+            streaming(&pool, lock_key).await == Some(true)
+        })
+        .await;
+        let events: Vec<NewEvent> = (0..2_500u32)
+            .map(|n| NewEvent {
+                business_key: format!("big:{n}"),
+                event_type: "order.updated".to_owned(),
+                aggregate_id: format!("order-{}", n % 3),
+                topic: topic.clone(),
+                payload: json!({ "n": n }),
+                headers: Vec::new(),
+            })
+            .collect();
+        let mut tx = pool.begin().await.expect("begin");
+        let _ = outbox::enqueue_all(&mut tx, &events)
+            .await
+            .expect("enqueue");
+        tx.commit().await.expect("commit");
+        let first = records(&topic, events.len()).await;
+        assert_eq!(first.len(), events.len(), "each event once");
+        let mut last: HashMap<String, i64> = HashMap::new();
+        for record in &first {
+            let (envelope, _) = envelope(record);
+            let before = last
+                .insert(envelope.aggregate_id.clone(), envelope.sequence)
+                .unwrap_or(0);
+            assert_eq!(envelope.sequence, before + 1, "in each aggregate's order");
+        }
+        stop(relay).await;
+        let relay = start(&pool, settings(&pool, Source::Wal, &slot, lock_key));
+        let mut tx = pool.begin().await.expect("begin");
+        let _ = outbox::enqueue(
+            &mut tx,
+            &NewEvent {
+                business_key: "after".to_owned(),
+                event_type: "order.updated".to_owned(),
+                aggregate_id: "order-after".to_owned(),
+                topic: topic.clone(),
+                payload: json!({}),
+                headers: Vec::new(),
+            },
+        )
+        .await
+        .expect("enqueue");
+        tx.commit().await.expect("commit");
+        let all = records(&topic, events.len() + 1).await;
+        assert_eq!(all.len(), events.len() + 1, "confirmed once, sent once");
+        stop(relay).await;
+    })
+    .await;
+}

@@ -145,7 +145,7 @@ async fn sample(mut conn: PgConnection, stop: CancellationToken) -> DbActivity {
             "/* bench */ SELECT state, wait_event_type, query, pid, application_name
              FROM pg_stat_activity
              WHERE datname = current_database() AND pid <> pg_backend_pid()
-               AND backend_type = 'client backend'",
+               AND backend_type IN ('client backend', 'walsender')",
         )
         .fetch_all(&mut conn)
         .await
