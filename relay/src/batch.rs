@@ -3,10 +3,10 @@
 //! runs these two steps for up to `pipeline_depth` batches at once; tests drive the same two
 //! steps one batch at a time.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::time::Instant;
 
-use chrono::{DateTime, Utc};
+use chrono::Utc;
 use sqlx::PgPool;
 
 use crate::backoff::RetryPolicy;
@@ -14,7 +14,7 @@ use crate::claim::{claim_batch_excluding, ClaimSessions, OutboxEvent};
 use crate::lease::Lease;
 use crate::mark::{mark_published, record_failures, FailedAttempt, MarkError};
 use crate::metrics::RelayMetrics;
-use crate::publish::{publish_batch, published_ahead_of_failures, RelayProducer};
+use crate::publish::{count_delivery, publish_batch, published_ahead_of_failures, RelayProducer};
 
 /// Counts of one batch.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -136,26 +136,7 @@ impl Batch {
             );
         }
         let given_up = failures.iter().filter(|f| f.give_up).count();
-        metrics
-            .published
-            .with_label_values(&["published"])
-            .inc_by(delivery.published.len() as u64);
-        metrics
-            .published
-            .with_label_values(&["retry"])
-            .inc_by((failures.len() - given_up) as u64);
-        metrics
-            .published
-            .with_label_values(&["failed"])
-            .inc_by(given_up as u64);
-        let by_id: HashMap<i64, DateTime<Utc>> =
-            events.iter().map(|e| (e.id, e.created_at)).collect();
-        for p in &delivery.published {
-            if let Some(created) = by_id.get(&p.id) {
-                let delay = (acked_at - *created).num_microseconds().unwrap_or(0).max(0);
-                metrics.publish_delay.observe(delay as f64 / 1e6);
-            }
-        }
+        count_delivery(metrics, events, &delivery, given_up, acked_at);
         metrics.batch_size.observe(events.len() as f64);
         metrics
             .batch_duration

@@ -314,6 +314,38 @@ impl SentBatch {
     }
 }
 
+/// Counts what became of a batch's `events` on `metrics`: published, to be retried, given up
+/// (`given_up` of the failures), and each published event's delay from its creation to
+/// `acked_at`.
+pub fn count_delivery(
+    metrics: &RelayMetrics,
+    events: &[OutboxEvent],
+    delivery: &BatchDelivery,
+    given_up: usize,
+    acked_at: chrono::DateTime<chrono::Utc>,
+) {
+    metrics
+        .published
+        .with_label_values(&["published"])
+        .inc_by(delivery.published.len() as u64);
+    metrics
+        .published
+        .with_label_values(&["retry"])
+        .inc_by(delivery.failed.len().saturating_sub(given_up) as u64);
+    metrics
+        .published
+        .with_label_values(&["failed"])
+        .inc_by(given_up as u64);
+    let created: HashMap<i64, chrono::DateTime<chrono::Utc>> =
+        events.iter().map(|e| (e.id, e.created_at)).collect();
+    for p in &delivery.published {
+        if let Some(created) = created.get(&p.id) {
+            let delay = (acked_at - *created).num_microseconds().unwrap_or(0).max(0);
+            metrics.publish_delay.observe(delay as f64 / 1e6);
+        }
+    }
+}
+
 /// The published events of `delivery` that overtook a failed event of their aggregate in the
 /// same batch: (published id, failed id). Empty unless the broker refused an event after later
 /// events of its aggregate were sent.

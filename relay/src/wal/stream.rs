@@ -9,7 +9,6 @@
 //! slot admits one session at a time, so it fences the stream as the lease's epoch fences the
 //! relay's writes.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -24,11 +23,14 @@ use crate::claim::OutboxEvent;
 use crate::lease::Lease;
 use crate::mark::{queue_streamed, record_failures, FailedAttempt, MarkError};
 use crate::metrics::RelayMetrics;
-use crate::publish::{send_batch, BatchDelivery, RelayProducer};
+use crate::publish::{count_delivery, send_batch, BatchDelivery, RelayProducer};
 use crate::settings::RelaySettings;
 
 /// How often the horizon moves (when something was published since it last did).
 const HORIZON_EVERY: Duration = Duration::from_secs(1);
+
+/// A session that lasted this long resets the backoff of the next failure.
+const STREAMED_WELL: Duration = Duration::from_secs(30);
 
 /// How often, at most, the relay tries to take the slot from a session that holds it.
 const SLOT_RETRY: Duration = Duration::from_millis(500);
@@ -82,7 +84,12 @@ pub async fn run_streaming(
         if producer.client().fatal_error().is_some() {
             return StreamEnd::ProducerFatal;
         }
+        let session = std::time::Instant::now();
         let outcome = stream(settings, &url, pool, producer, metrics, lease, stop).await;
+        if session.elapsed() >= STREAMED_WELL {
+            // A session that lasted: a failure now is a new one, retried from the first pause.
+            streak = 0;
+        }
         let pause = match outcome {
             Ok(()) => {
                 if producer.client().fatal_error().is_some() {
@@ -326,6 +333,7 @@ async fn record(
     delivery: &BatchDelivery,
 ) -> Result<(), MarkError> {
     let fence = lease.fence();
+    let mut given_up = 0;
     if !delivery.failed.is_empty() || !delivery.held.is_empty() {
         let ids: Vec<i64> = delivery
             .failed
@@ -349,31 +357,11 @@ async fn record(
             metrics.publish_errors.with_label_values(&[f.reason]).inc();
             tracing::warn!(outbox_id = f.id, error = %f.error, permanent = f.permanent, "publish attempt failed; the event joins the queue");
         }
-        let given_up = failures.iter().filter(|f| f.give_up).count();
-        metrics
-            .published
-            .with_label_values(&["retry"])
-            .inc_by((failures.len() - given_up) as u64);
-        metrics
-            .published
-            .with_label_values(&["failed"])
-            .inc_by(given_up as u64);
+        given_up = failures.iter().filter(|f| f.give_up).count();
     }
-    metrics
-        .published
-        .with_label_values(&["published"])
-        .inc_by(delivery.published.len() as u64);
-    let acked_at = Utc::now();
-    let by_id: HashMap<i64, DateTime<Utc>> =
-        events.iter().map(|e| (e.id, e.created_at)).collect();
-    for p in &delivery.published {
-        if let Some(created) = by_id.get(&p.id) {
-            let delay = (acked_at - *created).num_microseconds().unwrap_or(0).max(0);
-            metrics.publish_delay.observe(delay as f64 / 1e6);
-        }
-    }
+    count_delivery(metrics, events, delivery, given_up, Utc::now());
     metrics
         .last_success
-        .set(acked_at.timestamp_millis() as f64 / 1000.0);
+        .set(Utc::now().timestamp_millis() as f64 / 1000.0);
     Ok(())
 }

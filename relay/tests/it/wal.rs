@@ -14,6 +14,8 @@ use relay::wal::reader::{WalError, WalRead, WalReader};
 use serde_json::json;
 use sqlx::PgPool;
 
+use crate::common::drop_slot;
+
 fn event(order: &str, n: u32) -> NewEvent {
     NewEvent {
         business_key: format!("{order}:{n}"),
@@ -171,22 +173,4 @@ async fn a_bad_slot_name_or_url_is_refused_before_connecting(pool: PgPool) {
         WalReader::open("mysql://h/db", "relay_test_url").await,
         Err(WalError::Url(_))
     ));
-}
-
-/// Drops `slot` once its session has ended (the server ends it a moment after the client).
-async fn drop_slot(pool: &PgPool, slot: &str) -> Result<(), String> {
-    for _ in 0..50 {
-        match sqlx::query("SELECT pg_drop_replication_slot($1)")
-            .bind(slot)
-            .execute(pool)
-            .await
-        {
-            Ok(_) => return Ok(()),
-            Err(e) if e.to_string().contains("is active") => {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Err(e) => return Err(e.to_string()),
-        }
-    }
-    Err(format!("slot {slot} still active after 5 s"))
 }

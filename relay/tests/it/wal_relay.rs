@@ -23,6 +23,8 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use crate::common::drop_slot;
+
 async fn topic() -> String {
     let topic = format!("relay-wal-{}", Uuid::new_v4().simple());
     kafka_args(&brokers())
@@ -52,6 +54,20 @@ fn start(
     let relay = Relay::new(settings, pool.clone(), &Registry::new()).expect("relay");
     let shutdown = CancellationToken::new();
     (shutdown.clone(), tokio::spawn(relay.run(shutdown)))
+}
+
+/// A relay with `settings` (`--source wal`), once the database says it streams.
+async fn start_streaming(
+    pool: &PgPool,
+    settings: RelaySettings,
+) -> (CancellationToken, JoinHandle<Result<(), relay::RelayError>>) {
+    let lock_key = settings.lock_key;
+    let relay = start(pool, settings);
+    until("the relay streams", Duration::from_secs(20), || async {
+        streaming(pool, lock_key).await == Some(true)
+    })
+    .await;
+    relay
 }
 
 async fn stop(relay: (CancellationToken, JoinHandle<Result<(), relay::RelayError>>)) {
@@ -173,25 +189,6 @@ where
     dropped.expect("drop the slot");
 }
 
-async fn drop_slot(pool: &PgPool, slot: &str) -> Result<(), String> {
-    for _ in 0..100 {
-        match sqlx::query(
-            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1",
-        )
-        .bind(slot)
-        .execute(pool)
-        .await
-        {
-            Ok(_) => return Ok(()),
-            Err(e) if e.to_string().contains("is active") => {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Err(e) => return Err(e.to_string()),
-        }
-    }
-    Err(format!("slot {slot} still active after 10 s"))
-}
-
 #[sqlx::test(migrator = "outbox::MIGRATOR")]
 async fn a_wal_relay_publishes_in_order_without_queueing_and_a_restart_publishes_nothing_twice(
     pool: PgPool,
@@ -201,11 +198,7 @@ async fn a_wal_relay_publishes_in_order_without_queueing_and_a_restart_publishes
     with_slot(&outer, |slot| async move {
         let topic = topic().await;
         let lock_key = i64::from(rand::random::<i32>());
-        let relay = start(&pool, settings(&pool, Source::Wal, &slot, lock_key));
-        until("the relay streams", Duration::from_secs(20), || async {
-            streaming(&pool, lock_key).await == Some(true)
-        })
-        .await;
+        let relay = start_streaming(&pool, settings(&pool, Source::Wal, &slot, lock_key)).await;
 
         let orders = ["order-a", "order-b", "order-c", "order-d"];
         let mut ids = write(&pool, &topic, &orders, 30, "first").await;
@@ -363,11 +356,7 @@ async fn an_event_kafka_refuses_for_good_joins_the_queue_as_failed_and_holds_its
         s.kafka
             .kafka_options
             .push(("message.max.bytes".to_owned(), "4000".to_owned()));
-        let relay = start(&pool, s);
-        until("the relay streams", Duration::from_secs(20), || async {
-            streaming(&pool, lock_key).await == Some(true)
-        })
-        .await;
+        let relay = start_streaming(&pool, s).await;
         let event = |order: &str, n: u32, size: usize| NewEvent {
             business_key: format!("{order}:{n}"),
             event_type: "order.updated".to_owned(),
@@ -432,11 +421,7 @@ async fn a_delayed_event_released_while_the_relay_streams_is_published_from_the_
     with_slot(&outer, |slot| async move {
         let topic = topic().await;
         let lock_key = i64::from(rand::random::<i32>());
-        let relay = start(&pool, settings(&pool, Source::Wal, &slot, lock_key));
-        until("the relay streams", Duration::from_secs(20), || async {
-            streaming(&pool, lock_key).await == Some(true)
-        })
-        .await;
+        let relay = start_streaming(&pool, settings(&pool, Source::Wal, &slot, lock_key)).await;
         let mut tx = pool.begin().await.expect("begin");
         let delayed = outbox::enqueue_at(
             &mut tx,
@@ -478,11 +463,7 @@ async fn a_large_transaction_is_published_in_order_as_it_arrives(pool: PgPool) {
     with_slot(&outer, |slot| async move {
         let topic = topic().await;
         let lock_key = i64::from(rand::random::<i32>());
-        let relay = start(&pool, settings(&pool, Source::Wal, &slot, lock_key));
-        until("the relay streams", Duration::from_secs(20), || async {
-            streaming(&pool, lock_key).await == Some(true)
-        })
-        .await;
+        let relay = start_streaming(&pool, settings(&pool, Source::Wal, &slot, lock_key)).await;
         let events: Vec<NewEvent> = (0..2_500u32)
             .map(|n| NewEvent {
                 business_key: format!("big:{n}"),

@@ -57,3 +57,24 @@ pub(crate) async fn relay_batch(
         .publish(pool, producer, lease, retry, metrics)
         .await
 }
+
+/// Drops the replication slot `slot` if it exists, once its session has ended (the server ends
+/// it a moment after the client): a slot keeps WAL, and its database from being dropped.
+pub(crate) async fn drop_slot(pool: &PgPool, slot: &str) -> Result<(), String> {
+    for _ in 0..100 {
+        match sqlx::query(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1",
+        )
+        .bind(slot)
+        .execute(pool)
+        .await
+        {
+            Ok(_) => return Ok(()),
+            Err(e) if e.to_string().contains("is active") => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    Err(format!("slot {slot} still active after 10 s"))
+}
