@@ -30,7 +30,7 @@ async fn tables(pool: &PgPool) -> Vec<String> {
     .expect("tables")
 }
 
-const PIPELINE_TABLES: [&str; 27] = [
+const PIPELINE_TABLES: [&str; 28] = [
     "applied_effect",
     "applied_effect_held",
     "dead_letter",
@@ -52,6 +52,7 @@ const PIPELINE_TABLES: [&str; 27] = [
     "outbox_sequence",
     "outbox_status",
     "outbox_unpublished",
+    "outbox_wal_source",
     "parked_event",
     "parked_record",
     "partition_owner",
