@@ -221,8 +221,8 @@ async fn stream(
     // since the last probe.
     let mut confirmed = Lsn(0);
     let mut probe: Option<Probe> = None;
-    // The horizon this session moved to last, and the newest event it published: a probe is
-    // taken while the one does not cover the other.
+    // The horizon the stream has moved to, and the newest event it has published: a probe
+    // is taken while the one does not cover the other.
     let mut covered: Option<DateTime<Utc>> = None;
     let mut newest: Option<DateTime<Utc>> = None;
     let mut horizon_tick = tokio::time::interval(HORIZON_EVERY);
