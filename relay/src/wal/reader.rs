@@ -21,6 +21,9 @@ const CHUNK_EVENTS: usize = 1000;
 /// How often the session tells PostgreSQL the confirmed position.
 const STATUS_INTERVAL: Duration = Duration::from_millis(500);
 
+/// The session's settings: timestamps as UTC ISO text, were a value sent as text.
+const SESSION_OPTIONS: &str = "-c TimeZone=UTC -c DateStyle=ISO";
+
 /// Why the session cannot go on.
 #[derive(Debug, thiserror::Error)]
 pub enum WalError {
@@ -236,7 +239,9 @@ pub fn valid_slot(slot: &str) -> bool {
 
 /// The replication session's settings from a PostgreSQL URL: host, port, user, password,
 /// database and `sslmode` (`disable`; anything else asks for TLS, `verify-full` checks the
-/// server's certificate and name). Timestamps come as UTC ISO text, as the decoder reads them.
+/// server's certificate and name). Values come in binary (`binary 'true'`: the walsender formats
+/// no ids, uuids or timestamps as text, and the relay parses none); were a value text, its
+/// timestamps would be UTC ISO text, as the decoder reads them.
 fn config_of(database_url: &str, slot: &str) -> Result<ReplicationConfig, WalError> {
     let url = url::Url::parse(database_url).map_err(|e| WalError::Url(e.to_string()))?;
     if !matches!(url.scheme(), "postgres" | "postgresql") {
@@ -271,7 +276,8 @@ fn config_of(database_url: &str, slot: &str) -> Result<ReplicationConfig, WalErr
             .with_tls(tls)
             .with_start_lsn(Lsn(0))
             .with_status_interval(STATUS_INTERVAL)
-            .with_options("-c TimeZone=UTC -c DateStyle=ISO")
+            .with_binary(true)
+            .with_options(SESSION_OPTIONS)
             .with_application_name("relay-wal"),
     )
 }
