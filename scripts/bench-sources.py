@@ -7,7 +7,9 @@ QUEUE.json from a run with `--relay-source queue` (the default), WAL.json from o
 `--relay-source wal`; scripts/bench.sh writes both and calls this. Prints, for each mode: the
 idle pipeline (the relays and PostgreSQL), the relay's drain of a backlog, and each latency
 rate both ran (CPU per event by process, the relay's statements per event, outbox → published
-and end to end). A figure a report lacks (its phase did not run) shows as "-".
+and end to end), and the relay-cost phase (either report; it measures both sources: the server
+CPU each source adds to one-event transactions written alone). A figure a report lacks (its
+phase did not run) shows as "-".
 """
 
 import json
@@ -102,6 +104,38 @@ def latency_rows(report, rate):
     }
 
 
+def cost_rows(queue, wal):
+    """The relay-cost phase (one of the two reports has it; it measures both sources)."""
+    cost = wal.get("relay_cost") or queue.get("relay_cost")
+    if not cost:
+        return []
+    rows = []
+    for r in cost.get("rates") or []:
+        rate = "%g/s" % r["rate"]
+        rows.append(
+            (
+                f"relaying alone {rate}: server CPU µs an event, the relay's sessions",
+                fmt(r.get("queue_sessions_us"), ",.0f"),
+                fmt(r.get("wal_sessions_us"), ",.0f"),
+            )
+        )
+        rows.append(
+            (
+                f"relaying alone {rate}: server CPU µs an event over the writers alone",
+                fmt(r.get("queue_postgres_us"), ",.0f"),
+                fmt(r.get("wal_postgres_us"), ",.0f"),
+            )
+        )
+        rows.append(
+            (
+                f"relaying alone {rate}: walsender µs a transaction of another table",
+                "-",
+                fmt(r.get("wal_other_sessions_us"), ",.0f"),
+            )
+        )
+    return rows
+
+
 def main():
     if len(sys.argv) != 3:
         sys.exit("usage: scripts/bench-sources.py QUEUE.json WAL.json")
@@ -118,6 +152,7 @@ def main():
         q, w = section(queue), section(wal)
         for name in list(q) + [n for n in w if n not in q]:
             rows.append((name, q.get(name, "-"), w.get(name, "-")))
+    rows.extend(cost_rows(queue, wal))
     width = max(len(r[0]) for r in rows) if rows else 10
     print(f"{'the relay, by source':<{width}}  {'queue':>16}  {'wal':>16}")
     for name, q, w in rows:

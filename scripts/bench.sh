@@ -14,7 +14,8 @@
 # targets.
 #
 # Then, unless BENCH_WAL=0 or the flags choose --relay-source, it runs the relay's other source,
-# the write-ahead log (--relay-source wal), on the phases BENCH_WAL_PHASES (idle,relay,latency)
+# the write-ahead log (--relay-source wal), on the phases BENCH_WAL_PHASES (idle,relay,latency,
+# relay-cost: what each source adds to the server's CPU, measured apart)
 # at the rates BENCH_WAL_RATES (100,1000), writes that report beside the first (<out>-wal.json)
 # and prints the two sources side by side (scripts/bench-sources.py).
 #
@@ -78,7 +79,7 @@ env DATABASE_URL="postgres://postgres@${PG_HOST}:${PG_PORT}/postgres?sslmode=dis
 # the caller chose a source or turned it off (BENCH_WAL=0).
 wal_rc=0
 if ((rc == 0)) && [[ ${BENCH_WAL:-1} != 0 && " $* " != *" --relay-source"* ]]; then
-    section "bench --relay-source wal (${BENCH_WAL_PHASES:-idle,relay,latency}, rates ${BENCH_WAL_RATES:-100,1000})"
+    section "bench --relay-source wal (${BENCH_WAL_PHASES:-idle,relay,latency,relay-cost}, rates ${BENCH_WAL_RATES:-100,1000})"
     wal_out="${BENCH_OUT%.json}-wal.json"
     args=()
     skip=0
@@ -94,7 +95,7 @@ if ((rc == 0)) && [[ ${BENCH_WAL:-1} != 0 && " $* " != *" --relay-source"* ]]; t
         KAFKA_BROKERS="${KAFKA_BROKERS:-${BROKER_HOST}:${BROKER_PORT}}" \
         PIPELINE_BIN_DIR="$TARGET_DIR/release" \
         "$TARGET_DIR/release/bench" "${args[@]}" --relay-source wal \
-        --phases "${BENCH_WAL_PHASES:-idle,relay,latency}" --rates "${BENCH_WAL_RATES:-100,1000}" \
+        --phases "${BENCH_WAL_PHASES:-idle,relay,latency,relay-cost}" --rates "${BENCH_WAL_RATES:-100,1000}" \
         --out "$wal_out" || wal_rc=$?
     if ((wal_rc == 0)); then
         section "the relay's sources side by side ($BENCH_OUT, $wal_out)"

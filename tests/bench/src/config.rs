@@ -184,6 +184,9 @@ pub enum Phase {
     Delayed,
     /// Retention of old rows under steady load, over a large history (not in the default run).
     Retention,
+    /// What each source of the relay costs PostgreSQL, the writers' own cost taken out, at each
+    /// rate of --rates (not in the default run; the write-ahead log's pass runs it).
+    RelayCost,
 }
 
 /// Resolved settings: every size and duration decided.

@@ -139,6 +139,10 @@ impl CpuProfiler {
             let filter = match w {
                 Watched::Pid(_, pid) => vec!["--pid".to_owned(), pid.to_string()],
                 Watched::Command(_, comm) => vec!["--comm".to_owned(), (*comm).to_owned()],
+                Watched::Pids(_, pids) => {
+                    let pids: Vec<String> = pids.iter().map(u32::to_string).collect();
+                    vec!["--pid".to_owned(), pids.join(",")]
+                }
             };
             let name = w.name();
             let file = dir.join(format!("{}-{name}.txt", self.label));

@@ -6,7 +6,7 @@
 //! - [`run`]: the phases asked for, in order, and the clean-up ([`run_and_clean_up`]);
 //! - [`config`]: the command line and the settings it resolves to;
 //! - the phases: [`idle`], [`broker`], [`database`], [`relay_drain`], [`consumer_drain`], [`latency`]
-//!   ([`broker_latency`]), [`sustained`], [`delayed`], [`retention`];
+//!   ([`broker_latency`]), [`sustained`], [`delayed`], [`retention`], [`relay_cost`];
 //! - [`driver`] (the load) and [`orders`] (the events' shape); [`services`] and [`envs`]: the
 //!   binaries and the environments they run in;
 //! - [`procstat`], [`cpuprofile`], [`dbprofile`], [`statements`]: CPU, where it goes by function,
@@ -27,6 +27,7 @@ pub mod idle;
 pub mod latency;
 pub mod orders;
 pub mod procstat;
+pub mod relay_cost;
 pub mod relay_drain;
 pub mod report;
 pub mod retention;

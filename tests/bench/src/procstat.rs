@@ -19,13 +19,15 @@ pub enum Watched {
     Pid(&'static str, u32),
     /// Every process whose command name is this (e.g. all `postgres` backends), summed.
     Command(&'static str, &'static str),
+    /// These processes, summed (e.g. one client's database sessions).
+    Pids(&'static str, Vec<u32>),
 }
 
 impl Watched {
     /// The name its CPU is reported under.
     pub fn name(&self) -> &'static str {
         match self {
-            Watched::Pid(name, _) | Watched::Command(name, _) => name,
+            Watched::Pid(name, _) | Watched::Command(name, _) | Watched::Pids(name, _) => name,
         }
     }
 
@@ -33,6 +35,7 @@ impl Watched {
         match self {
             Watched::Pid(_, pid) => vec![*pid],
             Watched::Command(_, comm) => pids_named(comm),
+            Watched::Pids(_, pids) => pids.clone(),
         }
     }
 }

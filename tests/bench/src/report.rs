@@ -17,6 +17,7 @@ use super::delayed::DelayedResult;
 use super::idle::IdleRun;
 use super::latency::LatencyRun;
 use super::procstat::{cores, peak_rss_mb, BrokerProcess, CpuUse, BROKER};
+use super::relay_cost::RelayCost;
 use super::relay_drain::RelayResult;
 use super::retention::{self, RetentionResult, FLAT_GROWTH_PCT};
 use super::sustained::SustainedResult;
@@ -43,6 +44,8 @@ pub struct Report {
     pub delayed: Option<DelayedResult>,
     /// Retention under load over a large history.
     pub retention: Option<RetentionResult>,
+    /// What each source of the relay costs PostgreSQL.
+    pub relay_cost: Option<RelayCost>,
     /// Highest peak resident memory (VmHWM) of each service over every phase, MiB.
     pub peak_rss_mb: BTreeMap<String, f64>,
     pub targets: Vec<TargetCheck>,
@@ -103,6 +106,7 @@ impl Report {
             sustained: None,
             delayed: None,
             retention: None,
+            relay_cost: None,
             peak_rss_mb: BTreeMap::new(),
             targets: Vec::new(),
             vs_database: BTreeMap::new(),

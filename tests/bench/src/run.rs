@@ -6,7 +6,8 @@ use crate::config::{Phase, Settings};
 use crate::envs::EnvRegistry;
 use crate::report::{self, Report};
 use crate::{
-    broker, consumer_drain, database, delayed, idle, latency, relay_drain, retention, sustained,
+    broker, consumer_drain, database, delayed, idle, latency, relay_cost, relay_drain, retention,
+    sustained,
 };
 
 /// Runs the phases asked for, then drops what they created (unless `--keep`). Ctrl-C stops the
@@ -123,6 +124,13 @@ async fn run(settings: &Settings, envs: &EnvRegistry, report: &mut Report) {
         match retention::run(settings, envs, &mut report.notes).await {
             Ok(r) => report.retention = Some(r),
             Err(e) => report.errors.push(format!("retention phase: {e:#}")),
+        }
+    }
+    if settings.runs(Phase::RelayCost) {
+        say("phase 8: what each source of the relay costs PostgreSQL");
+        match relay_cost::run(settings, envs, &mut report.notes).await {
+            Ok(c) => report.relay_cost = Some(c),
+            Err(e) => report.errors.push(format!("relay cost phase: {e:#}")),
         }
     }
     say(&format!(

@@ -364,6 +364,9 @@ fn write_report(o: &mut String, r: &Report) -> std::fmt::Result {
     if let Some(ret) = &r.retention {
         crate::retention::table::write(o, ret)?;
     }
+    if let Some(cost) = &r.relay_cost {
+        crate::relay_cost::write_table(o, cost)?;
+    }
     if !r.peak_rss_mb.is_empty() {
         let peaks: Vec<String> = r
             .peak_rss_mb
