@@ -110,6 +110,22 @@ def cost_rows(queue, wal):
     if not cost:
         return []
     rows = []
+    first = (cost.get("rates") or [{}])[0]
+    idle = {}
+    for c in first.get("cases") or []:
+        if c.get("idle_relay_percent"):
+            n = len(c["idle_relay_percent"])
+            idle[c["case"]] = (
+                sum(c["idle_relay_percent"]) / n + sum(c["idle_sessions_percent"]) / n
+            )
+    if idle:
+        rows.append(
+            (
+                "relaying alone, idle: relay process + its sessions, % of a core",
+                fmt(idle.get("queue"), ".2f"),
+                fmt(idle.get("wal"), ".2f"),
+            )
+        )
     for r in cost.get("rates") or []:
         rate = "%g/s" % r["rate"]
         rows.append(
@@ -117,13 +133,6 @@ def cost_rows(queue, wal):
                 f"relaying alone {rate}: server CPU µs an event, the relay's sessions",
                 fmt(r.get("queue_sessions_us"), ",.0f"),
                 fmt(r.get("wal_sessions_us"), ",.0f"),
-            )
-        )
-        rows.append(
-            (
-                f"relaying alone {rate}: server CPU µs an event over the writers alone",
-                fmt(r.get("queue_postgres_us"), ",.0f"),
-                fmt(r.get("wal_postgres_us"), ",.0f"),
             )
         )
         rows.append(

@@ -1,9 +1,12 @@
 //! What relaying costs PostgreSQL, apart from everything else the pipeline asks of it. The same
 //! open-loop stream of one-event transactions (one INSERT into the outbox each, from the order
-//! service's pool size) is written at each rate three ways: with no relay (the writers' own
-//! cost: the insert trigger skips the queue, as it does while a relay streams), under the queue
-//! relay, and under the write-ahead-log relay. The server's CPU (every backend, the writers'
-//! too, the walsender) less the writers-alone figure is what that source of the relay costs it.
+//! service's pool size) is written at each rate three ways: with no relay (the insert trigger
+//! skipping the queue, as it does while a relay streams), under the queue relay, and under the
+//! write-ahead-log relay. Each relay is measured idle first. The relay's cost is the CPU of its
+//! own server sessions (its pool's, and the walsender that decodes for its slot), read by
+//! process; the server's whole CPU in each case is reported beside it (the writers' share
+//! varies by several % of a core from one database to the next, more than the relay's, so the
+//! difference of two cases' totals does not measure the relay).
 //!
 //! Two more cases write one-row transactions to a table outside the outbox, with no relay and
 //! with the write-ahead-log relay streaming: logical decoding reads every transaction of the
@@ -33,6 +36,9 @@ const WRITER_CONNECTIONS: u32 = 16;
 
 /// Writing before each measurement: connections, plans and the relay's first batches.
 const WARM_UP: Duration = Duration::from_secs(2);
+
+/// A relay's start-up before it is measured idle.
+const IDLE_SETTLE: Duration = Duration::from_secs(3);
 
 /// One way of writing the stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -87,12 +93,10 @@ pub struct CaseCost {
     pub walsender_percent: Vec<f64>,
     /// Transactions written per second, each round.
     pub written_per_s: Vec<f64>,
-}
-
-impl CaseCost {
-    fn mean_postgres(&self) -> f64 {
-        mean(&self.postgres_percent)
-    }
+    /// Before anything is written: the relay process's CPU and its sessions' (the walsender
+    /// included), % of a core, each round (none without a relay).
+    pub idle_relay_percent: Vec<f64>,
+    pub idle_sessions_percent: Vec<f64>,
 }
 
 /// Every case at one rate, and what follows from them.
@@ -100,13 +104,6 @@ impl CaseCost {
 pub struct RateCost {
     pub rate: f64,
     pub cases: Vec<CaseCost>,
-    /// The server's CPU the queue relay adds, µs per event: the whole server's over the
-    /// writers alone (its sessions, and the writers' queue rows and notifications).
-    pub queue_postgres_us: Option<f64>,
-    /// The same of the write-ahead-log relay (the walsender, the relay's sessions).
-    pub wal_postgres_us: Option<f64>,
-    /// wal_postgres_us / queue_postgres_us.
-    pub wal_vs_queue: Option<f64>,
     /// The server CPU of the queue relay's own sessions, µs per event (measured by process,
     /// without the writers' share).
     pub queue_sessions_us: Option<f64>,
@@ -122,6 +119,8 @@ pub struct RateCost {
 #[derive(Debug, Clone, Serialize)]
 pub struct RelayCost {
     pub seconds: f64,
+    /// Seconds each relay is measured idle, before the writes.
+    pub idle_seconds: f64,
     pub rounds: u32,
     pub rates: Vec<RateCost>,
 }
@@ -133,6 +132,7 @@ pub async fn run(
     notes: &mut Vec<String>,
 ) -> anyhow::Result<RelayCost> {
     let (seconds, rounds) = if settings.quick { (5, 1) } else { (15, 2) };
+    let idle = Duration::from_secs(if settings.quick { 5 } else { 10 });
     let measured = Duration::from_secs(seconds);
     let payload = EventMessage::new(Uuid::new_v4(), 1, 1, settings.products).payload;
     let mut rates: Vec<RateCost> = settings
@@ -149,11 +149,10 @@ pub async fn run(
                     relay_sessions_percent: Vec::new(),
                     walsender_percent: Vec::new(),
                     written_per_s: Vec::new(),
+                    idle_relay_percent: Vec::new(),
+                    idle_sessions_percent: Vec::new(),
                 })
                 .collect(),
-            queue_postgres_us: None,
-            wal_postgres_us: None,
-            wal_vs_queue: None,
             queue_sessions_us: None,
             wal_sessions_us: None,
             wal_vs_queue_sessions: None,
@@ -164,55 +163,52 @@ pub async fn run(
         for (c, &case) in CASES.iter().enumerate() {
             super::run::say(&format!("relay cost: {case:?}, round {round} of {rounds}"));
             let env = envs.create("bench_relaycost", settings.partitions).await?;
-            let outcome =
-                measure_case(settings, &env, case, &payload, measured, &mut rates, c).await;
+            let times = Times { measured, idle };
+            let outcome = measure_case(settings, &env, case, &payload, times, &mut rates, c).await;
             notes.extend(envs.release(env).await);
             outcome?;
         }
     }
     for r in &mut rates {
-        let pg = |case: Case| {
-            r.cases
-                .iter()
-                .find(|c| c.case == case)
-                .map(CaseCost::mean_postgres)
-        };
-        let per_event = |with: Option<f64>, without: Option<f64>| {
-            Some(round1((with? - without?) / 100.0 * 1e6 / r.rate))
-        };
-        r.queue_postgres_us = per_event(pg(Case::Queue), pg(Case::WritersAlone));
-        r.wal_postgres_us = per_event(pg(Case::Wal), pg(Case::WritersAlone));
-        r.wal_vs_queue = ratio(r.wal_postgres_us, r.queue_postgres_us);
+        let per_event = |percent: Option<f64>| Some(round1(percent? / 100.0 * 1e6 / r.rate));
         let sessions = |case: Case| {
             r.cases
                 .iter()
                 .find(|c| c.case == case && !c.relay_sessions_percent.is_empty())
                 .map(|c| mean(&c.relay_sessions_percent))
         };
-        r.queue_sessions_us = per_event(sessions(Case::Queue), Some(0.0));
-        r.wal_sessions_us = per_event(sessions(Case::Wal), Some(0.0));
+        r.queue_sessions_us = per_event(sessions(Case::Queue));
+        r.wal_sessions_us = per_event(sessions(Case::Wal));
         r.wal_vs_queue_sessions = ratio(r.wal_sessions_us, r.queue_sessions_us);
         let walsender = r
             .cases
             .iter()
             .find(|c| c.case == Case::OtherWal && !c.walsender_percent.is_empty())
             .map(|c| mean(&c.walsender_percent));
-        r.wal_other_sessions_us = per_event(walsender, Some(0.0));
+        r.wal_other_sessions_us = per_event(walsender);
     }
     Ok(RelayCost {
         seconds: seconds as f64,
+        idle_seconds: idle.as_secs_f64(),
         rounds,
         rates,
     })
 }
 
-/// One case in `env`: its relay (if any), then each rate in turn.
+/// How long each measurement lasts.
+#[derive(Clone, Copy)]
+struct Times {
+    measured: Duration,
+    idle: Duration,
+}
+
+/// One case in `env`: its relay (if any) idle, then each rate in turn.
 async fn measure_case(
     settings: &Settings,
     env: &TestEnv,
     case: Case,
     payload: &str,
-    measured: Duration,
+    times: Times,
     rates: &mut [RateCost],
     index: usize,
 ) -> anyhow::Result<()> {
@@ -244,6 +240,23 @@ async fn measure_case(
         Some(source) => Some(start_relay(settings, env, source).await?),
         None => None,
     };
+    if let Some((relay, _)) = &relay {
+        tokio::time::sleep(IDLE_SETTLE).await;
+        let (sessions, walsenders) = relay_sessions(&pool).await?;
+        let meter = CpuMeter::start(vec![
+            Watched::Pid("relay", relay.pid().as_raw().unsigned_abs()),
+            Watched::Pids(RELAY_SESSIONS, [sessions, walsenders].concat()),
+        ]);
+        tokio::time::sleep(times.idle).await;
+        let cpu = meter.finish();
+        let share = |name: &str| cpu.percent.get(name).copied().unwrap_or(0.0);
+        for r in rates.iter_mut() {
+            r.cases[index].idle_relay_percent.push(share("relay"));
+            r.cases[index]
+                .idle_sessions_percent
+                .push(share(RELAY_SESSIONS));
+        }
+    }
     let written = Arc::new(AtomicU64::new(0));
     let mut outcome = Ok(());
     for r in rates.iter_mut() {
@@ -263,7 +276,7 @@ async fn measure_case(
             watched.push(Watched::Pids(WALSENDER, walsenders));
         }
         let meter = CpuMeter::start(watched);
-        let (count, seconds) = writer.write(r.rate, measured).await?;
+        let (count, seconds) = writer.write(r.rate, times.measured).await?;
         let cpu = meter.finish();
         let cost = &mut r.cases[index];
         cost.postgres_percent
@@ -470,6 +483,28 @@ pub fn write_table(o: &mut String, cost: &RelayCost) -> std::fmt::Result {
          server's CPU, % of a core, mean of the rounds)",
         cost.rounds, cost.seconds
     )?;
+    if let Some(first) = cost.rates.first() {
+        let idle = |case: Case| {
+            first
+                .cases
+                .iter()
+                .find(|c| c.case == case && !c.idle_relay_percent.is_empty())
+                .map_or("-".to_owned(), |c| {
+                    format!(
+                        "{:.2}% + its sessions {:.2}%",
+                        mean(&c.idle_relay_percent),
+                        mean(&c.idle_sessions_percent)
+                    )
+                })
+        };
+        writeln!(
+            o,
+            "    idle ({:.0} s): the queue relay {}; the write-ahead-log relay {}",
+            cost.idle_seconds,
+            idle(Case::Queue),
+            idle(Case::Wal)
+        )?;
+    }
     let us = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.1} us"));
     let times = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.2}"));
     for r in &cost.rates {
@@ -493,12 +528,8 @@ pub fn write_table(o: &mut String, cost: &RelayCost) -> std::fmt::Result {
         )?;
         writeln!(
             o,
-            "           the relay's cost to the server per event: over the writers alone: queue {}, \
-             write-ahead log {} (x{}); its sessions (walsender included): queue {}, write-ahead \
-             log {} (x{}; the walsender {})",
-            us(r.queue_postgres_us),
-            us(r.wal_postgres_us),
-            times(r.wal_vs_queue),
+            "           the relay's cost to the server per event, its sessions' CPU (the walsender \
+             included): queue {}, write-ahead log {} (x{}; the walsender {})",
             us(r.queue_sessions_us),
             us(r.wal_sessions_us),
             times(r.wal_vs_queue_sessions),
