@@ -26,7 +26,7 @@ use super::orders::EventMessage;
 use super::procstat::{round1, shared_processes, CpuMeter, CpuUse};
 
 /// The order service's default pool size (`DATABASE_MAX_CONNECTIONS`).
-const WRITER_CONNECTIONS: u32 = 16;
+pub(crate) const WRITER_CONNECTIONS: u32 = 16;
 
 /// What PostgreSQL alone achieved.
 #[derive(Debug, Clone, Serialize)]
@@ -67,15 +67,7 @@ async fn measure(settings: &Settings, database_url: &str) -> anyhow::Result<Data
         .connect(database_url)
         .await
         .context("connecting for the database ceiling")?;
-    sqlx::query(
-        "CREATE TABLE bench_ceiling (
-             id         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-             event_id   uuid        NOT NULL UNIQUE,
-             payload    jsonb       NOT NULL,
-             created_at timestamptz NOT NULL DEFAULT clock_timestamp())",
-    )
-    .execute(&pool)
-    .await?;
+    create_row_table(&pool).await?;
     let payload = EventMessage::new(Uuid::new_v4(), 1, 1, settings.products).payload;
 
     let meter = CpuMeter::start(shared_processes());
@@ -109,6 +101,21 @@ async fn measure(settings: &Settings, database_url: &str) -> anyhow::Result<Data
         ),
         cpu_batch,
     })
+}
+
+/// Creates `bench_ceiling`: a table with what the outbox has per row (an identity key, a unique
+/// uuid and a jsonb payload), outside the outbox.
+pub(crate) async fn create_row_table(pool: &PgPool) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "CREATE TABLE bench_ceiling (
+             id         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+             event_id   uuid        NOT NULL UNIQUE,
+             payload    jsonb       NOT NULL,
+             created_at timestamptz NOT NULL DEFAULT clock_timestamp())",
+    )
+    .execute(pool)
+    .await?;
+    Ok(())
 }
 
 /// `connections` tasks commit transactions of `rows` rows each for `duration`; returns the

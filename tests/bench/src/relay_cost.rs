@@ -26,13 +26,11 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use super::config::Settings;
+use super::database::{self, WRITER_CONNECTIONS};
 use super::envs::EnvRegistry;
 use super::orders::EventMessage;
 use super::procstat::{round1, shared_processes, CpuMeter, Watched, POSTGRES};
 use super::services;
-
-/// The order service's default pool size (`DATABASE_MAX_CONNECTIONS`).
-const WRITER_CONNECTIONS: u32 = 16;
 
 /// Writing before each measurement: connections, plans and the relay's first batches.
 const WARM_UP: Duration = Duration::from_secs(2);
@@ -217,15 +215,7 @@ async fn measure_case(
         .connect(&env.database_url)
         .await?;
     if !case.outbox() {
-        sqlx::query(
-            "CREATE TABLE bench_other (
-                 id         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-                 event_id   uuid        NOT NULL UNIQUE,
-                 payload    jsonb       NOT NULL,
-                 created_at timestamptz NOT NULL DEFAULT clock_timestamp())",
-        )
-        .execute(&pool)
-        .await?;
+        database::create_row_table(&pool).await?;
     }
     if case == Case::WritersAlone {
         // The writers as they are while a relay streams: the trigger queues nothing.
@@ -466,7 +456,7 @@ async fn insert(
         .execute(pool)
         .await?;
     } else {
-        sqlx::query("INSERT INTO bench_other (event_id, payload) VALUES ($1, $2::text::jsonb)")
+        sqlx::query("INSERT INTO bench_ceiling (event_id, payload) VALUES ($1, $2::text::jsonb)")
             .bind(Uuid::now_v7())
             .bind(payload)
             .execute(pool)
