@@ -110,14 +110,11 @@ def cost_rows(queue, wal):
     if not cost:
         return []
     rows = []
-    first = (cost.get("rates") or [{}])[0]
     idle = {}
-    for c in first.get("cases") or []:
-        if c.get("idle_relay_percent"):
-            n = len(c["idle_relay_percent"])
-            idle[c["case"]] = (
-                sum(c["idle_relay_percent"]) / n + sum(c["idle_sessions_percent"]) / n
-            )
+    for c in cost.get("idle") or []:
+        if c.get("relay_percent"):
+            n = len(c["relay_percent"])
+            idle[c["case"]] = sum(c["relay_percent"]) / n + sum(c["sessions_percent"]) / n
     if idle:
         rows.append(
             (

@@ -91,10 +91,16 @@ pub struct CaseCost {
     pub walsender_percent: Vec<f64>,
     /// Transactions written per second, each round.
     pub written_per_s: Vec<f64>,
-    /// Before anything is written: the relay process's CPU and its sessions' (the walsender
-    /// included), % of a core, each round (none without a relay).
-    pub idle_relay_percent: Vec<f64>,
-    pub idle_sessions_percent: Vec<f64>,
+}
+
+/// A case's relay before anything is written, over every round.
+#[derive(Debug, Clone, Serialize)]
+pub struct IdleCost {
+    pub case: Case,
+    /// The relay process's CPU, % of a core, each round.
+    pub relay_percent: Vec<f64>,
+    /// Its sessions' (the walsender included), each round.
+    pub sessions_percent: Vec<f64>,
 }
 
 /// Every case at one rate, and what follows from them.
@@ -119,6 +125,8 @@ pub struct RelayCost {
     pub seconds: f64,
     /// Seconds each relay is measured idle, before the writes.
     pub idle_seconds: f64,
+    /// Each case with a relay, idle.
+    pub idle: Vec<IdleCost>,
     pub rounds: u32,
     pub rates: Vec<RateCost>,
 }
@@ -147,14 +155,21 @@ pub async fn run(
                     relay_sessions_percent: Vec::new(),
                     walsender_percent: Vec::new(),
                     written_per_s: Vec::new(),
-                    idle_relay_percent: Vec::new(),
-                    idle_sessions_percent: Vec::new(),
                 })
                 .collect(),
             queue_sessions_us: None,
             wal_sessions_us: None,
             wal_vs_queue_sessions: None,
             wal_other_sessions_us: None,
+        })
+        .collect();
+    let mut idle_costs: Vec<IdleCost> = CASES
+        .iter()
+        .filter(|case| case.relay_source().is_some())
+        .map(|&case| IdleCost {
+            case,
+            relay_percent: Vec::new(),
+            sessions_percent: Vec::new(),
         })
         .collect();
     for round in 1..=rounds {
@@ -164,7 +179,12 @@ pub async fn run(
             let times = Times { measured, idle };
             let outcome = measure_case(settings, &env, case, &payload, times, &mut rates, c).await;
             notes.extend(envs.release(env).await);
-            outcome?;
+            if let Some((relay, sessions)) = outcome? {
+                if let Some(cost) = idle_costs.iter_mut().find(|i| i.case == case) {
+                    cost.relay_percent.push(relay);
+                    cost.sessions_percent.push(sessions);
+                }
+            }
         }
     }
     for r in &mut rates {
@@ -188,6 +208,7 @@ pub async fn run(
     Ok(RelayCost {
         seconds: seconds as f64,
         idle_seconds: idle.as_secs_f64(),
+        idle: idle_costs,
         rounds,
         rates,
     })
@@ -200,7 +221,8 @@ struct Times {
     idle: Duration,
 }
 
-/// One case in `env`: its relay (if any) idle, then each rate in turn.
+/// One case in `env`: its relay (if any) idle, then each rate in turn. Returns the relay's idle
+/// CPU and its sessions', % of a core.
 async fn measure_case(
     settings: &Settings,
     env: &TestEnv,
@@ -209,7 +231,7 @@ async fn measure_case(
     times: Times,
     rates: &mut [RateCost],
     index: usize,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Option<(f64, f64)>> {
     let pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(WRITER_CONNECTIONS)
         .connect(&env.database_url)
@@ -230,6 +252,7 @@ async fn measure_case(
         Some(source) => Some(start_relay(settings, env, source).await?),
         None => None,
     };
+    let mut idle = None;
     if let Some((relay, _)) = &relay {
         tokio::time::sleep(IDLE_SETTLE).await;
         let (sessions, walsenders) = relay_sessions(&pool).await?;
@@ -240,12 +263,7 @@ async fn measure_case(
         tokio::time::sleep(times.idle).await;
         let cpu = meter.finish();
         let share = |name: &str| cpu.percent.get(name).copied().unwrap_or(0.0);
-        for r in rates.iter_mut() {
-            r.cases[index].idle_relay_percent.push(share("relay"));
-            r.cases[index]
-                .idle_sessions_percent
-                .push(share(RELAY_SESSIONS));
-        }
+        idle = Some((share("relay"), share(RELAY_SESSIONS)));
     }
     let written = Arc::new(AtomicU64::new(0));
     let mut outcome = Ok(());
@@ -293,7 +311,7 @@ async fn measure_case(
         let _ = services::stop(relay).await;
     }
     pool.close().await;
-    outcome
+    outcome.map(|()| idle)
 }
 
 /// The watched names of the relay's pool's database sessions and of its walsender.
@@ -473,28 +491,25 @@ pub fn write_table(o: &mut String, cost: &RelayCost) -> std::fmt::Result {
          server's CPU, % of a core, mean of the rounds)",
         cost.rounds, cost.seconds
     )?;
-    if let Some(first) = cost.rates.first() {
-        let idle = |case: Case| {
-            first
-                .cases
-                .iter()
-                .find(|c| c.case == case && !c.idle_relay_percent.is_empty())
-                .map_or("-".to_owned(), |c| {
-                    format!(
-                        "{:.2}% + its sessions {:.2}%",
-                        mean(&c.idle_relay_percent),
-                        mean(&c.idle_sessions_percent)
-                    )
-                })
-        };
-        writeln!(
-            o,
-            "    idle ({:.0} s): the queue relay {}; the write-ahead-log relay {}",
-            cost.idle_seconds,
-            idle(Case::Queue),
-            idle(Case::Wal)
-        )?;
-    }
+    let idle = |case: Case| {
+        cost.idle
+            .iter()
+            .find(|i| i.case == case && !i.relay_percent.is_empty())
+            .map_or("-".to_owned(), |i| {
+                format!(
+                    "{:.2}% + its sessions {:.2}%",
+                    mean(&i.relay_percent),
+                    mean(&i.sessions_percent)
+                )
+            })
+    };
+    writeln!(
+        o,
+        "    idle ({:.0} s): the queue relay {}; the write-ahead-log relay {}",
+        cost.idle_seconds,
+        idle(Case::Queue),
+        idle(Case::Wal)
+    )?;
     let us = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.1} us"));
     let times = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.2}"));
     for r in &cost.rates {
