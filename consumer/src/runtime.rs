@@ -145,12 +145,14 @@ impl Runtime {
                 }
             }
         }
+        tracing::info!("every group stopped; waiting for the tasks beside them");
         for task in self.background {
             let _ = task.await;
         }
         if let Some(t) = self.lag_thread {
             let _ = tokio::task::spawn_blocking(move || t.join()).await;
         }
+        tracing::info!("every part stopped");
         if let Some(reason) = self.fatal.reason() {
             return Err(ConsumerError::Stopped(anyhow::anyhow!(
                 "stopped on a fatal error: {reason}"

@@ -188,6 +188,7 @@ pub fn run_member(
     }
 
     // Shutdown: let in-flight batches finish, then commit what they own, synchronously.
+    tracing::info!(%group, "consumer group stopping");
     let keys = ctx.tasks.keys();
     ctx.tasks.stop(&keys);
     ctx.offsets.collect_finished();
@@ -196,6 +197,7 @@ pub fn run_member(
         .commit(&consumer, &ctx.tasks, &finished, CommitMode::Sync);
     tracing::info!(%group, committed_partitions = finished.len(), "consumer group stopped");
     consumer.unsubscribe();
+    leave(consumer, &group);
     match fatal {
         Some(e) => {
             tracing::error!(error = %e, "stopping on a fatal Kafka error");
@@ -204,6 +206,32 @@ pub fn run_member(
         None => Ok(()),
     }
 }
+
+/// Leaves the group: dropping the consumer runs librdkafka's close, which revokes (the callback
+/// commits what the tasks finished) and polls until the broker answers. A close that does not
+/// finish within [`LEAVE_WITHIN`] is left to run on its own thread and the shutdown goes on: its
+/// offsets were committed above, and the broker ends the membership at its session timeout.
+fn leave(consumer: BaseConsumer<MemberContext>, group: &str) {
+    let (left_tx, left_rx) = mpsc::channel();
+    let closing = std::thread::Builder::new()
+        .name(format!("leave-{group}"))
+        .spawn(move || {
+            drop(consumer);
+            let _ = left_tx.send(());
+        });
+    if let Err(e) = closing {
+        tracing::warn!(%group, error = %e, "cannot start the thread that leaves the group");
+        return;
+    }
+    match left_rx.recv_timeout(LEAVE_WITHIN) {
+        Ok(()) => tracing::info!(%group, "consumer group left"),
+        Err(_) => tracing::warn!(%group, within_ms = LEAVE_WITHIN.as_millis() as u64,
+            "the group's close did not finish; the broker ends the membership at its session timeout"),
+    }
+}
+
+/// Longest a stopping member waits for librdkafka's close of its consumer.
+const LEAVE_WITHIN: Duration = Duration::from_secs(10);
 
 /// Moves the fetch of a partition whose task ended by itself back to the first message that task
 /// was handed, or past what the member's tasks finished if that is further: what the ended task

@@ -62,11 +62,13 @@ impl Service {
                 return Ok(status.success());
             }
             if Instant::now() > deadline {
+                let stacks = thread_stacks(self.pid());
                 let _ = self.child.kill();
                 let _ = self.child.wait();
                 bail!(
-                    "{} did not stop within {timeout:?} after SIGTERM",
-                    self.label
+                    "{} did not stop within {timeout:?} after SIGTERM; its log ends:\n{}{stacks}",
+                    self.label,
+                    log_tail(&self.log(), 40)
                 );
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -127,5 +129,36 @@ impl Drop for Service {
             let _ = self.child.kill();
             let _ = self.child.wait();
         }
+    }
+}
+
+/// The last `lines` lines of `log`.
+fn log_tail(log: &str, lines: usize) -> String {
+    let all: Vec<&str> = log.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// Every thread's stack of a process that hangs, where gdb is installed: what it waits on.
+fn thread_stacks(pid: Pid) -> String {
+    let output = std::process::Command::new("gdb")
+        .args([
+            "-p",
+            &pid.to_string(),
+            "-batch",
+            "-ex",
+            "thread apply all bt 30",
+        ])
+        .stdin(std::process::Stdio::null())
+        .output();
+    match output {
+        Ok(out) if out.status.success() => {
+            let text = String::from_utf8_lossy(&out.stdout);
+            let stacks: Vec<&str> = text
+                .lines()
+                .filter(|l| l.starts_with("Thread ") || l.starts_with('#'))
+                .collect();
+            format!("\nits threads:\n{}", stacks.join("\n"))
+        }
+        _ => String::new(),
     }
 }
