@@ -539,3 +539,61 @@ async fn an_event_for_a_topic_kafka_refuses_fails_and_holds_its_order(pool: PgPo
         .expect("backlog");
     assert_eq!((metrics.failed.get(), metrics.held.get()), (1, 1));
 }
+
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn a_creation_time_the_relay_cannot_carry_is_refused_when_written(pool: PgPool) {
+    let (_elector, lease) = common::hold_lease(&pool).await;
+    let metrics = RelayMetrics::register(&Registry::new()).expect("metrics");
+    let producer = create_producer(
+        &kafka_args(&brokers()),
+        &settings(Duration::from_secs(10)),
+        metrics.clone(),
+    )
+    .expect("producer");
+    let topic = topic().await;
+    // A writer of the outbox table that sets `created_at` itself: a time no envelope can carry
+    // (`occurred_at`) would stop the relay at that row.
+    for (n, created_at) in ["infinity", "-infinity", "290000-01-01 00:00:00+00"]
+        .into_iter()
+        .enumerate()
+    {
+        let written = sqlx::query(
+            "INSERT INTO outbox (event_id, business_key, event_type, aggregate_id, sequence, topic,
+                                 payload, created_at)
+             VALUES (gen_random_uuid(), $1, 'order.placed', $1, 1, $2, '{}', $3::timestamptz)",
+        )
+        .bind(format!("order-time-{n}"))
+        .bind(&topic)
+        .bind(created_at)
+        .execute(&pool)
+        .await;
+        match written {
+            Err(sqlx::Error::Database(e)) => assert_eq!(
+                e.constraint(),
+                Some("outbox_created_at_range"),
+                "{created_at}: {e}"
+            ),
+            other => {
+                let step = relay_batch(&pool, &producer, &lease, 100, &policy(), &metrics).await;
+                panic!("{created_at} written ({other:?}); the relay's next step: {step:?}")
+            }
+        }
+    }
+    let fine = enqueue(
+        &pool,
+        &topic,
+        "order-time-fine",
+        "order.placed",
+        serde_json::json!({}),
+    )
+    .await;
+    relay_until(
+        &pool,
+        &producer,
+        &lease,
+        &metrics,
+        "the next event published",
+        async || row(&pool, fine).await.0 == "published",
+    )
+    .await;
+}
