@@ -3,6 +3,8 @@
 //! neither queued nor delivered is published. Switching to the log, moving the horizon, and
 //! falling back to the queue from it.
 
+use std::collections::HashSet;
+
 use chrono::{DateTime, Utc};
 use pgwire_replication::Lsn;
 use sqlx::PgPool;
@@ -221,3 +223,22 @@ pub async fn until_slot_free(
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
+
+/// Of `aggregates`, those with an event in the relay's queue (pending, waiting for a retry, or
+/// failed), and whether the queue holds any event at all. A streamed event of such an aggregate
+/// must wait in the queue behind it, or it would be published ahead of an earlier event.
+pub async fn queued_aggregates(
+    pool: &PgPool,
+    aggregates: &[&str],
+) -> Result<(HashSet<String>, bool), sqlx::Error> {
+    let (queued, any): (Vec<String>, bool) = sqlx::query_as(
+        "SELECT ARRAY(SELECT DISTINCT aggregate_id FROM outbox_unpublished
+                      WHERE aggregate_id = ANY ($1::text[])),
+                EXISTS (SELECT 1 FROM outbox_unpublished)",
+    )
+    .bind(aggregates)
+    .fetch_one(pool)
+    .await?;
+    Ok((queued.into_iter().collect(), any))
+}
+

@@ -225,6 +225,9 @@ async fn stream(
     // is taken while the one does not cover the other.
     let mut covered: Option<DateTime<Utc>> = None;
     let mut newest: Option<DateTime<Utc>> = None;
+    // Whether the relay's queue may hold events (some were queued before the stream began, or
+    // since): while it may, each read's aggregates are checked against it.
+    let mut queue_may_hold = true;
     let mut horizon_tick = tokio::time::interval(HORIZON_EVERY);
     horizon_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let result = loop {
@@ -235,6 +238,7 @@ async fn stream(
             read = reader.next(), if events_out < limit => match read? {
                 None => break Err(SessionError::Ended),
                 Some(WalRead::Transaction { events, confirm }) => {
+                    let events = hold_behind_queue(pool, lease, &mut queue_may_hold, events).await?;
                     if events.is_empty() {
                         if sending.is_empty() {
                             confirmed = confirm;
@@ -250,6 +254,7 @@ async fn stream(
                     sending.push_back(send(producer, events, Some(confirm)).await);
                 }
                 Some(WalRead::Events { events }) => {
+                    let events = hold_behind_queue(pool, lease, &mut queue_may_hold, events).await?;
                     events_out += events.len();
                     sending.push_back(send(producer, events, None).await);
                 }
@@ -266,7 +271,7 @@ async fn stream(
                     pipeline_core::crash_point::crash_point(
                         pipeline_core::crash_point::RELAY_AFTER_DELIVERY,
                     );
-                    record(pool, lease, metrics, &retry, &events, &delivery).await?;
+                    queue_may_hold |= record(pool, lease, metrics, &retry, &events, &delivery).await?;
                     newest = newest.max(events.iter().map(|e| e.created_at).max());
                 }
                 if let Some(confirm) = confirm {
@@ -290,7 +295,7 @@ async fn stream(
                 // Let what was sent be acknowledged and confirmed before the session ends.
                 while let Some((confirm, events, delivery)) = sending.next().await {
                     if !events.is_empty() {
-                        record(pool, lease, metrics, &retry, &events, &delivery).await?;
+                        let _ = record(pool, lease, metrics, &retry, &events, &delivery).await?;
                     }
                     if let Some(confirm) = confirm {
                         reader.confirm(confirm);
@@ -305,6 +310,39 @@ async fn stream(
         tracing::debug!(error = %e, "closing the replication session");
     }
     result
+}
+
+/// The events of a read to send: those of an aggregate with an event in the relay's queue join
+/// the queue behind it instead (a failed event, one waiting for its retry, or one queued before
+/// the stream began), so that no event is published ahead of an earlier one of its aggregate.
+/// Checks the queue only while it may hold events; `queue_may_hold` follows what it finds.
+async fn hold_behind_queue(
+    pool: &PgPool,
+    lease: &Lease,
+    queue_may_hold: &mut bool,
+    events: Vec<OutboxEvent>,
+) -> Result<Vec<OutboxEvent>, SessionError> {
+    if !*queue_may_hold || events.is_empty() {
+        return Ok(events);
+    }
+    let mut aggregates: Vec<&str> = events.iter().map(|e| e.aggregate_id.as_str()).collect();
+    aggregates.sort_unstable();
+    aggregates.dedup();
+    let (queued, any) = source::queued_aggregates(pool, &aggregates).await?;
+    *queue_may_hold = any;
+    if queued.is_empty() {
+        return Ok(events);
+    }
+    let (held, send): (Vec<OutboxEvent>, Vec<OutboxEvent>) = events
+        .into_iter()
+        .partition(|e| queued.contains(&e.aggregate_id));
+    let ids: Vec<i64> = held.iter().map(|e| e.id).collect();
+    let _ = queue_streamed(pool, lease.fence(), &ids).await?;
+    tracing::info!(
+        events = ids.len(),
+        "streamed events queued behind earlier events of their aggregates"
+    );
+    Ok(send)
 }
 
 /// Hands `events` to the producer in order, and returns the wait for their delivery reports.
@@ -323,7 +361,7 @@ async fn send(
 
 /// Records what Kafka did with a transaction's events: those it did not take, and those held
 /// behind them, join the queue with their failed attempt; the metrics as the queue's batches
-/// count them.
+/// count them. Whether any event joined the queue.
 async fn record(
     pool: &PgPool,
     lease: &Lease,
@@ -331,9 +369,10 @@ async fn record(
     retry: &crate::backoff::RetryPolicy,
     events: &[OutboxEvent],
     delivery: &BatchDelivery,
-) -> Result<(), MarkError> {
+) -> Result<bool, MarkError> {
     let fence = lease.fence();
     let mut given_up = 0;
+    let queued = !delivery.failed.is_empty() || !delivery.held.is_empty();
     if !delivery.failed.is_empty() || !delivery.held.is_empty() {
         let ids: Vec<i64> = delivery
             .failed
@@ -363,5 +402,5 @@ async fn record(
     metrics
         .last_success
         .set(Utc::now().timestamp_millis() as f64 / 1000.0);
-    Ok(())
+    Ok(queued)
 }

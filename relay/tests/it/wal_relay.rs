@@ -410,6 +410,21 @@ async fn an_event_kafka_refuses_for_good_joins_the_queue_as_failed_and_holds_its
                 .await
                 .expect("error");
         assert!(error.contains("large"), "{error}");
+        // A later transaction's event of the same aggregate waits in the queue behind the
+        // failed one; the other aggregate's goes out from the log.
+        let mut tx = pool.begin().await.expect("begin");
+        let later = outbox::enqueue_all(&mut tx, &[event("big", 3, 10), event("fine", 2, 10)])
+            .await
+            .expect("enqueue");
+        tx.commit().await.expect("commit");
+        let on_topic = records(&topic, 2).await;
+        let ids: Vec<Uuid> = on_topic.iter().map(|r| envelope(r).0.event_id).collect();
+        assert_eq!(
+            ids,
+            vec![written[2].0, later[1].0],
+            "the held aggregate's later event did not go out"
+        );
+        assert_eq!(state(later[0].0).await, "pending", "queued behind it");
         stop(relay).await;
     })
     .await;
