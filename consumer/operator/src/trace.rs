@@ -199,9 +199,18 @@ pub async fn read(targets: &Targets, id: &str) -> anyhow::Result<Trace> {
         }
         .into());
     }
-    // Time order; within one instant, the outbox's steps before the groups', then by sequence.
+    // Time order; within one instant, the outbox's steps before the groups', then by sequence,
+    // an event's writing before the rest (a streamed event is published "at" its writing).
     steps.sort_by(|a, b| {
-        (a.at, a.place != "outbox", a.sequence).cmp(&(b.at, b.place != "outbox", b.sequence))
+        let key = |s: &Step| {
+            (
+                s.at,
+                s.place != "outbox",
+                s.sequence,
+                s.transition != "written",
+            )
+        };
+        key(a).cmp(&key(b))
     });
     Ok(Trace {
         aggregate_id,

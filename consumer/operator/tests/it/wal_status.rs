@@ -90,5 +90,44 @@ async fn the_status_shows_the_stream_its_slot_and_the_events_past_the_horizon(po
         states, ["pending"; 3],
         "not published before the horizon passes them"
     );
+    let transitions = |trace: &operator::trace::Trace| -> Vec<String> {
+        trace.steps.iter().map(|s| s.transition.clone()).collect()
+    };
+    let trace = operator::trace::read(&targets(&pool), "order-1")
+        .await
+        .expect("trace");
+    assert_eq!(transitions(&trace), ["written"; 3], "nothing published yet");
+
+    // The horizon passes them: each event's history says it was published from the log.
+    sqlx::query("UPDATE outbox_wal_source SET horizon = clock_timestamp()")
+        .execute(&pool)
+        .await
+        .expect("horizon");
+    let trace = operator::trace::read(&targets(&pool), "order-1")
+        .await
+        .expect("trace");
+    assert_eq!(
+        transitions(&trace),
+        [
+            "written",
+            "published",
+            "written",
+            "published",
+            "written",
+            "published"
+        ]
+    );
+    let published = &trace.steps[1];
+    assert!(
+        published
+            .detail
+            .as_deref()
+            .is_some_and(|d| d.contains("write-ahead log")),
+        "{published:?}"
+    );
+    assert_eq!(
+        published.kafka_partition, None,
+        "not known for a streamed event"
+    );
     dropped.expect("drop the slot");
 }
