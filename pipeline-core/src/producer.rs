@@ -9,8 +9,8 @@
 //! [`POLL_ROUND`]: a report still wakes the thread at once, and the busy end of a round comes
 //! ten times less often.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use rdkafka::client::Client;
@@ -37,6 +37,110 @@ const QUEUE_FULL_PAUSE: Duration = Duration::from_millis(10);
 /// A message's delivery report: `Err` when the producer was dropped before it came.
 pub type DeliveryFuture = oneshot::Receiver<OwnedDeliveryResult>;
 
+/// Where a message's delivery report goes.
+pub enum Reply {
+    /// To a future of its own ([`QuietProducer::send_result`]).
+    One(oneshot::Sender<OwnedDeliveryResult>),
+    /// To its place among a batch's reports ([`QuietProducer::send_in_batch`]).
+    InBatch(BatchSlot),
+}
+
+/// The delivery reports of a batch of messages, gathered in one place: the batch is woken once,
+/// when the last report has come, instead of a channel, a task and a wake-up for each message.
+/// Report `i` belongs to the message sent with index `i`.
+pub struct BatchReports {
+    /// `None`: the report was lost (the producer dropped the message without one).
+    slots: Vec<OnceLock<Option<OwnedDeliveryResult>>>,
+    /// Reports still to come, and one more until [`BatchReports::sent_all`].
+    remaining: AtomicUsize,
+    done: tokio::sync::Notify,
+}
+
+impl BatchReports {
+    /// Room for the reports of `len` messages, indexed from 0.
+    pub fn new(len: usize) -> Arc<Self> {
+        Arc::new(BatchReports {
+            slots: (0..len).map(|_| OnceLock::new()).collect(),
+            remaining: AtomicUsize::new(1),
+            done: tokio::sync::Notify::new(),
+        })
+    }
+
+    /// Every message of the batch has been handed to the producer (or refused):
+    /// [`BatchReports::all_reported`] may now finish.
+    pub fn sent_all(&self) {
+        self.settle();
+    }
+
+    /// Waits until every message sent has its report. Call after [`BatchReports::sent_all`].
+    pub async fn all_reported(&self) {
+        loop {
+            let notified = self.done.notified();
+            if self.remaining.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// The report of message `index`: `None` until it came, `Some(Err(Canceled))` if the producer
+    /// dropped the message without one.
+    pub fn report(&self, index: usize) -> Option<OwnedDeliveryResult> {
+        match self.slots.get(index)?.get()? {
+            Some(Ok(d)) => Some(Ok(Delivery {
+                partition: d.partition,
+                offset: d.offset,
+                timestamp: d.timestamp,
+            })),
+            Some(Err((error, message))) => Some(Err((error.clone(), message.clone()))),
+            None => Some(Err((
+                KafkaError::Canceled,
+                rdkafka::message::OwnedMessage::new(
+                    None,
+                    None,
+                    String::new(),
+                    rdkafka::Timestamp::NotAvailable,
+                    -1,
+                    -1,
+                    None,
+                ),
+            ))),
+        }
+    }
+
+    fn settle(&self) {
+        if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.done.notify_one();
+        }
+    }
+}
+
+/// One message's place among a batch's reports; a place dropped without its report (the
+/// message refused, or dropped by the producer) records the report as lost.
+pub struct BatchSlot {
+    reports: Arc<BatchReports>,
+    index: usize,
+    filled: bool,
+}
+
+impl BatchSlot {
+    fn fill(&mut self, report: Option<OwnedDeliveryResult>) {
+        if let Some(slot) = self.reports.slots.get(self.index) {
+            let _ = slot.set(report);
+        }
+        self.filled = true;
+        self.reports.settle();
+    }
+}
+
+impl Drop for BatchSlot {
+    fn drop(&mut self) {
+        if !self.filled {
+            self.fill(None);
+        }
+    }
+}
+
 /// The client context of a [`QuietProducer`]: `C`'s, with each delivery report sent to the
 /// future of its message.
 pub struct DeliveryContext<C> {
@@ -58,7 +162,7 @@ impl<C: ClientContext> ClientContext for DeliveryContext<C> {
 }
 
 impl<C: ClientContext> ProducerContext for DeliveryContext<C> {
-    type DeliveryOpaque = Box<oneshot::Sender<OwnedDeliveryResult>>;
+    type DeliveryOpaque = Box<Reply>;
 
     fn delivery(&self, result: &DeliveryResult<'_>, reply: Self::DeliveryOpaque) {
         let owned = match result {
@@ -69,8 +173,13 @@ impl<C: ClientContext> ProducerContext for DeliveryContext<C> {
             }),
             Err((error, message)) => Err((error.clone(), message.detach())),
         };
-        // The caller may have stopped waiting; the report then has no one to tell.
-        let _ = reply.send(owned);
+        match *reply {
+            // The caller may have stopped waiting; the report then has no one to tell.
+            Reply::One(reply) => {
+                let _ = reply.send(owned);
+            }
+            Reply::InBatch(mut slot) => slot.fill(Some(owned)),
+        }
     }
 }
 
@@ -138,6 +247,43 @@ impl<C: ClientContext + 'static> QuietProducer<C> {
         P: ToBytes + ?Sized,
     {
         let (reply, report) = oneshot::channel();
+        self.send_with(record, Reply::One(reply)).map(|()| report)
+    }
+
+    /// Queues `record` as message `index` of the batch `reports` (see [`BatchReports`]); a
+    /// record the producer refuses at once comes back with the error, and has no report.
+    #[allow(clippy::result_large_err)]
+    pub fn send_in_batch<'a, K, P>(
+        &self,
+        record: FutureRecord<'a, K, P>,
+        reports: &Arc<BatchReports>,
+        index: usize,
+    ) -> Result<(), (KafkaError, FutureRecord<'a, K, P>)>
+    where
+        K: ToBytes + ?Sized,
+        P: ToBytes + ?Sized,
+    {
+        // Counted before the send, as its report may come before the send returns; a refused
+        // record's slot is dropped, which settles it.
+        let _ = reports.remaining.fetch_add(1, Ordering::AcqRel);
+        let slot = BatchSlot {
+            reports: Arc::clone(reports),
+            index,
+            filled: false,
+        };
+        self.send_with(record, Reply::InBatch(slot))
+    }
+
+    #[allow(clippy::result_large_err)]
+    fn send_with<'a, K, P>(
+        &self,
+        record: FutureRecord<'a, K, P>,
+        reply: Reply,
+    ) -> Result<(), (KafkaError, FutureRecord<'a, K, P>)>
+    where
+        K: ToBytes + ?Sized,
+        P: ToBytes + ?Sized,
+    {
         let base = BaseRecord {
             topic: record.topic,
             partition: record.partition,
@@ -147,7 +293,7 @@ impl<C: ClientContext + 'static> QuietProducer<C> {
             headers: record.headers,
             delivery_opaque: Box::new(reply),
         };
-        self.producer.send(base).map(|()| report).map_err(|(e, b)| {
+        self.producer.send(base).map_err(|(e, b)| {
             let mut back = FutureRecord::to(b.topic);
             back.partition = b.partition;
             back.payload = b.payload;
@@ -229,6 +375,47 @@ mod tests {
             std::thread::sleep(Duration::from_millis(20));
         }
         polling_threads()
+    }
+
+    #[tokio::test]
+    async fn a_batch_is_reported_once_every_message_it_sent_has_its_report() {
+        // No broker answers: each message times out, and the batch learns it once, in order.
+        let mut config = ClientConfig::new();
+        let _ = config
+            .set("bootstrap.servers", "127.0.0.1:1")
+            .set("message.timeout.ms", "300")
+            .set("message.max.bytes", "2000");
+        let producer = QuietProducer::create(&config, DefaultClientContext).expect("producer");
+        let reports = BatchReports::new(4);
+        let big = "x".repeat(5000);
+        let mut refused = Vec::new();
+        for (index, payload) in ["a", "b", big.as_str(), "d"].into_iter().enumerate() {
+            let record = FutureRecord::<str, str>::to("reports").key("k").payload(payload);
+            if let Err((e, _)) = producer.send_in_batch(record, &reports, index) {
+                refused.push((index, e));
+            }
+        }
+        reports.sent_all();
+        tokio::time::timeout(Duration::from_secs(10), reports.all_reported())
+            .await
+            .expect("every report within the messages' timeout");
+        assert!(
+            matches!(refused.as_slice(), [(2, KafkaError::MessageProduction(_))]),
+            "the large one is refused at once: {refused:?}"
+        );
+        for index in [0, 1, 3] {
+            match reports.report(index) {
+                Some(Err((KafkaError::MessageProduction(code), _))) => {
+                    assert_eq!(code, RDKafkaErrorCode::MessageTimedOut, "{index}")
+                }
+                other => panic!("message {index}: {other:?}"),
+            }
+        }
+        // The refused message's place was settled without a report of Kafka's.
+        assert!(matches!(
+            reports.report(2),
+            Some(Err((KafkaError::Canceled, _)))
+        ));
     }
 
     #[test]

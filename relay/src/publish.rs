@@ -1,14 +1,13 @@
 //! Producing a claimed batch to Kafka and collecting every delivery report.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
 
-use futures::future::join_all;
 use pipeline_core::envelope::Envelope;
 use pipeline_core::kafka::KafkaArgs;
-use pipeline_core::producer::QuietProducer;
+use pipeline_core::producer::{BatchReports, QuietProducer};
 use rdkafka::error::KafkaError;
-use pipeline_core::producer::DeliveryFuture;
 use rdkafka::producer::FutureRecord;
 use rdkafka::statistics::Statistics;
 use rdkafka::types::RDKafkaErrorCode;
@@ -216,7 +215,9 @@ pub async fn publish_batch(producer: &RelayProducer, events: &[OutboxEvent]) -> 
 /// A batch handed to the producer, its delivery reports to come.
 pub struct SentBatch {
     outcome: BatchDelivery,
-    in_flight: Vec<(usize, DeliveryFuture)>,
+    /// The index of each event the producer took, in the batch's order.
+    sent: Vec<usize>,
+    reports: Arc<BatchReports>,
 }
 
 /// The first half of [`publish_batch`]: hands `events` to the producer in order, waiting only
@@ -225,7 +226,8 @@ pub struct SentBatch {
 pub async fn send_batch(producer: &RelayProducer, events: &[OutboxEvent]) -> SentBatch {
     let mut outcome = BatchDelivery::default();
     let mut blocked: HashSet<&str> = HashSet::new();
-    let mut in_flight = Vec::with_capacity(events.len());
+    let mut sent = Vec::with_capacity(events.len());
+    let reports = BatchReports::new(events.len());
     for (index, event) in events.iter().enumerate() {
         if blocked.contains(event.aggregate_id.as_str()) {
             outcome.held.push(event.id);
@@ -250,9 +252,9 @@ pub async fn send_batch(producer: &RelayProducer, events: &[OutboxEvent]) -> Sen
             .payload(event.payload.as_str())
             .headers(headers);
         loop {
-            match producer.send_result(record) {
-                Ok(delivery) => {
-                    in_flight.push((index, delivery));
+            match producer.send_in_batch(record, &reports, index) {
+                Ok(()) => {
+                    sent.push(index);
                     break;
                 }
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
@@ -268,7 +270,12 @@ pub async fn send_batch(producer: &RelayProducer, events: &[OutboxEvent]) -> Sen
             }
         }
     }
-    SentBatch { outcome, in_flight }
+    reports.sent_all();
+    SentBatch {
+        outcome,
+        sent,
+        reports,
+    }
 }
 
 impl SentBatch {
@@ -277,38 +284,37 @@ impl SentBatch {
     pub async fn delivered(self, producer: &RelayProducer, events: &[OutboxEvent]) -> BatchDelivery {
         let SentBatch {
             mut outcome,
-            in_flight,
+            sent,
+            reports,
         } = self;
-        let reports = join_all(
-            in_flight
-                .into_iter()
-                .map(|(index, fut)| async move { (&events[index], fut.await) }),
-        )
-        .await;
-    // A fatal error fails every message of the instance, whatever code each report carries.
-    let fatal = producer.client().fatal_error().is_some();
-    for (event, report) in reports {
-        match report {
-            Ok(Ok(delivery)) => outcome.published.push(Published::reported(
-                event.id,
-                delivery.partition,
-                delivery.offset,
-            )),
-            Ok(Err((error, _))) => {
-                let mut f = failure(event, &error);
-                if fatal {
-                    f.reason = "producer_fatal";
+        reports.all_reported().await;
+        // A fatal error fails every message of the instance, whatever code each report carries.
+        let fatal = producer.client().fatal_error().is_some();
+        for index in sent {
+            let event = &events[index];
+            match reports.report(index) {
+                Some(Ok(delivery)) => outcome.published.push(Published::reported(
+                    event.id,
+                    delivery.partition,
+                    delivery.offset,
+                )),
+                Some(Err((KafkaError::Canceled, _))) | None => {
+                    outcome.failed.push(DeliveryFailure {
+                        id: event.id,
+                        attempts_before: event.attempts,
+                        error: "delivery report lost (producer closed)".into(),
+                        permanent: false,
+                        reason: "canceled",
+                    })
                 }
-                outcome.failed.push(f);
+                Some(Err((error, _))) => {
+                    let mut f = failure(event, &error);
+                    if fatal {
+                        f.reason = "producer_fatal";
+                    }
+                    outcome.failed.push(f);
+                }
             }
-            Err(_) => outcome.failed.push(DeliveryFailure {
-                id: event.id,
-                attempts_before: event.attempts,
-                error: "delivery report lost (producer closed)".into(),
-                permanent: false,
-                reason: "canceled",
-            }),
-        }
         }
         outcome
     }
