@@ -390,7 +390,9 @@ mod tests {
         let big = "x".repeat(5000);
         let mut refused = Vec::new();
         for (index, payload) in ["a", "b", big.as_str(), "d"].into_iter().enumerate() {
-            let record = FutureRecord::<str, str>::to("reports").key("k").payload(payload);
+            let record = FutureRecord::<str, str>::to("reports")
+                .key("k")
+                .payload(payload);
             if let Err((e, _)) = producer.send_in_batch(record, &reports, index) {
                 refused.push((index, e));
             }

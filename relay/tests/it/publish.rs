@@ -41,6 +41,19 @@ fn policy() -> RetryPolicy {
     }
 }
 
+/// The relay's metrics on a registry of their own, and a producer with a 10 s delivery timeout
+/// reporting to them.
+fn metrics_and_producer() -> (RelayMetrics, RelayProducer) {
+    let metrics = RelayMetrics::register(&Registry::new()).expect("metrics");
+    let producer = create_producer(
+        &kafka_args(&brokers()),
+        &settings(Duration::from_secs(10)),
+        metrics.clone(),
+    )
+    .expect("producer");
+    (metrics, producer)
+}
+
 async fn topic() -> String {
     let topic = format!("relay-test-{}", Uuid::new_v4().simple());
     kafka_args(&brokers())
@@ -128,13 +141,7 @@ async fn relay_until(
 async fn a_message_too_large_fails_with_its_reason_and_holds_its_order_only(pool: PgPool) {
     let (_elector, lease) = common::hold_lease(&pool).await;
     let topic = topic().await;
-    let metrics = RelayMetrics::register(&Registry::new()).expect("metrics");
-    let producer = create_producer(
-        &kafka_args(&brokers()),
-        &settings(Duration::from_secs(10)),
-        metrics.clone(),
-    )
-    .expect("producer");
+    let (metrics, producer) = metrics_and_producer();
     // The library refuses it with its default limit (the producer's message.max.bytes); a
     // service configured with a limit above the producer's gets it into the outbox.
     let huge = serde_json::json!({ "blob": "x".repeat(2 * 1024 * 1024) });
@@ -462,13 +469,7 @@ async fn broker_down_records_backoff_and_the_event_goes_out_once_a_broker_answer
 #[sqlx::test(migrator = "outbox::MIGRATOR")]
 async fn an_event_for_a_topic_kafka_refuses_fails_and_holds_its_order(pool: PgPool) {
     let (_elector, lease) = common::hold_lease(&pool).await;
-    let metrics = RelayMetrics::register(&Registry::new()).expect("metrics");
-    let producer = create_producer(
-        &kafka_args(&brokers()),
-        &settings(Duration::from_secs(10)),
-        metrics.clone(),
-    )
-    .expect("producer");
+    let (metrics, producer) = metrics_and_producer();
     let bad_topic = "orders events!";
     // The library refuses it; another writer of the outbox table may not.
     let mut tx = pool.begin().await.expect("begin");
@@ -543,13 +544,7 @@ async fn an_event_for_a_topic_kafka_refuses_fails_and_holds_its_order(pool: PgPo
 #[sqlx::test(migrator = "outbox::MIGRATOR")]
 async fn a_creation_time_the_relay_cannot_carry_is_refused_when_written(pool: PgPool) {
     let (_elector, lease) = common::hold_lease(&pool).await;
-    let metrics = RelayMetrics::register(&Registry::new()).expect("metrics");
-    let producer = create_producer(
-        &kafka_args(&brokers()),
-        &settings(Duration::from_secs(10)),
-        metrics.clone(),
-    )
-    .expect("producer");
+    let (metrics, producer) = metrics_and_producer();
     let topic = topic().await;
     // A writer of the outbox table that sets `created_at` itself: a time no envelope can carry
     // (`occurred_at`) would stop the relay at that row.
