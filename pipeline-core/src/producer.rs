@@ -377,8 +377,16 @@ mod tests {
         polling_threads()
     }
 
-    #[tokio::test]
-    async fn a_batch_is_reported_once_every_message_it_sent_has_its_report() {
+    /// Held by each test that makes a producer: `polling_threads` counts the process's threads.
+    static PRODUCERS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    #[test]
+    fn a_batch_is_reported_once_every_message_it_sent_has_its_report() {
+        let _alone = PRODUCERS.lock().unwrap_or_else(|e| e.into_inner());
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
         // No broker answers: each message times out, and the batch learns it once, in order.
         let mut config = ClientConfig::new();
         let _ = config
@@ -398,8 +406,10 @@ mod tests {
             }
         }
         reports.sent_all();
-        tokio::time::timeout(Duration::from_secs(10), reports.all_reported())
-            .await
+        runtime
+            .block_on(async {
+                tokio::time::timeout(Duration::from_secs(10), reports.all_reported()).await
+            })
             .expect("every report within the messages' timeout");
         assert!(
             matches!(refused.as_slice(), [(2, KafkaError::MessageProduction(_))]),
@@ -418,10 +428,13 @@ mod tests {
             reports.report(2),
             Some(Err((KafkaError::Canceled, _)))
         ));
+        drop(producer);
+        assert_eq!(polling_threads_become(0), 0, "its polling thread ended");
     }
 
     #[test]
     fn the_polling_thread_lives_as_long_as_a_clone_of_its_producer() {
+        let _alone = PRODUCERS.lock().unwrap_or_else(|e| e.into_inner());
         // No broker is needed: the client connects in the background and never succeeds.
         let mut config = ClientConfig::new();
         let _ = config.set("bootstrap.servers", "127.0.0.1:1");
