@@ -5,6 +5,7 @@
 //! what the database knows of the stream (whether writers queue, and the horizon).
 
 pub mod pgoutput;
+mod queued;
 pub mod reader;
 pub mod source;
 pub mod stream;

@@ -224,21 +224,66 @@ pub async fn until_slot_free(
     }
 }
 
-/// Of `aggregates`, those with an event in the relay's queue (pending, waiting for a retry, or
-/// failed), and whether the queue holds any event at all. A streamed event of such an aggregate
-/// must wait in the queue behind it, or it would be published ahead of an earlier event.
+/// What the queue holds of a read's aggregates ([`queued_aggregates`]).
+pub struct QueuedAmong {
+    /// The aggregates asked about with an event in the queue (pending, waiting for a retry, or
+    /// failed).
+    pub queued: HashSet<String>,
+    /// Whether the queue holds any event at all.
+    pub any: bool,
+    /// Whether every transaction with an id below the one given has ended.
+    pub writers_done: bool,
+}
+
+/// Of `aggregates`, those with an event in the relay's queue; whether it holds any event; and
+/// whether every transaction with an id below `writers_before` has ended. A streamed event of
+/// such an aggregate must wait in the queue behind it, or it would be published ahead of an
+/// earlier event.
 pub async fn queued_aggregates(
     pool: &PgPool,
     aggregates: &[&str],
-) -> Result<(HashSet<String>, bool), sqlx::Error> {
-    let (queued, any): (Vec<String>, bool) = sqlx::query_as(
+    writers_before: i64,
+) -> Result<QueuedAmong, sqlx::Error> {
+    let (queued, any, writers_done): (Vec<String>, bool, bool) = sqlx::query_as(
         "SELECT ARRAY(SELECT DISTINCT aggregate_id FROM outbox_unpublished
                       WHERE aggregate_id = ANY ($1::text[])),
-                EXISTS (SELECT 1 FROM outbox_unpublished)",
+                EXISTS (SELECT 1 FROM outbox_unpublished),
+                pg_snapshot_xmin(pg_current_snapshot())::text::bigint >= $2",
     )
     .bind(aggregates)
+    .bind(writers_before)
     .fetch_one(pool)
     .await?;
-    Ok((queued.into_iter().collect(), any))
+    Ok(QueuedAmong {
+        queued: queued.into_iter().collect(),
+        any,
+        writers_done,
+    })
+}
+
+/// Every aggregate with an event in the relay's queue, unless the queue holds more than `most`
+/// events.
+pub async fn all_queued_aggregates(
+    pool: &PgPool,
+    most: usize,
+) -> Result<Option<HashSet<String>>, sqlx::Error> {
+    let most = i64::try_from(most).unwrap_or(i64::MAX - 1);
+    let all: Option<Vec<String>> = sqlx::query_scalar(
+        "SELECT CASE WHEN (SELECT count(*) FROM (SELECT 1 FROM outbox_unpublished LIMIT $1 + 1) r) > $1
+                     THEN NULL
+                     ELSE ARRAY(SELECT DISTINCT aggregate_id FROM outbox_unpublished) END",
+    )
+    .bind(most)
+    .fetch_one(pool)
+    .await?;
+    Ok(all.map(|a| a.into_iter().collect()))
+}
+
+/// The id the next transaction to take one will get: every transaction that has one now has a
+/// lower one.
+pub async fn next_transaction_id(pool: &PgPool) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar("SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint")
+        .fetch_one(pool)
+        .await
 }
 

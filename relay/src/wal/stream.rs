@@ -17,6 +17,7 @@ use pgwire_replication::Lsn;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
+use super::queued::QueuedAggregates;
 use super::reader::{WalError, WalRead, WalReader};
 use super::source::{self, Probe};
 use crate::claim::OutboxEvent;
@@ -203,6 +204,7 @@ async fn stream(
     }
     let mut reader = WalReader::open(url, slot).await?;
     source::switch_to_wal(pool, fence, slot).await?;
+    let mut queued = QueuedAggregates::start(pool).await?;
     tracing::info!(
         slot,
         opened_in_ms = opening.elapsed().as_millis() as u64,
@@ -225,9 +227,6 @@ async fn stream(
     // is taken while the one does not cover the other.
     let mut covered: Option<DateTime<Utc>> = None;
     let mut newest: Option<DateTime<Utc>> = None;
-    // Whether the relay's queue may hold events (some were queued before the stream began, or
-    // since): while it may, each read's aggregates are checked against it.
-    let mut queue_may_hold = true;
     let mut horizon_tick = tokio::time::interval(HORIZON_EVERY);
     horizon_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let result = loop {
@@ -238,7 +237,7 @@ async fn stream(
             read = reader.next(), if events_out < limit => match read? {
                 None => break Err(SessionError::Ended),
                 Some(WalRead::Transaction { events, confirm }) => {
-                    let events = hold_behind_queue(pool, lease, &mut queue_may_hold, events).await?;
+                    let events = hold_behind_queue(pool, lease, &mut queued, events).await?;
                     if events.is_empty() {
                         if sending.is_empty() {
                             confirmed = confirm;
@@ -254,7 +253,7 @@ async fn stream(
                     sending.push_back(send(producer, events, Some(confirm)).await);
                 }
                 Some(WalRead::Events { events }) => {
-                    let events = hold_behind_queue(pool, lease, &mut queue_may_hold, events).await?;
+                    let events = hold_behind_queue(pool, lease, &mut queued, events).await?;
                     events_out += events.len();
                     sending.push_back(send(producer, events, None).await);
                 }
@@ -271,7 +270,8 @@ async fn stream(
                     pipeline_core::crash_point::crash_point(
                         pipeline_core::crash_point::RELAY_AFTER_DELIVERY,
                     );
-                    queue_may_hold |= record(pool, lease, metrics, &retry, &events, &delivery).await?;
+                    record(pool, lease, metrics, &retry, &events, &delivery).await?;
+                    queued.add(queued_by(&events, &delivery));
                     newest = newest.max(events.iter().map(|e| e.created_at).max());
                 }
                 if let Some(confirm) = confirm {
@@ -295,7 +295,7 @@ async fn stream(
                 // Let what was sent be acknowledged and confirmed before the session ends.
                 while let Some((confirm, events, delivery)) = sending.next().await {
                     if !events.is_empty() {
-                        let _ = record(pool, lease, metrics, &retry, &events, &delivery).await?;
+                        record(pool, lease, metrics, &retry, &events, &delivery).await?;
                     }
                     if let Some(confirm) = confirm {
                         reader.confirm(confirm);
@@ -315,27 +315,25 @@ async fn stream(
 /// The events of a read to send: those of an aggregate with an event in the relay's queue join
 /// the queue behind it instead (a failed event, one waiting for its retry, or one queued before
 /// the stream began), so that no event is published ahead of an earlier one of its aggregate.
-/// Checks the queue only while it may hold events; `queue_may_hold` follows what it finds.
 async fn hold_behind_queue(
     pool: &PgPool,
     lease: &Lease,
-    queue_may_hold: &mut bool,
+    queued: &mut QueuedAggregates,
     events: Vec<OutboxEvent>,
 ) -> Result<Vec<OutboxEvent>, SessionError> {
-    if !*queue_may_hold || events.is_empty() {
+    if events.is_empty() {
         return Ok(events);
     }
     let mut aggregates: Vec<&str> = events.iter().map(|e| e.aggregate_id.as_str()).collect();
     aggregates.sort_unstable();
     aggregates.dedup();
-    let (queued, any) = source::queued_aggregates(pool, &aggregates).await?;
-    *queue_may_hold = any;
-    if queued.is_empty() {
+    let behind = queued.among(pool, &aggregates).await?;
+    if behind.is_empty() {
         return Ok(events);
     }
     let (held, send): (Vec<OutboxEvent>, Vec<OutboxEvent>) = events
         .into_iter()
-        .partition(|e| queued.contains(&e.aggregate_id));
+        .partition(|e| behind.contains(&e.aggregate_id));
     let ids: Vec<i64> = held.iter().map(|e| e.id).collect();
     let _ = queue_streamed(pool, lease.fence(), &ids).await?;
     tracing::info!(
@@ -343,6 +341,25 @@ async fn hold_behind_queue(
         "streamed events queued behind earlier events of their aggregates"
     );
     Ok(send)
+}
+
+/// The aggregates of the events [`record`] queued: those Kafka did not take, and those held
+/// behind them.
+fn queued_by<'a>(events: &'a [OutboxEvent], delivery: &BatchDelivery) -> Vec<&'a str> {
+    if delivery.failed.is_empty() && delivery.held.is_empty() {
+        return Vec::new();
+    }
+    let ids: std::collections::HashSet<i64> = delivery
+        .failed
+        .iter()
+        .map(|f| f.id)
+        .chain(delivery.held.iter().copied())
+        .collect();
+    events
+        .iter()
+        .filter(|e| ids.contains(&e.id))
+        .map(|e| e.aggregate_id.as_str())
+        .collect()
 }
 
 /// Hands `events` to the producer in order, and returns the wait for their delivery reports.
@@ -361,7 +378,7 @@ async fn send(
 
 /// Records what Kafka did with a transaction's events: those it did not take, and those held
 /// behind them, join the queue with their failed attempt; the metrics as the queue's batches
-/// count them. Whether any event joined the queue.
+/// count them.
 async fn record(
     pool: &PgPool,
     lease: &Lease,
@@ -369,10 +386,9 @@ async fn record(
     retry: &crate::backoff::RetryPolicy,
     events: &[OutboxEvent],
     delivery: &BatchDelivery,
-) -> Result<bool, MarkError> {
+) -> Result<(), MarkError> {
     let fence = lease.fence();
     let mut given_up = 0;
-    let queued = !delivery.failed.is_empty() || !delivery.held.is_empty();
     if !delivery.failed.is_empty() || !delivery.held.is_empty() {
         let ids: Vec<i64> = delivery
             .failed
@@ -402,5 +418,5 @@ async fn record(
     metrics
         .last_success
         .set(Utc::now().timestamp_millis() as f64 / 1000.0);
-    Ok(queued)
+    Ok(())
 }

@@ -138,6 +138,24 @@ async fn count(pool: &PgPool, sql: &str) -> i64 {
     sqlx::query_scalar(sql).fetch_one(pool).await.expect(sql)
 }
 
+/// How often this database's relays asked the queue about a read's aggregates
+/// (`pg_stat_statements`, which the project's scripts load when they start PostgreSQL).
+async fn queue_checks(pool: &PgPool) -> u64 {
+    sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        .execute(pool)
+        .await
+        .expect("pg_stat_statements must be in shared_preload_libraries");
+    let calls: i64 = sqlx::query_scalar(
+        "SELECT COALESCE(sum(calls), 0)::bigint FROM pg_stat_statements
+         WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+           AND query LIKE '%DISTINCT aggregate_id FROM outbox_unpublished%'",
+    )
+    .fetch_one(pool)
+    .await
+    .expect("pg_stat_statements");
+    u64::try_from(calls).unwrap_or(0)
+}
+
 /// The records of `topic`, read until `at_least` arrived and then a little longer (so that
 /// duplicates would show). Read on a thread of its own: the relay runs on the test's runtime.
 async fn records(topic: &str, at_least: usize) -> Vec<OwnedMessage> {
@@ -425,6 +443,33 @@ async fn an_event_kafka_refuses_for_good_joins_the_queue_as_failed_and_holds_its
             "the held aggregate's later event did not go out"
         );
         assert_eq!(state(later[0].0).await, "pending", "queued behind it");
+        // The failed event stays queued until an operator requeues it: meanwhile the stream
+        // reads the queue about once a second, not once for each transaction it reads.
+        let asked_before = queue_checks(&pool).await;
+        let started = std::time::Instant::now();
+        let mut ids = ids;
+        for n in 3..43 {
+            let mut tx = pool.begin().await.expect("begin");
+            let written = outbox::enqueue_all(&mut tx, &[event("fine", n, 10)])
+                .await
+                .expect("enqueue");
+            tx.commit().await.expect("commit");
+            ids.push(written[0].0);
+        }
+        let on_topic = records(&topic, ids.len()).await;
+        let seconds = started.elapsed().as_secs();
+        let on_topic: Vec<Uuid> = on_topic.iter().map(|r| envelope(r).0.event_id).collect();
+        assert_eq!(
+            on_topic, ids,
+            "the other aggregate's events went out in order"
+        );
+        let asked = queue_checks(&pool).await - asked_before;
+        assert!(
+            asked <= 2 * (seconds + 2),
+            "{asked} reads of the queue for 40 transactions in {seconds} s"
+        );
+        assert_eq!(state(written[0].0).await, "failed", "still queued");
+        assert_eq!(state(later[0].0).await, "pending", "still held");
         stop(relay).await;
     })
     .await;
