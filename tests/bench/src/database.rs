@@ -8,6 +8,11 @@
 //!   multi-row INSERT), from one connection per partition: the shape of the relay's and the
 //!   consumers' batches.
 //!
+//! And what a transaction costs the server when transactions come one at a time, as the
+//! pipeline's do at low rates (`paced`): from one connection, 100 transactions a second of three
+//! shapes, one statement, twenty round trips (BEGIN, 18 × `SELECT 1`, COMMIT) and a one-row
+//! commit, and the server's CPU per transaction of each.
+//!
 //! The table has what the outbox has per row: an identity key, a unique uuid and a jsonb payload.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -23,7 +28,7 @@ use uuid::Uuid;
 use super::config::Settings;
 use super::envs::EnvRegistry;
 use super::orders::EventMessage;
-use super::procstat::{round1, shared_processes, CpuMeter, CpuUse};
+use super::procstat::{round1, shared_processes, CpuMeter, CpuUse, POSTGRES};
 
 /// The order service's default pool size (`DATABASE_MAX_CONNECTIONS`).
 pub(crate) const WRITER_CONNECTIONS: u32 = 16;
@@ -41,6 +46,33 @@ pub struct DatabaseCeiling {
     pub batch_seconds: f64,
     pub batch_rows_per_s: f64,
     pub cpu_batch: CpuUse,
+    pub paced: PacedCost,
+}
+
+/// The server's CPU per transaction when transactions come one at a time.
+#[derive(Debug, Clone, Serialize)]
+pub struct PacedCost {
+    /// Transactions a second, from one connection.
+    pub rate: f64,
+    /// Seconds each shape ran.
+    pub seconds: f64,
+    /// PostgreSQL's CPU µs per transaction of one statement (`SELECT 1`).
+    pub one_statement_us: f64,
+    /// … of twenty round trips: BEGIN, eighteen `SELECT 1`, COMMIT.
+    pub twenty_round_trips_us: f64,
+    /// … of BEGIN, a one-row INSERT (the ceiling's row) and COMMIT.
+    pub one_row_commit_us: f64,
+    /// Each round trip after a transaction's first: the difference of the first two shapes over
+    /// nineteen.
+    pub round_trip_us: f64,
+}
+
+/// The shapes of [`PacedCost`].
+#[derive(Clone, Copy)]
+enum Shape {
+    OneStatement,
+    TwentyRoundTrips,
+    OneRowCommit,
 }
 
 /// Measures both shapes in a database of their own.
@@ -85,6 +117,7 @@ async fn measure(settings: &Settings, database_url: &str) -> anyhow::Result<Data
     )
     .await?;
     let cpu_batch = meter.finish();
+    let paced = paced_cost(&pool, settings, &payload).await?;
     pool.close().await;
 
     Ok(DatabaseCeiling {
@@ -100,7 +133,82 @@ async fn measure(settings: &Settings, database_url: &str) -> anyhow::Result<Data
             (batches * u64::from(settings.consumer_max_batch)) as f64 / batch_seconds,
         ),
         cpu_batch,
+        paced,
     })
+}
+
+/// Runs each [`Shape`] at 100 transactions a second and measures the server's CPU.
+async fn paced_cost(
+    pool: &PgPool,
+    settings: &Settings,
+    payload: &str,
+) -> anyhow::Result<PacedCost> {
+    const RATE: f64 = 100.0;
+    let seconds = if settings.quick { 5.0 } else { 15.0 };
+    let mut conn = pool.acquire().await?;
+    let mut per_transaction = Vec::new();
+    for shape in [
+        Shape::OneStatement,
+        Shape::TwentyRoundTrips,
+        Shape::OneRowCommit,
+    ] {
+        let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / RATE));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let until = Instant::now() + Duration::from_secs_f64(seconds);
+        let meter = CpuMeter::start(shared_processes());
+        let mut transactions: u64 = 0;
+        while Instant::now() < until {
+            let _ = tick.tick().await;
+            run_shape(&mut conn, shape, payload).await?;
+            transactions += 1;
+        }
+        let used = meter.finish();
+        let server = used.cpu_seconds.get(POSTGRES).copied().unwrap_or(0.0);
+        per_transaction.push(round1(server * 1e6 / transactions.max(1) as f64));
+    }
+    let [one, twenty, commit] = per_transaction[..] else {
+        anyhow::bail!("three shapes measured");
+    };
+    Ok(PacedCost {
+        rate: RATE,
+        seconds,
+        one_statement_us: one,
+        twenty_round_trips_us: twenty,
+        one_row_commit_us: commit,
+        round_trip_us: round1((twenty - one) / 19.0),
+    })
+}
+
+async fn run_shape(
+    conn: &mut sqlx::PgConnection,
+    shape: Shape,
+    payload: &str,
+) -> Result<(), sqlx::Error> {
+    use sqlx::Connection;
+    match shape {
+        Shape::OneStatement => {
+            let _: i32 = sqlx::query_scalar("SELECT 1").fetch_one(&mut *conn).await?;
+        }
+        Shape::TwentyRoundTrips => {
+            let mut tx = conn.begin().await?;
+            for _ in 0..18 {
+                let _: i32 = sqlx::query_scalar("SELECT 1").fetch_one(&mut *tx).await?;
+            }
+            tx.commit().await?;
+        }
+        Shape::OneRowCommit => {
+            let mut tx = conn.begin().await?;
+            sqlx::query(
+                "INSERT INTO bench_ceiling (event_id, payload) VALUES ($1, $2::text::jsonb)",
+            )
+            .bind(Uuid::now_v7())
+            .bind(payload)
+            .execute(&mut *tx)
+            .await?;
+            tx.commit().await?;
+        }
+    }
+    Ok(())
 }
 
 /// Creates `bench_ceiling`: a table with what the outbox has per row (an identity key, a unique

@@ -189,6 +189,12 @@ fn write_report(o: &mut String, r: &Report) -> std::fmt::Result {
             d.batch_seconds
         )?;
         writeln!(o, "{}", cpu(&d.cpu_batch))?;
+        let p = &d.paced;
+        writeln!(
+            o,
+            "   paced, {} tx/s from one connection ({:.0} s each): server CPU per transaction {:.0} µs for one statement, {:.0} µs for twenty round trips ({:.1} µs each after the first), {:.0} µs for a one-row commit",
+            p.rate, p.seconds, p.one_statement_us, p.twenty_round_trips_us, p.round_trip_us, p.one_row_commit_us
+        )?;
     }
     if let Some(x) = &r.relay {
         writeln!(
