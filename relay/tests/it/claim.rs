@@ -438,3 +438,41 @@ async fn claims_are_prepared_and_planned_once_with_a_plan_that_holds_for_any_que
         "{plan}"
     );
 }
+
+#[sqlx::test(migrator = "outbox::MIGRATOR")]
+async fn delivery_records_commit_without_waiting_for_the_flush_and_are_visible_at_once(
+    pool: PgPool,
+) {
+    let (_elector, lease) = common::hold_lease(&pool).await;
+    let deliveries = relay::mark::delivery_sessions(&pool, 2);
+    let setting = |pool: PgPool| async move {
+        sqlx::query_scalar::<_, String>("SHOW synchronous_commit")
+            .fetch_one(&pool)
+            .await
+            .expect("show")
+    };
+    assert_eq!(setting(deliveries.clone()).await, "off");
+    assert_eq!(
+        setting(pool.clone()).await,
+        "on",
+        "the caller's sessions keep theirs"
+    );
+    let a = append(&pool, "order-a", "order.placed").await;
+    let marked = mark_published(&deliveries, lease.fence(), &[Published::reported(a, 1, 7)])
+        .await
+        .expect("mark");
+    assert_eq!(marked, 1);
+    // Committed: the next claim, on other sessions, no longer sees the event.
+    assert!(claim_batch(&ClaimSessions::new(&pool), 10)
+        .await
+        .expect("claim")
+        .is_empty());
+    // Fenced like any mark.
+    let b = append(&pool, "order-b", "order.placed").await;
+    let mut stale = lease.fence();
+    stale.epoch -= 1;
+    assert!(matches!(
+        mark_published(&deliveries, stale, &[Published::reported(b, 1, 8)]).await,
+        Err(relay::mark::MarkError::LeaseLost(_))
+    ));
+}

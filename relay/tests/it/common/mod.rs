@@ -54,7 +54,14 @@ pub(crate) async fn relay_batch(
 ) -> Result<BatchOutcome, MarkError> {
     Batch::claim(&ClaimSessions::new(pool), batch_size, &[])
         .await?
-        .publish(pool, producer, lease, retry, metrics)
+        .publish(
+            pool,
+            &relay::mark::delivery_sessions(pool, 1),
+            producer,
+            lease,
+            retry,
+            metrics,
+        )
         .await
 }
 
