@@ -237,7 +237,8 @@ impl HandlerTransaction for NotificationTransaction {
 pub struct DispatchSettings {
     /// Pause after the first look that found nothing due; doubled after each further one, up
     /// to `idle_wait_max`, and back to none once one finds work: a quiet group looks a few times
-    /// a second at first, then once every `idle_wait_max`.
+    /// a second at first, then once every `idle_wait_max`. A look that found less than a full
+    /// claim is followed by this pause too: under a trickle, one look a notification.
     pub idle_wait: Duration,
     /// Longest pause while nothing is due: how late a notification written after a quiet
     /// spell may be sent.
@@ -330,6 +331,12 @@ pub async fn dispatch(
                     .min(settings.idle_wait_max.max(settings.idle_wait));
                 idle
             }
+            // A claim that was not full left nothing due: the next look waits the first pause,
+            // so that notifications trickling in cost one claim each, not two.
+            Ok(handled) if (handled as i64) < claim_size(&settings, limit.as_ref()) => {
+                idle = Duration::ZERO;
+                settings.idle_wait
+            }
             Ok(_) => {
                 idle = Duration::ZERO;
                 Duration::ZERO
@@ -367,10 +374,7 @@ pub async fn dispatch_due_limited(
     settings: &DispatchSettings,
     limit: Option<&SendLimit>,
 ) -> Result<usize, sqlx::Error> {
-    let max_claimed = match limit {
-        Some(limit) => settings.max_claimed.min(limit.claim_at_most()),
-        None => settings.max_claimed,
-    };
+    let max_claimed = claim_size(settings, limit);
     // `now()` (this statement's start) bounds the scan of the due index: the volatile
     // `clock_timestamp()` could only filter it, and every claim would read the whole index,
     // rows claimed and waiting for their next attempt and the dead entries of earlier claims.
@@ -447,6 +451,15 @@ pub async fn dispatch_due_limited(
     .execute(pool)
     .await?;
     Ok(ids.len())
+}
+
+/// Most notifications one claim takes: `settings.max_claimed`, and no more than `limit`'s bucket
+/// holds.
+fn claim_size(settings: &DispatchSettings, limit: Option<&SendLimit>) -> i64 {
+    match limit {
+        Some(limit) => settings.max_claimed.min(limit.claim_at_most()),
+        None => settings.max_claimed,
+    }
 }
 
 fn millis(d: Duration) -> i64 {

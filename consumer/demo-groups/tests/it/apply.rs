@@ -580,6 +580,69 @@ async fn dispatch_holds_no_lock_while_it_sends(pool: PgPool) {
     assert_eq!(status, "sent");
 }
 
+#[sqlx::test(migrator = "demo_events::MIGRATOR")]
+async fn a_dispatcher_under_a_trickle_looks_about_once_a_notification(pool: PgPool) {
+    // pg_stat_statements counts the dispatcher's claims (the project's scripts load it).
+    sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        .execute(&pool)
+        .await
+        .expect("pg_stat_statements must be in shared_preload_libraries");
+    let claims = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT COALESCE(sum(calls), 0)::bigint FROM pg_stat_statements
+             WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+               AND query LIKE '%FOR UPDATE SKIP LOCKED) due%'",
+        )
+        .fetch_one(&pool)
+        .await
+        .expect("claims")
+    };
+    let sender = Arc::new(FlakySender::default());
+    let stop = CancellationToken::new();
+    let before = claims().await;
+    let dispatcher = tokio::spawn(demo_groups::notification::dispatch(
+        pool.clone(),
+        sender.clone(),
+        dispatch_settings(),
+        stop.clone(),
+    ));
+    // One notification every 40 ms for two seconds: closer together than the dispatcher's
+    // first pause (50 ms).
+    const NOTIFICATIONS: i64 = 50;
+    let mut tick = tokio::time::interval(std::time::Duration::from_millis(40));
+    for n in 0..NOTIFICATIONS {
+        let _ = tick.tick().await;
+        sqlx::query(
+            "INSERT INTO notification (event_id, order_id, recipient, channel, template)
+             VALUES (gen_random_uuid(), $1, 'u@example.com', 'email', 'order.placed')",
+        )
+        .bind(format!("o{n}"))
+        .execute(&pool)
+        .await
+        .expect("notification");
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let sent = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM notification WHERE status = 'sent'")
+            .fetch_one(&pool)
+            .await
+            .expect("sent")
+    };
+    while sent().await < NOTIFICATIONS {
+        assert!(std::time::Instant::now() < deadline, "all sent within 10 s");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let looked = claims().await - before;
+    stop.cancel();
+    dispatcher.await.expect("dispatcher");
+    println!("{looked} claims for {NOTIFICATIONS} notifications, one every 40 ms");
+    // A look that takes one notification and looks again at once would make two a notification.
+    assert!(
+        looked <= NOTIFICATIONS * 13 / 10,
+        "{looked} claims for {NOTIFICATIONS} notifications"
+    );
+}
+
 fn on_partition(mut m: InboundMessage, partition: i32) -> InboundMessage {
     m.partition = partition;
     m
