@@ -16,7 +16,7 @@ use crate::batch::{Batch, BatchOutcome};
 use crate::claim::ClaimSessions;
 use crate::error::RelayError;
 use crate::lease::Lease;
-use crate::mark::{delivery_sessions, MarkError};
+use crate::mark::MarkError;
 use crate::metrics::RelayMetrics;
 use crate::publish::ProducerHandle;
 use crate::settings::RelaySettings;
@@ -37,8 +37,6 @@ pub async fn run_active(
 ) -> Result<(), RelayError> {
     let retry = settings.retry_policy();
     let claims = ClaimSessions::new(pool);
-    let depth = usize::try_from(settings.pipeline_depth).unwrap_or(1).max(1);
-    let deliveries = delivery_sessions(pool, u32::try_from(depth).unwrap_or(1));
     let mut wakeup = Wakeup::start(
         pool,
         settings.lock_key,
@@ -48,6 +46,7 @@ pub async fn run_active(
     )
     .await
     .map_err(RelayError::Listen)?;
+    let depth = usize::try_from(settings.pipeline_depth).unwrap_or(1).max(1);
     let mut error_streak: u32 = 0;
     // Batches on their way to Kafka, and the aggregates they hold: the next claim leaves those
     // out, so an aggregate is in one batch at a time and its events keep their order.
@@ -110,15 +109,14 @@ pub async fn run_active(
                     let aggregates = batch.aggregates();
                     busy.extend(aggregates.iter().cloned());
                     // Its own task: it is produced and marked while this loop claims the next.
-                    let (p, d, k, l, r, m) = (
+                    let (p, k, l, r, m) = (
                         pool.clone(),
-                        deliveries.clone(),
                         producer.producer().clone(),
                         lease.clone(),
                         retry.clone(),
                         metrics.clone(),
                     );
-                    let task = tokio::spawn(async move { batch.publish(&p, &d, &k, &l, &r, &m).await });
+                    let task = tokio::spawn(async move { batch.publish(&p, &k, &l, &r, &m).await });
                     in_flight.push(async move {
                         let outcome = task.await.unwrap_or_else(|e| {
                             Err(MarkError::Database(sqlx::Error::Protocol(format!(

@@ -69,15 +69,13 @@ impl Batch {
     }
 
     /// Produces the events under `lease`, waits for every delivery report and records the
-    /// outcome: the published leave the queue (on `deliveries`, see
-    /// [`crate::mark::delivery_sessions`]), failed attempts get their backoff from `retry`.
+    /// outcome: the published leave the queue, failed attempts get their backoff from `retry`.
     /// Nothing is produced once the lease may have expired, and nothing is recorded once another
     /// relay took it over ([`MarkError::LeaseLost`]): the events stay queued for the lease's new
     /// holder.
     pub async fn publish(
         &self,
         pool: &PgPool,
-        deliveries: &PgPool,
         producer: &RelayProducer,
         lease: &Lease,
         retry: &RetryPolicy,
@@ -104,7 +102,7 @@ impl Batch {
         stage("produce", producing);
         pipeline_core::crash_point::crash_point(pipeline_core::crash_point::RELAY_AFTER_DELIVERY);
         let marking = Instant::now();
-        mark_published(deliveries, fence, &delivery.published)
+        mark_published(pool, fence, &delivery.published)
             .await
             .inspect_err(|e| count_fenced(e, metrics))?;
         let failures: Vec<FailedAttempt> = delivery

@@ -57,26 +57,6 @@ pub struct FailedAttempt {
     pub give_up: bool,
 }
 
-/// Sessions like `pool`'s (same server, credentials and settings), opened when first used, at most
-/// `sessions` of them, whose commits do not wait for the write-ahead log's flush
-/// (`synchronous_commit = off`): the sessions [`mark_published`] runs on in the relay.
-///
-/// A delivery record is the one write of the relay whose loss costs nothing but a duplicate: a
-/// crash of PostgreSQL loses at most the last few hundred milliseconds of commits made this way
-/// (three times `wal_writer_delay`), and each event whose record it lost is still queued, so it is
-/// published again and the consumer groups skip it by its id. Its order holds: the commits lost
-/// are the newest. Every other write of the relay (the lease, failed attempts, the stream's
-/// horizon) and the writers' and groups' commits still wait for the flush. At low rates each
-/// flush is a commit's largest cost to the server (the benchmark's `database` phase measures it).
-pub fn delivery_sessions(pool: &PgPool, sessions: u32) -> PgPool {
-    let options = (*pool.connect_options())
-        .clone()
-        .options([("synchronous_commit", "off")]);
-    pipeline_core::db::pool_options(sessions.max(1), pool.options().get_acquire_timeout())
-        .idle_timeout(Some(Duration::from_secs(60)))
-        .connect_lazy_with(options)
-}
-
 /// Marks the whole batch published in one statement: the events leave the relay's queue and their
 /// partition and offset are recorded. The outbox rows themselves are not rewritten. An event no
 /// longer queued (already marked) is left as it is. The statement share-locks the lease row at

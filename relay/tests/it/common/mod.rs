@@ -54,14 +54,7 @@ pub(crate) async fn relay_batch(
 ) -> Result<BatchOutcome, MarkError> {
     Batch::claim(&ClaimSessions::new(pool), batch_size, &[])
         .await?
-        .publish(
-            pool,
-            &relay::mark::delivery_sessions(pool, 1),
-            producer,
-            lease,
-            retry,
-            metrics,
-        )
+        .publish(pool, producer, lease, retry, metrics)
         .await
 }
 
