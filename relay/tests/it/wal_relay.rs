@@ -138,22 +138,10 @@ async fn count(pool: &PgPool, sql: &str) -> i64 {
     sqlx::query_scalar(sql).fetch_one(pool).await.expect(sql)
 }
 
-/// How often this database's relays asked the queue about a read's aggregates
-/// (`pg_stat_statements`, which the project's scripts load when they start PostgreSQL).
-async fn queue_checks(pool: &PgPool) -> u64 {
-    sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-        .execute(pool)
+/// How often this database's relays asked the queue about a read's aggregates.
+async fn queue_checks(pool: &PgPool) -> i64 {
+    pipeline_testkit::db::statement_calls(pool, "DISTINCT aggregate_id FROM outbox_unpublished")
         .await
-        .expect("pg_stat_statements must be in shared_preload_libraries");
-    let calls: i64 = sqlx::query_scalar(
-        "SELECT COALESCE(sum(calls), 0)::bigint FROM pg_stat_statements
-         WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
-           AND query LIKE '%DISTINCT aggregate_id FROM outbox_unpublished%'",
-    )
-    .fetch_one(pool)
-    .await
-    .expect("pg_stat_statements");
-    u64::try_from(calls).unwrap_or(0)
 }
 
 /// The records of `topic`, read until `at_least` arrived and then a little longer (so that
@@ -465,7 +453,7 @@ async fn an_event_kafka_refuses_for_good_joins_the_queue_as_failed_and_holds_its
         );
         let asked = queue_checks(&pool).await - asked_before;
         assert!(
-            asked <= 2 * (seconds + 2),
+            asked <= 2 * (seconds as i64 + 2),
             "{asked} reads of the queue for 40 transactions in {seconds} s"
         );
         assert_eq!(state(written[0].0).await, "failed", "still queued");

@@ -111,3 +111,22 @@ pub async fn migrated_database(prefix: &str) -> anyhow::Result<(String, PgPool)>
     demo_events::MIGRATOR.run(&pool).await?;
     Ok((name, pool))
 }
+
+/// How often statements whose text contains `text` ran in `pool`'s database, as
+/// `pg_stat_statements` counts them (the project's scripts load it when they start PostgreSQL):
+/// for a test of how many statements a program makes.
+pub async fn statement_calls(pool: &PgPool, text: &str) -> i64 {
+    sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        .execute(pool)
+        .await
+        .expect("pg_stat_statements must be in shared_preload_libraries");
+    sqlx::query_scalar(
+        "SELECT COALESCE(sum(calls), 0)::bigint FROM pg_stat_statements
+         WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+           AND strpos(query, $1) > 0",
+    )
+    .bind(text)
+    .fetch_one(pool)
+    .await
+    .expect("pg_stat_statements")
+}

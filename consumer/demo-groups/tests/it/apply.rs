@@ -582,21 +582,7 @@ async fn dispatch_holds_no_lock_while_it_sends(pool: PgPool) {
 
 #[sqlx::test(migrator = "demo_events::MIGRATOR")]
 async fn a_dispatcher_under_a_trickle_looks_about_once_a_notification(pool: PgPool) {
-    // pg_stat_statements counts the dispatcher's claims (the project's scripts load it).
-    sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-        .execute(&pool)
-        .await
-        .expect("pg_stat_statements must be in shared_preload_libraries");
-    let claims = || async {
-        sqlx::query_scalar::<_, i64>(
-            "SELECT COALESCE(sum(calls), 0)::bigint FROM pg_stat_statements
-             WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
-               AND query LIKE '%FOR UPDATE SKIP LOCKED) due%'",
-        )
-        .fetch_one(&pool)
-        .await
-        .expect("claims")
-    };
+    let claims = || pipeline_testkit::db::statement_calls(&pool, "FOR UPDATE SKIP LOCKED) due");
     let sender = Arc::new(FlakySender::default());
     let stop = CancellationToken::new();
     let before = claims().await;
