@@ -124,6 +124,13 @@ pub struct BatchSlot {
 }
 
 impl BatchSlot {
+    /// The producer refused the message at once: no report will come for this send, and the
+    /// place stays empty for the record's next send (after a full queue) to fill.
+    fn withdraw(mut self) {
+        self.filled = true;
+        self.reports.settle();
+    }
+
     fn fill(&mut self, report: Option<OwnedDeliveryResult>) {
         if let Some(slot) = self.reports.slots.get(self.index) {
             let _ = slot.set(report);
@@ -182,6 +189,10 @@ impl<C: ClientContext> ProducerContext for DeliveryContext<C> {
         }
     }
 }
+
+/// A record the producer refused at once: the error, the record to send again, and where its
+/// report would have gone.
+type Refused<'a, K, P> = (KafkaError, FutureRecord<'a, K, P>, Box<Reply>);
 
 /// A producer whose [`QuietProducer::send_result`] returns the delivery report as a future.
 /// Its clones share one client; dropping the last stops the polling thread within
@@ -247,11 +258,15 @@ impl<C: ClientContext + 'static> QuietProducer<C> {
         P: ToBytes + ?Sized,
     {
         let (reply, report) = oneshot::channel();
-        self.send_with(record, Reply::One(reply)).map(|()| report)
+        self.send_with(record, Reply::One(reply))
+            .map(|()| report)
+            .map_err(|(error, back, _)| (error, back))
     }
 
     /// Queues `record` as message `index` of the batch `reports` (see [`BatchReports`]); a
-    /// record the producer refuses at once comes back with the error, and has no report.
+    /// record the producer refuses at once comes back with the error, and its place stays
+    /// empty: sent again (after a full queue), its report fills the place; given up, the place
+    /// reads as lost.
     #[allow(clippy::result_large_err)]
     pub fn send_in_batch<'a, K, P>(
         &self,
@@ -264,7 +279,7 @@ impl<C: ClientContext + 'static> QuietProducer<C> {
         P: ToBytes + ?Sized,
     {
         // Counted before the send, as its report may come before the send returns; a refused
-        // record's slot is dropped, which settles it.
+        // record's slot is withdrawn, which settles it.
         let _ = reports.remaining.fetch_add(1, Ordering::AcqRel);
         let slot = BatchSlot {
             reports: Arc::clone(reports),
@@ -272,6 +287,12 @@ impl<C: ClientContext + 'static> QuietProducer<C> {
             filled: false,
         };
         self.send_with(record, Reply::InBatch(slot))
+            .map_err(|(error, back, reply)| {
+                if let Reply::InBatch(slot) = *reply {
+                    slot.withdraw();
+                }
+                (error, back)
+            })
     }
 
     #[allow(clippy::result_large_err)]
@@ -279,7 +300,7 @@ impl<C: ClientContext + 'static> QuietProducer<C> {
         &self,
         record: FutureRecord<'a, K, P>,
         reply: Reply,
-    ) -> Result<(), (KafkaError, FutureRecord<'a, K, P>)>
+    ) -> Result<(), Refused<'a, K, P>>
     where
         K: ToBytes + ?Sized,
         P: ToBytes + ?Sized,
@@ -300,7 +321,7 @@ impl<C: ClientContext + 'static> QuietProducer<C> {
             back.key = b.key;
             back.timestamp = b.timestamp;
             back.headers = b.headers;
-            (e, back)
+            (e, back, b.delivery_opaque)
         })
     }
 
@@ -424,12 +445,67 @@ mod tests {
             }
         }
         // The refused message's place was settled without a report of Kafka's.
-        assert!(matches!(
-            reports.report(2),
-            Some(Err((KafkaError::Canceled, _)))
-        ));
+        assert!(reports.report(2).is_none());
         drop(producer);
         assert_eq!(polling_threads_become(0), 0, "its polling thread ended");
+    }
+
+    #[test]
+    fn a_message_sent_again_after_a_full_queue_gets_its_own_report() {
+        let _alone = PRODUCERS.lock().unwrap_or_else(|e| e.into_inner());
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        // Room for one message: the second is refused with a full queue until the first has
+        // timed out (no broker answers), then sent again.
+        let mut config = ClientConfig::new();
+        let _ = config
+            .set("bootstrap.servers", "127.0.0.1:1")
+            .set("message.timeout.ms", "300")
+            .set("queue.buffering.max.messages", "1");
+        let producer = QuietProducer::create(&config, DefaultClientContext).expect("producer");
+        let reports = BatchReports::new(2);
+        let first = FutureRecord::<str, str>::to("reports")
+            .key("k")
+            .payload("a");
+        assert!(producer.send_in_batch(first, &reports, 0).is_ok());
+        let mut record = FutureRecord::<str, str>::to("reports")
+            .key("k")
+            .payload("b");
+        let mut refusals = 0;
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            match producer.send_in_batch(record, &reports, 1) {
+                Ok(()) => break,
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                    assert!(
+                        std::time::Instant::now() < deadline,
+                        "the queue never had room"
+                    );
+                    refusals += 1;
+                    record = back;
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err((e, _)) => panic!("refused for another reason: {e}"),
+            }
+        }
+        assert!(refusals > 0, "the queue was full at least once");
+        reports.sent_all();
+        runtime
+            .block_on(async {
+                tokio::time::timeout(Duration::from_secs(10), reports.all_reported()).await
+            })
+            .expect("every report within the messages' timeout");
+        // The second message's report is Kafka's, not the refusal's: it is not read as lost.
+        for index in [0, 1] {
+            match reports.report(index) {
+                Some(Err((KafkaError::MessageProduction(code), _))) => {
+                    assert_eq!(code, RDKafkaErrorCode::MessageTimedOut, "{index}")
+                }
+                other => panic!("message {index}: {other:?}"),
+            }
+        }
     }
 
     #[test]
