@@ -112,8 +112,11 @@ repeat_verify_failure() {
     grep -qE '^  result +PASSED$' "$VERIFY_LOG" && return 0
     echo >&2
     warn "the short verification did not pass (the whole output: $VERIFY_LOG):"
-    grep -E '^  (seed|error|unplanned exit|result) |^  [a-z ,]*(lost|duplicate|reorder)' "$VERIFY_LOG" >&2 ||
-        tail -n 20 "$VERIFY_LOG" >&2
+    # The run's summary, with the examples the checks found (lost events, duplicates, reorders)
+    # and any undrained partitions, with what the database knows of each.
+    sed -n '/^  seed  /,/^report: /p' "$VERIFY_LOG" | grep -vE '^ +[0-9]+ × ' | head -n 80 |
+        cut -c1-400 >&2 || true
+    grep -qE '^  seed  ' "$VERIFY_LOG" || tail -n 20 "$VERIFY_LOG" >&2
     # What the faults did, and why the processes that exited unasked last said they stopped.
     grep -E '^\[verify [0-9:]+\] fault [0-9]+: ' "$VERIFY_LOG" | cut -c1-300 >&2 || true
     local logs label

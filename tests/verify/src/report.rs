@@ -432,6 +432,24 @@ impl Report {
             ("reorders", opt(self.reorders)),
             ("dead-lettered", opt(self.dead_lettered)),
             (
+                "by group: lost / parked / applied",
+                self.checks.as_ref().map_or("-".to_owned(), |c| {
+                    c.by_group
+                        .iter()
+                        .map(|(group, n)| {
+                            format!("{group} {} / {} / {}", n.lost, n.parked, n.applied)
+                        })
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                }),
+            ),
+            (
+                "acknowledged, not in the outbox",
+                self.checks
+                    .as_ref()
+                    .map_or("-".to_owned(), |c| c.acknowledged_not_in_outbox.to_string()),
+            ),
+            (
                 "published, not in topic",
                 self.checks.as_ref().map_or("-".to_owned(), |c| {
                     c.published_missing_from_topic.to_string()
