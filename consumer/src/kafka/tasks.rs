@@ -105,6 +105,15 @@ impl PartitionTasks {
         if let Some(t) = tasks.get(key) {
             return t.sender.clone();
         }
+        self.start(&mut tasks, key).sender.clone()
+    }
+
+    /// Starts the task of `key` in `tasks` (the member's, locked by the caller).
+    fn start<'t>(
+        &self,
+        tasks: &'t mut HashMap<PartitionKey, TaskHandle>,
+        key: &PartitionKey,
+    ) -> &'t mut TaskHandle {
         let (sender, rx) = unbounded_channel();
         let queued = Arc::new(AtomicUsize::new(0));
         let stop = CancellationToken::new();
@@ -118,10 +127,10 @@ impl PartitionTasks {
         )
         .with_pause(self.group_pause.clone());
         let done = self.runtime.spawn(task.run());
-        let _ = tasks.insert(
+        tasks.insert(
             key.clone(),
             TaskHandle {
-                sender: sender.clone(),
+                sender,
                 queued,
                 stop,
                 done,
@@ -130,7 +139,20 @@ impl PartitionTasks {
                 first_offset: None,
             },
         );
-        sender
+        tasks.get_mut(key).expect("the task just inserted")
+    }
+
+    /// Replaces the task that ended by itself, `ended`, with a new one that inherits its fetch
+    /// state: a fetch the ended task had paused (too much queued, or the group paused) is then
+    /// resumed by [`PartitionTasks::apply_fetch_pauses`] when it should be. Without a task there,
+    /// no message would come to start one, and the partition would wait for the next rebalance.
+    fn succeed(
+        &self,
+        tasks: &mut HashMap<PartitionKey, TaskHandle>,
+        key: &PartitionKey,
+        ended: &TaskHandle,
+    ) {
+        self.start(tasks, key).fetch_paused = ended.fetch_paused;
     }
 
     /// Stops the tasks of `keys` and waits for them, up to the revoke timeout, or until the
@@ -206,6 +228,7 @@ impl PartitionTasks {
                 tracing::warn!(group = %self.group, topic = %key.0, partition = key.1,
                     from = ?task.first_offset,
                     "partition task ended while the partition is still assigned: fetching again from its first unfinished message");
+                self.succeed(&mut tasks, &key, &task);
                 task.first_offset.map(|from| (key, from))
             })
             .collect()
@@ -233,7 +256,13 @@ impl PartitionTasks {
         let ended = {
             let mut tasks = lock(&self.tasks);
             match tasks.get(&key) {
-                Some(t) if t.sender.same_channel(&sender) => tasks.remove(&key),
+                Some(t) if t.sender.same_channel(&sender) => {
+                    let ended = tasks.remove(&key);
+                    if let Some(t) = &ended {
+                        self.succeed(&mut tasks, &key, t);
+                    }
+                    ended
+                }
                 _ => None,
             }
         };
