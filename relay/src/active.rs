@@ -22,19 +22,38 @@ use crate::publish::ProducerHandle;
 use crate::settings::RelaySettings;
 use crate::wakeup::{Next, Wakeup};
 
-/// Publishes under `lease` until it is lost (`Ok`), `shutdown` (`Ok`), or the producer cannot be
-/// replaced after a fatal error (`Err`). The batches still out when it stops record their
-/// outcome first, unless the lease was lost. A claim that comes back full, or slow, raises
-/// `backlog`.
+/// What one turn of the relay, from taking the lease to losing it, works with: the same for the
+/// queue's loop and the write-ahead log's stream.
+#[derive(Clone, Copy)]
+pub struct Turn<'a> {
+    /// The relay's settings.
+    pub settings: &'a RelaySettings,
+    /// The outbox's database.
+    pub pool: &'a PgPool,
+    /// The relay's metrics.
+    pub metrics: &'a RelayMetrics,
+    /// The lease this turn holds; the turn ends when it is lost.
+    pub lease: &'a Lease,
+    /// Raised by a claim that comes back full, or slow; retention waits while it is.
+    pub backlog: &'a Backlog,
+}
+
+/// Publishes under the turn's lease until it is lost (`Ok`), `shutdown` (`Ok`), or the producer
+/// cannot be replaced after a fatal error (`Err`). The batches still out when it stops record
+/// their outcome first, unless the lease was lost. A claim that comes back full, or slow, raises
+/// the turn's backlog.
 pub async fn run_active(
-    settings: &RelaySettings,
-    pool: &PgPool,
+    turn: Turn<'_>,
     producer: &mut ProducerHandle,
-    metrics: &RelayMetrics,
-    lease: &Lease,
-    backlog: &Backlog,
     shutdown: &CancellationToken,
 ) -> Result<(), RelayError> {
+    let Turn {
+        settings,
+        pool,
+        metrics,
+        lease,
+        backlog,
+    } = turn;
     let retry = settings.retry_policy();
     let claims = ClaimSessions::new(pool);
     let mut wakeup = Wakeup::start(

@@ -10,10 +10,10 @@ use prometheus::Registry;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-use crate::active::run_active;
+use crate::active::{run_active, Turn};
 use crate::backlog::watch_backlog;
 use crate::error::RelayError;
-use crate::lease::{Elector, Lease};
+use crate::lease::Elector;
 use crate::mark::MarkError;
 use crate::metrics::RelayMetrics;
 use crate::publish::ProducerHandle;
@@ -165,15 +165,16 @@ async fn take_turns(
         let retaining = retain_while_active(settings, pool, retention, &backlog, &stop_renewing);
         let (outcome, ()) = tokio::join!(
             async {
+                let turn = Turn {
+                    settings,
+                    pool,
+                    metrics,
+                    lease: &lease,
+                    backlog: &backlog,
+                };
                 let outcome = match settings.source.source {
-                    Source::Queue => {
-                        run_queue(settings, pool, producer, metrics, &lease, &backlog, shutdown)
-                            .await
-                    }
-                    Source::Wal => {
-                        run_wal(settings, pool, producer, metrics, &lease, &backlog, shutdown)
-                            .await
-                    }
+                    Source::Queue => run_queue(turn, producer, shutdown).await,
+                    Source::Wal => run_wal(turn, producer, shutdown).await,
                 };
                 stop_renewing.cancel();
                 outcome
@@ -197,14 +198,16 @@ async fn take_turns(
 /// falls back to the queue first (writers queue again, events past the horizon are queued, the
 /// slot is dropped), then claims from the queue.
 async fn run_queue(
-    settings: &RelaySettings,
-    pool: &PgPool,
+    turn: Turn<'_>,
     producer: &mut ProducerHandle,
-    metrics: &RelayMetrics,
-    lease: &Lease,
-    backlog: &Backlog,
     shutdown: &CancellationToken,
 ) -> Result<(), RelayError> {
+    let Turn {
+        settings,
+        pool,
+        lease,
+        ..
+    } = turn;
     let retry = settings.retry_policy();
     let mut streak = 0;
     loop {
@@ -231,7 +234,7 @@ async fn run_queue(
             }
         }
     }
-    run_active(settings, pool, producer, metrics, lease, backlog, shutdown).await
+    run_active(turn, producer, shutdown).await
 }
 
 /// A replication slot no relay streams from keeps the server's WAL for ever: dropped once the
@@ -258,14 +261,17 @@ async fn drop_unused_slot(pool: &PgPool, slot: &str) {
 /// claim for the events that are queued anyway (those Kafka refused, requeued ones, a
 /// fall-back's). The producer is replaced when it fails for good, and both go on.
 async fn run_wal(
-    settings: &RelaySettings,
-    pool: &PgPool,
+    turn: Turn<'_>,
     producer: &mut ProducerHandle,
-    metrics: &RelayMetrics,
-    lease: &Lease,
-    backlog: &Backlog,
     shutdown: &CancellationToken,
 ) -> Result<(), RelayError> {
+    let Turn {
+        settings,
+        pool,
+        metrics,
+        lease,
+        ..
+    } = turn;
     match source::sees_all_transactions(pool).await {
         Ok(true) => {}
         Ok(false) => return Err(RelayError::WalPrivileges),
@@ -276,7 +282,7 @@ async fn run_wal(
         let stop_queue = shutdown.child_token();
         let streaming_producer = producer.producer().clone();
         let (queue, end) = tokio::join!(
-            run_active(settings, pool, producer, metrics, lease, backlog, &stop_queue),
+            run_active(turn, producer, &stop_queue),
             async {
                 let end =
                     run_streaming(settings, pool, &streaming_producer, metrics, lease, shutdown)
