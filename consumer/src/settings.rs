@@ -438,6 +438,20 @@ impl ConsumerSettings {
              --retry-base)"
                 .to_owned()
         })?;
+        // The probe answers at most once a second: below three seconds a member would leave
+        // its groups between two answers of a database that is there.
+        ensure(
+            self.leave_after_database_unreachable.is_zero()
+                || self.leave_after_database_unreachable >= Duration::from_secs(3),
+            || {
+                format!(
+                    "leave_after_database_unreachable (--leave-after-database-unreachable, {:?}) \
+                     must be 0s (the session timeout) or at least 3s: the database is probed once \
+                     a second, and a member would leave its groups between two answers",
+                    self.leave_after_database_unreachable
+                )
+            },
+        )?;
         ensure(self.session_timeout >= Duration::from_secs(3), || {
             "session_timeout (--session-timeout) below 3s leaves no room for the 1 s heartbeat"
                 .to_owned()
@@ -569,6 +583,10 @@ mod tests {
         refused(
             |s| s.session_timeout = Duration::from_secs(2),
             "session_timeout",
+        );
+        refused(
+            |s| s.leave_after_database_unreachable = Duration::from_millis(300),
+            "leave_after_database_unreachable",
         );
         refused(
             |s| s.dead_letter_topic = "dlq".to_owned(),
