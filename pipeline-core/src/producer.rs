@@ -401,20 +401,33 @@ mod tests {
     /// Held by each test that makes a producer: `polling_threads` counts the process's threads.
     static PRODUCERS: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-    #[test]
-    fn a_batch_is_reported_once_every_message_it_sent_has_its_report() {
-        let _alone = PRODUCERS.lock().unwrap_or_else(|e| e.into_inner());
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        // No broker answers: each message times out, and the batch learns it once, in order.
+    /// A producer no broker answers (each message times out after 300 ms), with `extra` settings.
+    fn producer_without_broker(extra: (&str, &str)) -> QuietProducer<DefaultClientContext> {
         let mut config = ClientConfig::new();
         let _ = config
             .set("bootstrap.servers", "127.0.0.1:1")
             .set("message.timeout.ms", "300")
-            .set("message.max.bytes", "2000");
-        let producer = QuietProducer::create(&config, DefaultClientContext).expect("producer");
+            .set(extra.0, extra.1);
+        QuietProducer::create(&config, DefaultClientContext).expect("producer")
+    }
+
+    /// Waits for every report of `reports`, as a batch does, up to 10 s.
+    fn wait_all_reported(reports: &BatchReports) {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime")
+            .block_on(async {
+                tokio::time::timeout(Duration::from_secs(10), reports.all_reported()).await
+            })
+            .expect("every report within the messages' timeout");
+    }
+
+    #[test]
+    fn a_batch_is_reported_once_every_message_it_sent_has_its_report() {
+        let _alone = PRODUCERS.lock().unwrap_or_else(|e| e.into_inner());
+        // No broker answers: each message times out, and the batch learns it once, in order.
+        let producer = producer_without_broker(("message.max.bytes", "2000"));
         let reports = BatchReports::new(4);
         let big = "x".repeat(5000);
         let mut refused = Vec::new();
@@ -427,11 +440,7 @@ mod tests {
             }
         }
         reports.sent_all();
-        runtime
-            .block_on(async {
-                tokio::time::timeout(Duration::from_secs(10), reports.all_reported()).await
-            })
-            .expect("every report within the messages' timeout");
+        wait_all_reported(&reports);
         assert!(
             matches!(refused.as_slice(), [(2, KafkaError::MessageProduction(_))]),
             "the large one is refused at once: {refused:?}"
@@ -453,18 +462,9 @@ mod tests {
     #[test]
     fn a_message_sent_again_after_a_full_queue_gets_its_own_report() {
         let _alone = PRODUCERS.lock().unwrap_or_else(|e| e.into_inner());
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
         // Room for one message: the second is refused with a full queue until the first has
         // timed out (no broker answers), then sent again.
-        let mut config = ClientConfig::new();
-        let _ = config
-            .set("bootstrap.servers", "127.0.0.1:1")
-            .set("message.timeout.ms", "300")
-            .set("queue.buffering.max.messages", "1");
-        let producer = QuietProducer::create(&config, DefaultClientContext).expect("producer");
+        let producer = producer_without_broker(("queue.buffering.max.messages", "1"));
         let reports = BatchReports::new(2);
         let first = FutureRecord::<str, str>::to("reports")
             .key("k")
@@ -492,11 +492,7 @@ mod tests {
         }
         assert!(refusals > 0, "the queue was full at least once");
         reports.sent_all();
-        runtime
-            .block_on(async {
-                tokio::time::timeout(Duration::from_secs(10), reports.all_reported()).await
-            })
-            .expect("every report within the messages' timeout");
+        wait_all_reported(&reports);
         // The second message's report is Kafka's, not the refusal's: it is not read as lost.
         for index in [0, 1] {
             match reports.report(index) {
