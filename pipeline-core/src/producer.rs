@@ -265,8 +265,8 @@ impl<C: ClientContext + 'static> QuietProducer<C> {
 
     /// Queues `record` as message `index` of the batch `reports` (see [`BatchReports`]); a
     /// record the producer refuses at once comes back with the error, and its place stays
-    /// empty: sent again (after a full queue), its report fills the place; given up, the place
-    /// reads as lost.
+    /// empty: sent again (after a full queue), its report fills the place; given up, its
+    /// [`BatchReports::report`] stays `None`.
     #[allow(clippy::result_large_err)]
     pub fn send_in_batch<'a, K, P>(
         &self,
