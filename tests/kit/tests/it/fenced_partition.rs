@@ -65,7 +65,7 @@ async fn a_task_fenced_while_its_fetch_is_paused_leaves_its_partition_fetching(
         .execute(&mut *blocker)
         .await?;
     env.place_orders(&url, 30, PRODUCTS, 2)?;
-    let queued = pipeline_testkit::wait_until(
+    pipeline_testkit::wait_until(
         "the relay published the new orders",
         Duration::from_secs(60),
         || async {
@@ -75,8 +75,7 @@ async fn a_task_fenced_while_its_fetch_is_paused_leaves_its_partition_fetching(
             Ok((pending == 0).then_some(()))
         },
     )
-    .await;
-    queued?;
+    .await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
 
     // Both tasks fenced while their batch waits; the batch then goes on and the next is refused.
